@@ -1,0 +1,9 @@
+//! The node side of stallscope: everything that reads the machine.
+//!
+//! Sources ([`sources`]) read /proc and /sys under a configurable root, so tests run them on
+//! captured text; the sampler ([`sampler`]) runs them on a dedicated thread at the configured
+//! rate; the marker listener ([`markers`]) receives the training processes' datagrams.
+//! What they produce is handed on as [`stallscope_analysis::frame::Frame`]s.
+
+pub mod clock;
+pub mod sources;

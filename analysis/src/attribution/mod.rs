@@ -1,0 +1,93 @@
+//! Per-rank, per-iteration attribution of wall time to stall categories.
+//!
+//! Follows the semantics of DESIGN.md: marked phases decide first (`data` is a data stall,
+//! split into fetch and prep by what the loader was doing; `comm` is exposed communication,
+//! split into waiting for the last peer and the transfer, the transfer between interconnect
+//! and network by the bytes each link class moved); where no marker speaks, counters decide
+//! per sample tick. Every iteration's parts sum exactly to its wall time, and each part says
+//! which rule decided it ([`Evidence`]) and how much of the wall time was seen ([`Coverage`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::category::{Category, Split};
+use crate::Nanos;
+
+/// The rule that decided a part of an iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Basis {
+    /// `data` marker while loader threads ran or waited to run.
+    DataLoaderCpu,
+    /// `data` marker while loader threads were blocked on I/O (state D).
+    DataLoaderIo,
+    /// `data` marker with no loader activity seen; counted as prep.
+    DataNoActivity,
+    /// `comm` marker after every rank had arrived, bytes on the NICs.
+    CommNicBytes,
+    /// `comm` marker after every rank had arrived, bytes on loopback/NVLink/PCIe peer links.
+    CommLocalBytes,
+    /// `comm` marker with no bytes seen on any link; counted as network when the node has a
+    /// NIC that carried traffic in the run, else interconnect.
+    CommNoBytes,
+    /// `comm` marker before the last rank arrived at the collective.
+    PeerArrival,
+    /// `compute` or `h2d` marker.
+    ComputeMarker,
+    /// No marker: the rank's main thread was on the CPU.
+    CounterBusy,
+    /// No marker: the rank idle while NIC bytes flowed.
+    CounterNic,
+    /// No marker: the rank idle while loopback bytes flowed.
+    CounterLocal,
+    /// No marker: the rank idle while its loader worked.
+    CounterLoader,
+    /// Nothing seen explains it.
+    Unexplained,
+}
+
+/// How much of one category one rule decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// The category the time went to.
+    pub category: Category,
+    /// The rule that put it there.
+    pub basis: Basis,
+    /// ns.
+    pub ns: u64,
+}
+
+/// How much of an iteration's wall time the evidence saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// ns inside a marked phase (`data`, `comm`, `compute`, `h2d`).
+    pub marked_ns: u64,
+    /// ns covered by sample ticks.
+    pub sampled_ns: u64,
+}
+
+/// Where one iteration of one rank went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IterationBreakdown {
+    /// Global rank.
+    pub rank: u32,
+    /// The rank's process.
+    pub pid: u32,
+    /// 0-based iteration index of that process.
+    pub iter: u64,
+    /// ns, `CLOCK_MONOTONIC`, the previous step (or the first marker).
+    pub start_ns: Nanos,
+    /// ns, the step that completed this iteration.
+    pub end_ns: Nanos,
+    /// ns per category; sums to `end_ns - start_ns`.
+    pub split: Split,
+    /// Which rule decided how much.
+    pub evidence: Vec<Evidence>,
+    /// What was seen.
+    pub coverage: Coverage,
+}
+
+impl IterationBreakdown {
+    /// Wall time of the iteration, ns.
+    pub fn wall_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+}

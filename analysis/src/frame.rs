@@ -1,0 +1,132 @@
+//! Frames: the unit of the profile file (and, later, of the agent→collector stream).
+//!
+//! A frame is a postcard-encoded [`Frame`]. Variants are only ever appended, never reordered
+//! or changed, so an older profile stays readable; [`FORMAT_VERSION`] is bumped when a change
+//! cannot be made that way, and readers refuse versions newer than theirs by name.
+
+use serde::{Deserialize, Serialize};
+
+use crate::attribution::IterationBreakdown;
+use crate::marker::Marker;
+use crate::series::{SampleBatch, SeriesDecl};
+use crate::Nanos;
+
+/// Version of the frame encoding written by this build.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// What a run was.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunHeader {
+    /// stallscope version that wrote it.
+    pub stallscope_version: String,
+    /// Host name of the node.
+    pub host: String,
+    /// The wrapped command, as given.
+    pub command: Vec<String>,
+    /// ns since the Unix epoch when the run began (wall clock, for humans).
+    pub started_unix_ns: u64,
+    /// ns, `CLOCK_MONOTONIC` when the run began.
+    pub started_mono_ns: Nanos,
+    /// Hz, fast sampling rate.
+    pub rate_hz: f64,
+    /// Iterations at the start of each rank left out of summaries (warm-up).
+    pub warmup_iters: u32,
+    /// Logical CPUs on the node.
+    pub cpus: u32,
+}
+
+/// What role a process plays in the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// Launches ranks (torchrun's agent, a shell) but trains nothing.
+    Launcher,
+    /// Runs a training loop: it sends step markers.
+    Rank,
+    /// A data-loader worker of a rank.
+    Loader,
+    /// Any other descendant of a rank.
+    Helper,
+}
+
+/// A process of the job as discovered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Parent process id.
+    pub ppid: u32,
+    /// Executable name (`comm`).
+    pub comm: String,
+    /// Role in the job.
+    pub role: Role,
+    /// Global rank of the rank process it belongs to, when known.
+    pub rank: Option<u32>,
+    /// The rank process it belongs to (itself for a rank).
+    pub rank_pid: Option<u32>,
+    /// ns, when it was first seen.
+    pub seen_ns: Nanos,
+}
+
+/// A source's state, reported when it changes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceStatus {
+    /// Source name (`cpu`, `disk`, `net`, `psi`, …).
+    pub source: String,
+    /// Whether it delivers samples.
+    pub up: bool,
+    /// Why not, or what it reads.
+    pub message: String,
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunEnd {
+    /// ns, `CLOCK_MONOTONIC`.
+    pub ended_mono_ns: Nanos,
+    /// The command's exit code, or 128 + signal.
+    pub exit_code: i32,
+    /// Marker datagrams known lost (sequence gaps).
+    pub markers_dropped: u64,
+    /// Marker datagrams rejected as malformed.
+    pub markers_rejected: u64,
+}
+
+/// One record of the profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Frame {
+    /// First frame of a profile.
+    Header(RunHeader),
+    /// A series is declared.
+    Series(SeriesDecl),
+    /// One round of samples.
+    Samples(SampleBatch),
+    /// Markers, in arrival order.
+    Markers(Vec<Marker>),
+    /// A process of the job was found (or its role or rank became known).
+    Process(ProcessInfo),
+    /// A process of the job was gone at this time.
+    ProcessExit {
+        /// Process id.
+        pid: u32,
+        /// ns, when it was noticed gone.
+        t_ns: Nanos,
+    },
+    /// An iteration's attribution as computed live.
+    Breakdown(IterationBreakdown),
+    /// A source changed state.
+    Source(SourceStatus),
+    /// Last frame of a complete profile.
+    End(RunEnd),
+}
+
+impl Frame {
+    /// Encodes with postcard.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).expect("frames always encode")
+    }
+
+    /// Decodes a postcard payload.
+    pub fn decode(bytes: &[u8]) -> Result<Frame, postcard::Error> {
+        postcard::from_bytes(bytes)
+    }
+}

@@ -1,0 +1,30 @@
+//! The domain of stallscope, pure and free of I/O.
+//!
+//! Everything that decides *what a number means* lives here, so that the live path (agent,
+//! collector) and the replay path (`stallscope summary` reading a profile) run the very same
+//! code: the data model ([`series`], [`marker`], [`frame`]), the node timeline that derives
+//! rates from raw counters ([`timeline`]), per-iteration attribution ([`attribution`]), and the
+//! job summary with its one-sentence finding ([`summary`], [`finding`]).
+//!
+//! Time is `CLOCK_MONOTONIC` nanoseconds of the node ([`Nanos`]); Python's
+//! `time.monotonic_ns()` reads the same clock, so markers and samples need no alignment.
+
+pub mod attribution;
+pub mod category;
+pub mod finding;
+pub mod frame;
+pub mod marker;
+pub mod series;
+pub mod summary;
+pub mod timeline;
+
+/// Nanoseconds on the node's `CLOCK_MONOTONIC`.
+pub type Nanos = u64;
+
+/// Nanoseconds per second.
+pub const NS_PER_SEC: u64 = 1_000_000_000;
+
+/// Seconds as `f64` from nanoseconds.
+pub fn secs(ns: u64) -> f64 {
+    ns as f64 / NS_PER_SEC as f64
+}

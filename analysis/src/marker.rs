@@ -1,0 +1,280 @@
+//! Iteration and phase markers, and their wire format.
+//!
+//! Training processes send one datagram per event on a Unix datagram socket, non-blocking, so
+//! a slow or absent profiler costs the trainer nothing but a dropped event. The format is one
+//! line of ASCII text, versioned by its first word, so that any language can emit it with a
+//! `printf` and a reader can reject what it does not understand with a precise message:
+//!
+//! ```text
+//! SS1 <seq> <t_ns> <pid> <rank> <iter> <event> <phase> [key=value ...]
+//! ```
+//!
+//! * `seq` — per-process sequence number, starting at 0; a gap tells the reader how many
+//!   datagrams were dropped on the way.
+//! * `t_ns` — `CLOCK_MONOTONIC` nanoseconds (`time.monotonic_ns()`).
+//! * `rank` — the global rank, or `-1` when not yet known.
+//! * `iter` — iterations completed by this process so far (0-based index of the current one).
+//! * `event` — `B` phase begins, `E` phase ends, `S` step: iteration `iter` is complete (phase
+//!   is `iter`), `M` metadata in the `key=value` fields (phase is `-`).
+//! * `phase` — `data`, `h2d`, `compute`, `comm`, `iter`, or a user name: 1–64 characters from
+//!   `[A-Za-z0-9_.:-]`.
+//!
+//! Keys and values of `M` fields use the phase alphabet too (values may also contain `/`).
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::Nanos;
+
+/// The protocol word every datagram starts with.
+pub const PROTOCOL: &str = "SS1";
+
+/// Longest datagram accepted, bytes.
+pub const MAX_DATAGRAM: usize = 4096;
+
+/// What the event says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MarkerEvent {
+    /// A phase begins.
+    Begin(String),
+    /// A phase ends.
+    End(String),
+    /// The iteration numbered `Marker::iter` is complete.
+    Step,
+    /// Facts about the sending process (local_rank, world_size, workers, role, …).
+    Meta(Vec<(String, String)>),
+}
+
+/// One event from a training process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Marker {
+    /// Per-process sequence number.
+    pub seq: u64,
+    /// ns, `CLOCK_MONOTONIC` of the sender's node.
+    pub t_ns: Nanos,
+    /// Sender's process id.
+    pub pid: u32,
+    /// Global rank, if the sender knew it.
+    pub rank: Option<u32>,
+    /// Iterations completed by the sender before this event.
+    pub iter: u64,
+    /// What happened.
+    pub event: MarkerEvent,
+}
+
+/// Well-known phase names.
+pub mod phase {
+    /// The loop waits for the next batch.
+    pub const DATA: &str = "data";
+    /// Host-to-device copy of the batch.
+    pub const H2D: &str = "h2d";
+    /// Forward, backward and optimizer work.
+    pub const COMPUTE: &str = "compute";
+    /// The loop waits on a collective or a parameter-server push/pull.
+    pub const COMM: &str = "comm";
+    /// The phase name carried by step events.
+    pub const ITER: &str = "iter";
+}
+
+/// Why a datagram was rejected.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum MarkerError {
+    /// Over [`MAX_DATAGRAM`] bytes.
+    #[error("marker of {0} bytes is longer than {MAX_DATAGRAM}")]
+    TooLong(usize),
+    /// Not ASCII text.
+    #[error("marker is not ASCII text")]
+    NotText,
+    /// Starts with something other than `SS1`.
+    #[error("unknown marker protocol {0:?} (this stallscope reads {PROTOCOL})")]
+    Protocol(String),
+    /// Fewer than the eight fixed fields.
+    #[error("marker has {0} fields, needs at least 8: SS1 seq t_ns pid rank iter event phase")]
+    Fields(usize),
+    /// A numeric field did not parse.
+    #[error("marker field {field} is not a valid number: {value:?}")]
+    Number {
+        /// Field name.
+        field: &'static str,
+        /// What was there.
+        value: String,
+    },
+    /// Event letter other than B, E, S, M.
+    #[error("unknown marker event {0:?} (expected B, E, S or M)")]
+    Event(String),
+    /// Phase name outside the alphabet or too long.
+    #[error("invalid phase or key {0:?}: 1-64 characters of [A-Za-z0-9_.:-]")]
+    Name(String),
+    /// A metadata field without `=`.
+    #[error("metadata field {0:?} is not key=value")]
+    Meta(String),
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+}
+
+fn valid_value(s: &str) -> bool {
+    s.len() <= 256
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-' | b'/'))
+}
+
+fn number<T: std::str::FromStr>(field: &'static str, value: &str) -> Result<T, MarkerError> {
+    value.parse().map_err(|_| MarkerError::Number {
+        field,
+        value: value.to_string(),
+    })
+}
+
+/// Parses one datagram. Trailing newlines are allowed.
+pub fn parse(datagram: &[u8]) -> Result<Marker, MarkerError> {
+    if datagram.len() > MAX_DATAGRAM {
+        return Err(MarkerError::TooLong(datagram.len()));
+    }
+    let text = std::str::from_utf8(datagram)
+        .ok()
+        .filter(|t| t.is_ascii())
+        .ok_or(MarkerError::NotText)?;
+    let fields: Vec<&str> = text.split_ascii_whitespace().collect();
+    if fields.first() != Some(&PROTOCOL) {
+        let word = fields.first().copied().unwrap_or("").chars().take(16);
+        return Err(MarkerError::Protocol(word.collect()));
+    }
+    if fields.len() < 8 {
+        return Err(MarkerError::Fields(fields.len()));
+    }
+    let seq = number("seq", fields[1])?;
+    let t_ns = number("t_ns", fields[2])?;
+    let pid = number("pid", fields[3])?;
+    let rank: i64 = number("rank", fields[4])?;
+    let rank = match rank {
+        -1 => None,
+        r if (0..=u32::MAX as i64).contains(&r) => Some(r as u32),
+        _ => {
+            return Err(MarkerError::Number {
+                field: "rank",
+                value: fields[4].into(),
+            })
+        }
+    };
+    let iter = number("iter", fields[5])?;
+    let phase = fields[7];
+    let event = match fields[6] {
+        "B" | "E" => {
+            if !valid_name(phase) {
+                return Err(MarkerError::Name(phase.into()));
+            }
+            if fields[6] == "B" {
+                MarkerEvent::Begin(phase.into())
+            } else {
+                MarkerEvent::End(phase.into())
+            }
+        }
+        "S" => MarkerEvent::Step,
+        "M" => {
+            let mut kv = Vec::new();
+            for f in &fields[8..] {
+                let (k, v) = f
+                    .split_once('=')
+                    .ok_or_else(|| MarkerError::Meta((*f).into()))?;
+                if !valid_name(k) || !valid_value(v) {
+                    return Err(MarkerError::Meta((*f).into()));
+                }
+                kv.push((k.to_string(), v.to_string()));
+            }
+            MarkerEvent::Meta(kv)
+        }
+        other => return Err(MarkerError::Event(other.chars().take(8).collect())),
+    };
+    Ok(Marker {
+        seq,
+        t_ns,
+        pid,
+        rank,
+        iter,
+        event,
+    })
+}
+
+/// Formats a marker in the wire format (without trailing newline).
+pub fn format(m: &Marker) -> String {
+    let rank = m.rank.map(|r| r as i64).unwrap_or(-1);
+    let (ev, phase, extra) = match &m.event {
+        MarkerEvent::Begin(p) => ("B", p.as_str(), String::new()),
+        MarkerEvent::End(p) => ("E", p.as_str(), String::new()),
+        MarkerEvent::Step => ("S", phase::ITER, String::new()),
+        MarkerEvent::Meta(kv) => (
+            "M",
+            "-",
+            kv.iter().map(|(k, v)| format!(" {k}={v}")).collect(),
+        ),
+    };
+    format!(
+        "{PROTOCOL} {} {} {} {rank} {} {ev} {phase}{extra}",
+        m.seq, m.t_ns, m.pid, m.iter
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_what_the_python_package_sends() {
+        let m = parse(b"SS1 7 123456789 4242 1 17 B data\n").unwrap();
+        assert_eq!(m.seq, 7);
+        assert_eq!(m.t_ns, 123456789);
+        assert_eq!(m.pid, 4242);
+        assert_eq!(m.rank, Some(1));
+        assert_eq!(m.iter, 17);
+        assert_eq!(m.event, MarkerEvent::Begin("data".into()));
+        let s = parse(b"SS1 8 2 4242 -1 18 S iter").unwrap();
+        assert_eq!(s.rank, None);
+        assert_eq!(s.event, MarkerEvent::Step);
+    }
+
+    #[test]
+    fn metadata_round_trips() {
+        let text = "SS1 0 5 10 0 0 M - local_rank=0 workers=2 framework=torch-1.13.1";
+        let m = parse(text.as_bytes()).unwrap();
+        assert_eq!(format(&m), text);
+    }
+
+    #[test]
+    fn rejects_malformed_markers_with_a_reason() {
+        assert!(matches!(parse(b"XX9 1 2 3"), Err(MarkerError::Protocol(_))));
+        assert_eq!(parse(b"SS1 1 2 3"), Err(MarkerError::Fields(4)));
+        assert!(matches!(
+            parse(b"SS1 1 x 3 0 0 B data"),
+            Err(MarkerError::Number { field: "t_ns", .. })
+        ));
+        assert!(matches!(
+            parse(b"SS1 1 2 3 0 0 Q data"),
+            Err(MarkerError::Event(_))
+        ));
+        assert!(matches!(
+            parse(b"SS1 1 2 3 0 0 B da\xffta"),
+            Err(MarkerError::NotText)
+        ));
+        assert!(matches!(
+            parse(b"SS1 1 2 3 0 0 B bad/phase"),
+            Err(MarkerError::Name(_))
+        ));
+        assert!(matches!(
+            parse(b"SS1 1 2 3 -7 0 B data"),
+            Err(MarkerError::Number { field: "rank", .. })
+        ));
+        assert!(matches!(
+            parse(b"SS1 1 2 3 0 0 M - novalue"),
+            Err(MarkerError::Meta(_))
+        ));
+        assert!(matches!(
+            parse(&[b'S'; 5000]),
+            Err(MarkerError::TooLong(5000))
+        ));
+    }
+}

@@ -1,0 +1,1 @@
+//! Job and rank summaries, their text rendering and the stable summary JSON.

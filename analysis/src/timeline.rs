@@ -1,0 +1,2 @@
+//! The node timeline: declared series, raw samples and markers, and the queries attribution
+//! asks of them.

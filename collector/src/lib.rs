@@ -1,0 +1,3 @@
+//! The job side of stallscope.
+
+pub mod profile;
