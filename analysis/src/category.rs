@@ -7,7 +7,9 @@
 use serde::{Deserialize, Serialize};
 
 /// Where wall time went. The order is the order of reports and of `Split`'s array.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub enum Category {
     /// The accelerator (or, on CPU, the rank's compute threads) did useful work.
     Compute,
@@ -22,6 +24,7 @@ pub enum Category {
     /// Exposed communication spent waiting for the last rank to arrive at the collective.
     PeerWait,
     /// Nothing seen explains it.
+    #[default]
     Other,
 }
 
@@ -119,44 +122,64 @@ impl Split {
     /// With all weights zero, the whole span goes to `fallback`.
     pub fn apportion(span_ns: u64, weights: &[(Category, f64)], fallback: Category) -> Split {
         let mut out = Split::default();
-        let total: f64 = weights.iter().map(|(_, w)| w.max(0.0)).sum();
-        if span_ns == 0 {
-            return out;
-        }
-        if total <= 0.0 || !total.is_finite() {
-            out.add(fallback, span_ns);
-            return out;
-        }
-        let mut exact = [0f64; 7];
-        for (c, w) in weights {
-            exact[c.index()] += w.max(0.0) / total * span_ns as f64;
-        }
-        let mut given = 0u64;
-        for (i, e) in exact.iter().enumerate() {
-            out.ns[i] = e.floor() as u64;
-            given += out.ns[i];
-        }
-        let mut remainders: Vec<(usize, f64)> = exact
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (i, e - e.floor()))
-            .collect();
-        remainders.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut left = span_ns.saturating_sub(given);
-        for (i, _) in remainders.iter().cycle() {
-            if left == 0 {
-                break;
+        let raw: Vec<f64> = weights.iter().map(|(_, w)| *w).collect();
+        match apportion(span_ns, &raw) {
+            Some(parts) => {
+                for ((c, _), ns) in weights.iter().zip(parts) {
+                    out.add(*c, ns);
+                }
             }
-            out.ns[*i] += 1;
-            left -= 1;
-        }
-        // Floating-point overshoot (never more than a few ns) is taken back from the largest.
-        while out.total() > span_ns {
-            let big = out.largest();
-            out.ns[big.index()] -= 1;
+            None => out.add(fallback, span_ns),
         }
         out
     }
+}
+
+/// Divides `span_ns` in proportion to `weights` (negative and non-finite weights count as 0),
+/// with largest-remainder rounding: the parts sum to exactly `span_ns`. `None` when no weight
+/// is positive (and the span is not empty).
+pub fn apportion(span_ns: u64, weights: &[f64]) -> Option<Vec<u64>> {
+    let clean: Vec<f64> = weights
+        .iter()
+        .map(|w| if w.is_finite() && *w > 0.0 { *w } else { 0.0 })
+        .collect();
+    let total: f64 = clean.iter().sum();
+    if span_ns == 0 {
+        return Some(vec![0; weights.len()]);
+    }
+    if total <= 0.0 {
+        return None;
+    }
+    let exact: Vec<f64> = clean.iter().map(|w| w / total * span_ns as f64).collect();
+    let mut parts: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
+    let given: u64 = parts.iter().sum();
+    if given > span_ns {
+        // Floating-point overshoot of a few ns: take it back from the largest parts.
+        let mut over = given - span_ns;
+        while over > 0 {
+            let i = (0..parts.len()).max_by_key(|i| parts[*i]).unwrap_or(0);
+            parts[i] -= 1;
+            over -= 1;
+        }
+        return Some(parts);
+    }
+    let mut order: Vec<usize> = (0..parts.len()).filter(|i| clean[*i] > 0.0).collect();
+    order.sort_by(|a, b| {
+        let ra = exact[*a] - exact[*a].floor();
+        let rb = exact[*b] - exact[*b].floor();
+        rb.total_cmp(&ra).then(a.cmp(b))
+    });
+    let mut left = span_ns - given;
+    while left > 0 {
+        for i in &order {
+            if left == 0 {
+                break;
+            }
+            parts[*i] += 1;
+            left -= 1;
+        }
+    }
+    Some(parts)
 }
 
 #[cfg(test)]

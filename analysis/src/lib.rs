@@ -13,6 +13,8 @@ pub mod attribution;
 pub mod category;
 pub mod finding;
 pub mod frame;
+pub mod job;
+pub mod loops;
 pub mod marker;
 pub mod series;
 pub mod summary;

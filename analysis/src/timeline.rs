@@ -1,2 +1,343 @@
-//! The node timeline: declared series, raw samples and markers, and the queries attribution
-//! asks of them.
+//! The node timeline: declared series and their raw samples, and the queries attribution asks
+//! of them.
+//!
+//! Raw counter values are the stored truth (the `Sample` → `Model` pattern of
+//! facebookincubator/below): the increase of a counter over any interval is derived here, in
+//! one place, by spreading each increase evenly over the time between the two samples that
+//! bracket it. Gauges hold their sampled value over the interval that ends at the sample.
+//! Samples stand at the middle of their read window ([`SampleBatch::at`]).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind, LINK_LOOPBACK, LINK_NIC};
+use crate::Nanos;
+
+/// Increases shorter than this (ns) are not used to estimate a link's peak rate: a single
+/// packet burst over a few µs would look like an absurd bandwidth.
+const MIN_RATE_WINDOW_NS: u64 = 5_000_000;
+
+/// Declared series with their samples, oldest first.
+#[derive(Debug, Default)]
+pub struct SeriesStore {
+    decls: HashMap<SeriesId, SeriesDecl>,
+    points: HashMap<SeriesId, VecDeque<(Nanos, u64)>>,
+    by_key: HashMap<(String, String), SeriesId>,
+    /// Time of the newest batch, ns.
+    watermark: Option<Nanos>,
+    /// Time of the oldest batch still held, ns.
+    first: Option<Nanos>,
+    peaks: LinkPeaks,
+    last_link_totals: Option<(Nanos, u64, u64)>,
+}
+
+/// The highest byte rates seen per link class, bytes/s (rx + tx over every interface).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LinkPeaks {
+    /// bytes/s over the network interfaces.
+    pub nic: f64,
+    /// bytes/s over loopback.
+    pub loopback: f64,
+    /// bytes moved over the NICs since the start, for "has this node a network at all".
+    pub nic_bytes_total: u64,
+}
+
+impl SeriesStore {
+    /// Records a declaration. Re-declaring an id replaces it.
+    pub fn declare(&mut self, decl: SeriesDecl) {
+        let key_label = decl
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.by_key.insert((decl.name.clone(), key_label), decl.id);
+        self.decls.insert(decl.id, decl);
+    }
+
+    /// Records one round of samples. Values for undeclared series are kept too (a reader may
+    /// see the declaration later only if frames were reordered, which writers never do).
+    pub fn ingest(&mut self, batch: &SampleBatch) {
+        let at = batch.at();
+        if self.watermark.is_some_and(|w| at < w) {
+            return; // out of order: the sampler never does this; drop rather than corrupt
+        }
+        for (id, v) in &batch.values {
+            self.points.entry(*id).or_default().push_back((at, *v));
+        }
+        self.watermark = Some(at);
+        self.first.get_or_insert(at);
+        self.update_link_peaks(at, batch);
+    }
+
+    /// Appends a batch even if it is older than the newest one (tests build series one at a
+    /// time).
+    #[cfg(test)]
+    pub(crate) fn ingest_unordered_for_tests(&mut self, batch: &SampleBatch) {
+        let at = batch.at();
+        for (id, v) in &batch.values {
+            self.points.entry(*id).or_default().push_back((at, *v));
+        }
+        self.watermark = Some(self.watermark.map_or(at, |w| w.max(at)));
+    }
+
+    fn update_link_peaks(&mut self, at: Nanos, batch: &SampleBatch) {
+        let (mut nic, mut lo, mut seen) = (0u64, 0u64, false);
+        for (id, v) in &batch.values {
+            let Some(d) = self.decls.get(id) else {
+                continue;
+            };
+            if d.name != crate::series::names::NET_RX_BYTES
+                && d.name != crate::series::names::NET_TX_BYTES
+            {
+                continue;
+            }
+            seen = true;
+            match d.label("link") {
+                Some(LINK_LOOPBACK) => lo = lo.wrapping_add(*v),
+                Some(LINK_NIC) => nic = nic.wrapping_add(*v),
+                _ => {}
+            }
+        }
+        if !seen {
+            return;
+        }
+        if let Some((t0, nic0, lo0)) = self.last_link_totals {
+            let dt = at.saturating_sub(t0);
+            if dt >= MIN_RATE_WINDOW_NS {
+                let dn = nic.saturating_sub(nic0);
+                let dl = lo.saturating_sub(lo0);
+                self.peaks.nic_bytes_total += dn;
+                let secs = dt as f64 / 1e9;
+                self.peaks.nic = self.peaks.nic.max(dn as f64 / secs);
+                self.peaks.loopback = self.peaks.loopback.max(dl as f64 / secs);
+                self.last_link_totals = Some((at, nic, lo));
+            }
+        } else {
+            self.last_link_totals = Some((at, nic, lo));
+        }
+    }
+
+    /// A series' declaration.
+    pub fn decl(&self, id: SeriesId) -> Option<&SeriesDecl> {
+        self.decls.get(&id)
+    }
+
+    /// Every declared series named `name`.
+    pub fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a SeriesDecl> + 'a {
+        self.decls.values().filter(move |d| d.name == name)
+    }
+
+    /// The series named `name` with exactly the labels `labels` (in declaration order).
+    pub fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<SeriesId> {
+        let key_label = labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.by_key.get(&(name.to_string(), key_label)).copied()
+    }
+
+    /// Time of the newest sample round, ns.
+    pub fn watermark(&self) -> Option<Nanos> {
+        self.watermark
+    }
+
+    /// Peak link rates seen so far.
+    pub fn link_peaks(&self) -> LinkPeaks {
+        self.peaks
+    }
+
+    /// The sample times of a series inside `[a, b]`, ns.
+    pub fn times_within(&self, id: SeriesId, a: Nanos, b: Nanos) -> Vec<Nanos> {
+        let Some(pts) = self.points.get(&id) else {
+            return Vec::new();
+        };
+        let from = pts.partition_point(|(t, _)| *t < a);
+        pts.iter()
+            .skip(from)
+            .take_while(|(t, _)| *t <= b)
+            .map(|(t, _)| *t)
+            .collect()
+    }
+
+    /// How much of `[a, b]` lies between the first and the last sample of `id`, ns.
+    pub fn covered(&self, id: SeriesId, a: Nanos, b: Nanos) -> u64 {
+        let Some(pts) = self.points.get(&id) else {
+            return 0;
+        };
+        match (pts.front(), pts.back()) {
+            (Some((first, _)), Some((last, _))) => overlap(*first, *last, a, b),
+            _ => 0,
+        }
+    }
+
+    /// Increase of counter `id` over `[a, b]`: each increase between two consecutive samples
+    /// is spread evenly over the time between them and the part inside `[a, b]` is summed.
+    /// `None` when no pair of samples overlaps the interval. A decrease (a counter reset, a
+    /// process replaced under the same label) contributes nothing.
+    pub fn counter_delta(&self, id: SeriesId, a: Nanos, b: Nanos) -> Option<f64> {
+        let pts = self.points.get(&id)?;
+        if pts.len() < 2 || b <= a {
+            return None;
+        }
+        // First pair whose end is after a.
+        let mut i = pts.partition_point(|(t, _)| *t <= a).max(1);
+        let mut total = 0.0;
+        let mut any = false;
+        while i < pts.len() {
+            let (t0, v0) = pts[i - 1];
+            let (t1, v1) = pts[i];
+            if t0 >= b {
+                break;
+            }
+            let ov = overlap(t0, t1, a, b);
+            if ov > 0 && t1 > t0 {
+                any = true;
+                total += v1.saturating_sub(v0) as f64 * ov as f64 / (t1 - t0) as f64;
+            }
+            i += 1;
+        }
+        any.then_some(total)
+    }
+
+    /// Time-weighted mean of gauge `id` over `[a, b]`, each sample's value holding over the
+    /// interval since the previous sample. `None` when nothing overlaps.
+    pub fn gauge_mean(&self, id: SeriesId, a: Nanos, b: Nanos) -> Option<f64> {
+        let pts = self.points.get(&id)?;
+        if pts.len() < 2 || b <= a {
+            return None;
+        }
+        let mut i = pts.partition_point(|(t, _)| *t <= a).max(1);
+        let (mut sum, mut span) = (0.0, 0u64);
+        while i < pts.len() {
+            let (t0, _) = pts[i - 1];
+            let (t1, v1) = pts[i];
+            if t0 >= b {
+                break;
+            }
+            let ov = overlap(t0, t1, a, b);
+            sum += v1 as f64 * ov as f64;
+            span += ov;
+            i += 1;
+        }
+        (span > 0).then(|| sum / span as f64)
+    }
+
+    /// Forgets samples older than `t` (keeping one before it per series, so intervals that
+    /// start at `t` can still be bracketed).
+    pub fn prune_before(&mut self, t: Nanos) {
+        for pts in self.points.values_mut() {
+            let keep_from = pts.partition_point(|(at, _)| *at < t).saturating_sub(1);
+            pts.drain(..keep_from);
+        }
+        self.first = self
+            .points
+            .values()
+            .filter_map(|p| p.front().map(|x| x.0))
+            .min();
+    }
+
+    /// Kind of a series, if declared.
+    pub fn kind(&self, id: SeriesId) -> Option<SeriesKind> {
+        self.decls.get(&id).map(|d| d.kind)
+    }
+}
+
+/// Length of the intersection of `[a0, a1]` and `[b0, b1]`, ns.
+pub fn overlap(a0: Nanos, a1: Nanos, b0: Nanos, b1: Nanos) -> u64 {
+    a1.min(b1).saturating_sub(a0.max(b0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::series::names;
+
+    fn store_with(kind: SeriesKind, pts: &[(Nanos, u64)]) -> (SeriesStore, SeriesId) {
+        let mut s = SeriesStore::default();
+        let id = SeriesId(0);
+        s.declare(SeriesDecl {
+            id,
+            name: "x".into(),
+            unit: "ns".into(),
+            kind,
+            labels: vec![("pid".into(), "1".into())],
+        });
+        for (t, v) in pts {
+            s.ingest(&SampleBatch {
+                t_ns: *t,
+                dur_ns: 0,
+                values: vec![(id, *v)],
+            });
+        }
+        (s, id)
+    }
+
+    #[test]
+    fn counter_delta_prorates_across_samples() {
+        let (s, id) = store_with(
+            SeriesKind::Counter,
+            &[(0, 0), (10, 100), (20, 100), (30, 400)],
+        );
+        assert_eq!(s.counter_delta(id, 0, 30), Some(400.0));
+        assert_eq!(s.counter_delta(id, 5, 15), Some(50.0));
+        assert_eq!(s.counter_delta(id, 25, 30), Some(150.0));
+        assert_eq!(s.counter_delta(id, 40, 50), None);
+        assert_eq!(s.find("x", &[("pid", "1")]), Some(id));
+        assert_eq!(s.covered(id, 20, 50), 10);
+    }
+
+    #[test]
+    fn counter_reset_adds_nothing() {
+        let (s, id) = store_with(SeriesKind::Counter, &[(0, 500), (10, 20), (20, 30)]);
+        assert_eq!(s.counter_delta(id, 0, 20), Some(10.0));
+    }
+
+    #[test]
+    fn gauge_mean_is_time_weighted() {
+        let (s, id) = store_with(SeriesKind::Gauge, &[(0, 0), (10, 1), (30, 0)]);
+        // (0,10] holds 1, (10,30] holds 0.
+        assert_eq!(s.gauge_mean(id, 0, 20), Some(0.5));
+    }
+
+    #[test]
+    fn prune_keeps_a_bracketing_sample() {
+        let (mut s, id) = store_with(SeriesKind::Counter, &[(0, 0), (10, 10), (20, 20), (30, 30)]);
+        s.prune_before(25);
+        assert_eq!(s.counter_delta(id, 25, 30), Some(5.0));
+        assert_eq!(s.counter_delta(id, 0, 10), None);
+    }
+
+    #[test]
+    fn link_peaks_follow_the_fastest_window() {
+        let mut s = SeriesStore::default();
+        for (i, link) in [LINK_NIC, LINK_LOOPBACK].iter().enumerate() {
+            s.declare(SeriesDecl {
+                id: SeriesId(i as u32),
+                name: names::NET_RX_BYTES.into(),
+                unit: "bytes".into(),
+                kind: SeriesKind::Counter,
+                labels: vec![
+                    ("iface".into(), format!("if{i}")),
+                    ("link".into(), (*link).into()),
+                ],
+            });
+        }
+        let ms = 1_000_000;
+        for (t, nic, lo) in [
+            (0, 0, 0),
+            (10 * ms, 1_000_000, 50),
+            (20 * ms, 1_500_000, 100),
+        ] {
+            s.ingest(&SampleBatch {
+                t_ns: t,
+                dur_ns: 0,
+                values: vec![(SeriesId(0), nic), (SeriesId(1), lo)],
+            });
+        }
+        let p = s.link_peaks();
+        assert!((p.nic - 100_000_000.0).abs() < 1.0, "{p:?}");
+        assert!((p.loopback - 5_000.0).abs() < 1.0, "{p:?}");
+        assert_eq!(p.nic_bytes_total, 1_500_000);
+    }
+}

@@ -91,3 +91,10 @@ impl IterationBreakdown {
         self.end_ns - self.start_ns
     }
 }
+
+mod iteration;
+
+pub use iteration::{attribute, IterationInput, Links, RankSeries, ThreadSeries};
+
+#[cfg(test)]
+mod tests;

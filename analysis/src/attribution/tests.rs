@@ -1,0 +1,364 @@
+//! Attribution on constructed timelines with known answers.
+
+use super::*;
+use crate::category::Category::*;
+use crate::loops::Span;
+use crate::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind};
+use crate::timeline::SeriesStore;
+
+const MS: u64 = 1_000_000;
+
+/// A scripted node: each series is a function of time (ms) giving its per-ms increase (for
+/// counters) or its level (for gauges), sampled every 10 ms like the 100 Hz sampler.
+struct Script {
+    store: SeriesStore,
+    next_id: u32,
+}
+
+impl Script {
+    fn new() -> Self {
+        Script {
+            store: SeriesStore::default(),
+            next_id: 0,
+        }
+    }
+
+    fn series(&mut self, kind: SeriesKind, f: impl Fn(u64) -> f64, until_ms: u64) -> SeriesId {
+        let id = SeriesId(self.next_id);
+        self.next_id += 1;
+        self.store.declare(SeriesDecl {
+            id,
+            name: format!("s{}", id.0),
+            unit: "x".into(),
+            kind,
+            labels: vec![],
+        });
+        let mut acc = 0.0;
+        let mut values = vec![(0u64, 0u64)];
+        for ms in 0..until_ms {
+            acc += f(ms);
+            if (ms + 1) % 10 == 0 {
+                let v = match kind {
+                    SeriesKind::Counter => acc,
+                    SeriesKind::Gauge => f(ms),
+                };
+                values.push(((ms + 1) * MS, v as u64));
+            }
+        }
+        // Interleave into the store via a private store per series, then merge: the store
+        // only needs monotonic batches, so feed each series' points in time order.
+        let mut merged = std::mem::take(&mut self.store);
+        for (t, v) in values {
+            merged.ingest_unordered_for_tests(&SampleBatch {
+                t_ns: t,
+                dur_ns: 0,
+                values: vec![(id, v)],
+            });
+        }
+        self.store = merged;
+        id
+    }
+
+    /// Busy ns per ms of a thread: 1 ms when `busy(ms)`.
+    fn thread(
+        &mut self,
+        busy: impl Fn(u64) -> bool,
+        blocked: impl Fn(u64) -> bool,
+        until: u64,
+    ) -> ThreadSeries {
+        let cpu = self.series(
+            SeriesKind::Counter,
+            |ms| if busy(ms) { MS as f64 } else { 0.0 },
+            until,
+        );
+        let blocked = self.series(
+            SeriesKind::Gauge,
+            |ms| if blocked(ms) { 1.0 } else { 0.0 },
+            until,
+        );
+        ThreadSeries {
+            cpu: Some(cpu),
+            runq: None,
+            blocked: Some(blocked),
+        }
+    }
+}
+
+fn input(start_ms: u64, end_ms: u64, spans: &[(&str, u64, u64)]) -> IterationInput {
+    IterationInput {
+        rank: 0,
+        pid: 1,
+        iter: 3,
+        start: start_ms * MS,
+        end: end_ms * MS,
+        spans: spans
+            .iter()
+            .map(|(p, a, b)| Span {
+                phase: p.to_string(),
+                begin: a * MS,
+                end: b * MS,
+            })
+            .collect(),
+        peer_arrivals: vec![],
+    }
+}
+
+fn ms(b: &IterationBreakdown, c: Category) -> f64 {
+    b.split.get(c) as f64 / MS as f64
+}
+
+#[test]
+fn data_wait_with_a_busy_loop_thread_is_prep() {
+    let mut s = Script::new();
+    let main = s.thread(|_| true, |_| false, 200);
+    let rank = RankSeries {
+        main,
+        loaders: vec![],
+    };
+    let b = attribute(
+        &input(0, 100, &[("data", 0, 60)]),
+        &s.store,
+        &rank,
+        &Links::default(),
+    );
+    assert_eq!(b.split.total(), 100 * MS);
+    assert_eq!(ms(&b, DataPrep), 60.0);
+    assert_eq!(ms(&b, Compute), 40.0);
+    assert_eq!(b.coverage.marked_ns, 60 * MS);
+    assert_eq!(b.coverage.sampled_ns, 100 * MS);
+}
+
+#[test]
+fn data_wait_while_workers_block_on_io_is_fetch_and_mixed_workers_split() {
+    let mut s = Script::new();
+    let main = s.thread(|ms| ms >= 50, |_| false, 200);
+    let reader = s.thread(|_| false, |ms| ms < 50, 200);
+    let decoder = s.thread(|ms| ms < 50, |_| false, 200);
+    let only_io = RankSeries {
+        main,
+        loaders: vec![reader],
+    };
+    let b = attribute(
+        &input(0, 100, &[("data", 0, 50)]),
+        &s.store,
+        &only_io,
+        &Links::default(),
+    );
+    assert_eq!(ms(&b, DataFetch), 50.0);
+    assert_eq!(ms(&b, Compute), 50.0);
+    let mixed = RankSeries {
+        main,
+        loaders: vec![reader, decoder],
+    };
+    let b = attribute(
+        &input(0, 100, &[("data", 0, 50)]),
+        &s.store,
+        &mixed,
+        &Links::default(),
+    );
+    assert_eq!(ms(&b, DataFetch), 25.0);
+    assert_eq!(ms(&b, DataPrep), 25.0);
+    assert!(b.evidence.iter().any(|e| e.basis == Basis::DataLoaderIo));
+}
+
+#[test]
+fn exposed_comm_goes_to_the_link_that_moved_the_bytes() {
+    let mut s = Script::new();
+    let main = s.thread(|ms| ms < 70, |_| false, 200);
+    // 1 MB/ms on the NIC during comm, nothing on loopback.
+    let nic = s.series(
+        SeriesKind::Counter,
+        |ms| if ms >= 70 { 1e6 } else { 0.0 },
+        200,
+    );
+    let lo = s.series(SeriesKind::Counter, |_| 0.0, 200);
+    let rank = RankSeries {
+        main,
+        loaders: vec![],
+    };
+    let links = Links {
+        nic: vec![nic],
+        local: vec![lo],
+        nic_bytes_per_s: 1e9,
+        local_bytes_per_s: 1e10,
+        comm_fallback: Interconnect,
+    };
+    let b = attribute(
+        &input(0, 100, &[("comm", 70, 100)]),
+        &s.store,
+        &rank,
+        &links,
+    );
+    assert_eq!(ms(&b, Network), 30.0);
+    assert_eq!(ms(&b, Compute), 70.0);
+    // The same bytes on loopback are interconnect.
+    let swapped = Links {
+        nic: vec![lo],
+        local: vec![nic],
+        ..links.clone()
+    };
+    let b = attribute(
+        &input(0, 100, &[("comm", 70, 100)]),
+        &s.store,
+        &rank,
+        &swapped,
+    );
+    assert_eq!(ms(&b, Interconnect), 30.0);
+}
+
+#[test]
+fn comm_splits_by_estimated_transfer_time_not_bytes() {
+    let mut s = Script::new();
+    let main = s.thread(|_| false, |_| false, 200);
+    let nic = s.series(SeriesKind::Counter, |_| 1e5, 200); // 100 MB/s
+    let lo = s.series(SeriesKind::Counter, |_| 1e6, 200); // 1 GB/s
+    let links = Links {
+        nic: vec![nic],
+        local: vec![lo],
+        nic_bytes_per_s: 1e8,
+        local_bytes_per_s: 1e10,
+        comm_fallback: Network,
+    };
+    // Per second of comm: NIC takes 0.1e9/1e8 = 1 s-units, loopback 1e9/1e10 = 0.1.
+    let b = attribute(
+        &input(0, 110, &[("comm", 0, 110)]),
+        &s.store,
+        &RankSeries {
+            main,
+            loaders: vec![],
+        },
+        &links,
+    );
+    assert_eq!(ms(&b, Network), 100.0);
+    assert_eq!(ms(&b, Interconnect), 10.0);
+}
+
+#[test]
+fn waiting_for_the_last_rank_is_peer_wait() {
+    let mut s = Script::new();
+    let main = s.thread(|ms| ms < 50, |_| false, 200);
+    let nic = s.series(
+        SeriesKind::Counter,
+        |ms| if ms >= 80 { 1e6 } else { 0.0 },
+        200,
+    );
+    let links = Links {
+        nic: vec![nic],
+        nic_bytes_per_s: 1e9,
+        ..Links::default()
+    };
+    let mut inp = input(0, 100, &[("comm", 50, 100)]);
+    inp.peer_arrivals = vec![Some(80 * MS)];
+    let b = attribute(
+        &inp,
+        &s.store,
+        &RankSeries {
+            main,
+            loaders: vec![],
+        },
+        &links,
+    );
+    assert_eq!(ms(&b, PeerWait), 30.0);
+    assert_eq!(ms(&b, Network), 20.0);
+    assert_eq!(ms(&b, Compute), 50.0);
+}
+
+#[test]
+fn without_markers_counters_decide_per_tick() {
+    let mut s = Script::new();
+    // 0-40 busy; 40-70 idle with NIC traffic; 70-90 idle, loader busy; 90-100 nothing.
+    let main = s.thread(|ms| ms < 40, |_| false, 200);
+    let loader = s.thread(|ms| (70..90).contains(&ms), |_| false, 200);
+    let nic = s.series(
+        SeriesKind::Counter,
+        |ms| if (40..70).contains(&ms) { 1e5 } else { 0.0 },
+        200,
+    );
+    let links = Links {
+        nic: vec![nic],
+        nic_bytes_per_s: 1e8,
+        ..Links::default()
+    };
+    let b = attribute(
+        &input(0, 100, &[]),
+        &s.store,
+        &RankSeries {
+            main,
+            loaders: vec![loader],
+        },
+        &links,
+    );
+    assert_eq!(ms(&b, Compute), 40.0);
+    assert_eq!(ms(&b, Network), 30.0);
+    assert_eq!(ms(&b, DataPrep), 20.0);
+    assert_eq!(ms(&b, Other), 10.0);
+    assert_eq!(b.coverage.marked_ns, 0);
+}
+
+#[test]
+fn no_samples_at_all_still_sums_to_wall_time() {
+    let store = SeriesStore::default();
+    let b = attribute(
+        &input(5, 107, &[("data", 5, 50), ("comm", 90, 107)]),
+        &store,
+        &RankSeries::default(),
+        &Links {
+            comm_fallback: Network,
+            ..Links::default()
+        },
+    );
+    assert_eq!(b.split.total(), 102 * MS);
+    assert_eq!(ms(&b, DataPrep), 45.0);
+    assert_eq!(ms(&b, Network), 17.0);
+    assert_eq!(ms(&b, Other), 40.0);
+    assert_eq!(b.coverage.sampled_ns, 0);
+}
+
+#[test]
+fn parts_always_sum_exactly_to_the_wall_time() {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    let mut s = Script::new();
+    let main = s.thread(|ms| ms % 3 == 0, |ms| ms % 7 == 0, 1000);
+    let loader = s.thread(|ms| ms % 5 < 2, |ms| ms % 11 < 3, 1000);
+    let nic = s.series(SeriesKind::Counter, |ms| (ms % 13) as f64 * 1e4, 1000);
+    let links = Links {
+        nic: vec![nic],
+        nic_bytes_per_s: 3e7,
+        ..Links::default()
+    };
+    let rank = RankSeries {
+        main,
+        loaders: vec![loader],
+    };
+    for _ in 0..200 {
+        let a = next(500) * MS + next(MS);
+        let b = a + 1 + next(400) * MS + next(MS);
+        let x = a + next(b - a);
+        let y = x + next(b - x);
+        let mut inp = input(0, 0, &[]);
+        inp.start = a;
+        inp.end = b;
+        inp.spans = vec![
+            Span {
+                phase: "data".into(),
+                begin: a,
+                end: x,
+            },
+            Span {
+                phase: "comm".into(),
+                begin: y,
+                end: b,
+            },
+        ];
+        inp.peer_arrivals = vec![Some(y + next(b - y + 1))];
+        let out = attribute(&inp, &s.store, &rank, &links);
+        assert_eq!(out.split.total(), b - a);
+        assert_eq!(out.evidence.iter().map(|e| e.ns).sum::<u64>(), b - a);
+    }
+}

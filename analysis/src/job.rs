@@ -1,0 +1,256 @@
+//! The job timeline: every frame of a run goes in, iteration breakdowns come out.
+//!
+//! The live run and the replay of a profile both feed frames to a [`JobTimeline`] and ask it
+//! for the iterations that are ready, so a profile cut short reads the same as it was shown
+//! live. An iteration is ready when samples have arrived past its end and every other live
+//! rank has finished the same iteration (so that waiting for the slowest rank can be told
+//! apart from moving bytes); at the end of a run everything left is attributed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::attribution::{
+    attribute, IterationBreakdown, IterationInput, Links, RankSeries, ThreadSeries,
+};
+use crate::category::Category;
+use crate::frame::{Frame, ProcessInfo, RunEnd, RunHeader, SourceStatus};
+use crate::loops::MarkerLog;
+use crate::series::{names, LINK_LOOPBACK, LINK_NIC};
+use crate::timeline::SeriesStore;
+use crate::Nanos;
+
+/// How long a rank's finished iteration waits for slower ranks before it is attributed
+/// without them, ns.
+const PEER_PATIENCE_NS: Nanos = 10_000_000_000;
+
+/// How long an iteration waits for samples past its end before it is attributed with what
+/// there is (a sampler that died must not stall the summary), ns.
+const SAMPLE_PATIENCE_NS: Nanos = 2_000_000_000;
+
+/// Everything known about a run.
+#[derive(Debug, Default)]
+pub struct JobTimeline {
+    /// The run's header, once seen.
+    pub header: Option<RunHeader>,
+    /// Series and samples.
+    pub series: SeriesStore,
+    /// Markers per process.
+    pub markers: MarkerLog,
+    /// Processes of the job, by pid (latest record).
+    pub processes: BTreeMap<u32, ProcessInfo>,
+    /// Pids seen gone.
+    pub exited: BTreeSet<u32>,
+    /// Latest state per source.
+    pub sources: BTreeMap<String, SourceStatus>,
+    /// How the run ended, if it did.
+    pub end: Option<RunEnd>,
+    /// Every iteration attributed so far, in the order attributed.
+    pub breakdowns: Vec<IterationBreakdown>,
+    /// Next iteration to attribute, per loop pid.
+    next_iter: BTreeMap<u32, u64>,
+    /// Marker datagrams rejected as malformed, as counted by the live side.
+    pub markers_rejected: u64,
+}
+
+impl JobTimeline {
+    /// Takes one frame. Breakdown frames are not taken: breakdowns are always re-derived.
+    pub fn ingest(&mut self, frame: &Frame) {
+        match frame {
+            Frame::Header(h) => self.header = Some(h.clone()),
+            Frame::Series(d) => self.series.declare(d.clone()),
+            Frame::Samples(b) => self.series.ingest(b),
+            Frame::Markers(ms) => ms.iter().for_each(|m| self.markers.ingest(m)),
+            Frame::Process(p) => {
+                self.exited.remove(&p.pid);
+                self.processes.insert(p.pid, p.clone());
+            }
+            Frame::ProcessExit { pid, .. } => {
+                self.exited.insert(*pid);
+            }
+            Frame::Breakdown(_) => {}
+            Frame::Source(s) => {
+                self.sources.insert(s.source.clone(), s.clone());
+            }
+            Frame::End(e) => {
+                self.markers_rejected = e.markers_rejected;
+                self.end = Some(e.clone());
+            }
+        }
+    }
+
+    /// The data-loader processes of loop `pid`: descendants that said `role=loader`, or, when
+    /// none did, every descendant.
+    fn loader_pids(&self, pid: u32) -> Vec<u32> {
+        let descends = |mut p: u32| {
+            for _ in 0..64 {
+                match self.processes.get(&p) {
+                    Some(info) if info.ppid == pid => return true,
+                    Some(info) if info.ppid > 1 => p = info.ppid,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        let mut marked: Vec<u32> = self
+            .markers
+            .procs
+            .values()
+            .filter(|m| {
+                m.meta.get("role").map(String::as_str) == Some("loader")
+                    && m.meta.get("parent").and_then(|p| p.parse().ok()) == Some(pid)
+            })
+            .map(|m| m.pid)
+            .collect();
+        if marked.is_empty() {
+            let says_no_workers = self
+                .markers
+                .procs
+                .get(&pid)
+                .and_then(|m| m.meta.get("workers"))
+                .is_some_and(|w| w == "0");
+            if !says_no_workers {
+                marked = self
+                    .processes
+                    .keys()
+                    .copied()
+                    .filter(|p| descends(*p))
+                    .collect();
+            }
+        }
+        marked
+    }
+
+    fn thread_series(&self, pid: u32) -> ThreadSeries {
+        let p = pid.to_string();
+        let label = [("pid", p.as_str())];
+        ThreadSeries {
+            cpu: self.series.find(names::PROC_CPU_NS, &label),
+            runq: self.series.find(names::PROC_RUNQ_NS, &label),
+            blocked: self.series.find(names::PROC_BLOCKED_IO, &label),
+        }
+    }
+
+    fn links(&self) -> Links {
+        let mut links = Links::default();
+        for name in [names::NET_RX_BYTES, names::NET_TX_BYTES] {
+            for d in self.series.named(name) {
+                match d.label("link") {
+                    Some(LINK_NIC) => links.nic.push(d.id),
+                    Some(LINK_LOOPBACK) => links.local.push(d.id),
+                    _ => {}
+                }
+            }
+        }
+        let peaks = self.series.link_peaks();
+        links.nic_bytes_per_s = peaks.nic;
+        links.local_bytes_per_s = peaks.loopback;
+        links.comm_fallback = if peaks.nic_bytes_total > 0 {
+            Category::Network
+        } else {
+            Category::Interconnect
+        };
+        links
+    }
+
+    fn ready(&self, pid: u32, iter: u64, end: Nanos, now: Nanos, finishing: bool) -> bool {
+        if finishing {
+            return true;
+        }
+        let samples_caught_up = self.series.watermark().is_some_and(|w| w >= end)
+            || now.saturating_sub(end) > SAMPLE_PATIENCE_NS;
+        let peers_done = self.markers.loops().filter(|q| q.pid != pid).all(|q| {
+            self.exited.contains(&q.pid)
+                || q.steps.keys().next_back().is_some_and(|last| *last >= iter)
+                || now.saturating_sub(end) > PEER_PATIENCE_NS
+        });
+        samples_caught_up && peers_done
+    }
+
+    /// For each comm span beginning in iteration `iter` of `pid`: the latest begin of the same
+    /// (by order) comm span among all loops that have that iteration. `None` for a collective
+    /// no other rank was seen in.
+    fn peer_arrivals(&self, pid: u32, iter: u64, begins: &[Nanos]) -> Vec<Option<Nanos>> {
+        let others: Vec<Vec<Nanos>> = self
+            .markers
+            .loops()
+            .filter(|q| q.pid != pid)
+            .filter_map(|q| q.iteration(iter).map(|(a, b)| q.comm_begins(a, b)))
+            .collect();
+        begins
+            .iter()
+            .enumerate()
+            .map(|(k, own)| {
+                let latest = others.iter().filter_map(|o| o.get(k)).max().copied();
+                latest.map(|l| l.max(*own))
+            })
+            .collect()
+    }
+
+    /// Attributes every iteration that is ready at `now` (ns, the node clock). With
+    /// `finishing`, attributes everything whose bounds are known. Returns the new ones.
+    pub fn attribute_ready(&mut self, now: Nanos, finishing: bool) -> Vec<IterationBreakdown> {
+        let ranks = self.markers.ranks();
+        let links = self.links();
+        let mut out = Vec::new();
+        for (pid, rank) in &ranks {
+            let Some(marks) = self.markers.procs.get(pid) else {
+                continue;
+            };
+            let mut iter = self.next_iter.get(pid).copied().unwrap_or(0);
+            let last = marks.steps.keys().next_back().copied();
+            while last.is_some_and(|l| iter <= l) {
+                let Some((start, end)) = marks.iteration(iter) else {
+                    iter += 1; // a lost step: this iteration's bounds are unknown
+                    continue;
+                };
+                if !self.ready(*pid, iter, end, now, finishing) {
+                    break;
+                }
+                let spans = marks.spans_within(start, end);
+                let begins = marks.comm_begins(start, end);
+                let input = IterationInput {
+                    rank: *rank,
+                    pid: *pid,
+                    iter,
+                    start,
+                    end,
+                    spans,
+                    peer_arrivals: self.peer_arrivals(*pid, iter, &begins),
+                };
+                let rank_series = RankSeries {
+                    main: self.thread_series(*pid),
+                    loaders: self
+                        .loader_pids(*pid)
+                        .into_iter()
+                        .map(|p| self.thread_series(p))
+                        .collect(),
+                };
+                out.push(attribute(&input, &self.series, &rank_series, &links));
+                iter += 1;
+            }
+            self.next_iter.insert(*pid, iter);
+        }
+        out.sort_by_key(|b| (b.end_ns, b.rank));
+        self.breakdowns.extend(out.iter().cloned());
+        out
+    }
+
+    /// Forgets samples and marks that no unattributed iteration can need any more.
+    pub fn prune(&mut self) {
+        let oldest_needed = self
+            .markers
+            .loops()
+            .filter_map(|m| {
+                let next = self.next_iter.get(&m.pid).copied().unwrap_or(0);
+                m.iteration(next)
+                    .map(|(a, _)| a)
+                    .or_else(|| next.checked_sub(1).and_then(|p| m.steps.get(&p).copied()))
+            })
+            .min();
+        if let Some(t) = oldest_needed {
+            self.series.prune_before(t);
+            for m in self.markers.procs.values_mut() {
+                m.prune_before(t);
+            }
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The marker log: per process, the phases it marked and the steps that bound its iterations.
+//!
+//! Iteration `i` of a process runs from its step `i - 1` (for `i = 0`, from its first marker)
+//! to its step `i`. Steps are placed by the iteration number they carry, not by counting, so a
+//! lost datagram costs the two iterations it bounds and shifts nothing else. Sequence gaps
+//! count what was lost.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::marker::{phase, Marker, MarkerEvent};
+use crate::Nanos;
+
+/// A closed phase of one process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Phase name.
+    pub phase: String,
+    /// ns.
+    pub begin: Nanos,
+    /// ns.
+    pub end: Nanos,
+}
+
+/// What one process sent.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessMarks {
+    /// Process id.
+    pub pid: u32,
+    /// Latest rank it reported.
+    pub rank: Option<u32>,
+    /// ns of its first event.
+    pub first_ns: Option<Nanos>,
+    /// Step time by iteration number, ns.
+    pub steps: BTreeMap<u64, Nanos>,
+    /// Closed phases, in the order they closed.
+    pub spans: Vec<Span>,
+    open: HashMap<String, Nanos>,
+    /// Latest metadata per key (`workers`, `role`, `parent`, `local_rank`, …).
+    pub meta: BTreeMap<String, String>,
+    last_seq: Option<u64>,
+    /// Datagrams known lost (sequence gaps).
+    pub dropped: u64,
+}
+
+impl ProcessMarks {
+    /// Whether it runs a training loop (it has sent a step).
+    pub fn is_loop(&self) -> bool {
+        !self.steps.is_empty()
+    }
+
+    /// The bounds of iteration `iter`, ns, when both its steps are known.
+    pub fn iteration(&self, iter: u64) -> Option<(Nanos, Nanos)> {
+        let end = *self.steps.get(&iter)?;
+        let start = if iter == 0 {
+            self.first_ns?
+        } else {
+            *self.steps.get(&(iter - 1))?
+        };
+        (start <= end).then_some((start, end))
+    }
+
+    /// Closed spans overlapping `[a, b]`, clipped to it.
+    pub fn spans_within(&self, a: Nanos, b: Nanos) -> Vec<Span> {
+        self.spans
+            .iter()
+            .filter(|s| s.end > a && s.begin < b)
+            .map(|s| Span {
+                phase: s.phase.clone(),
+                begin: s.begin.max(a),
+                end: s.end.min(b),
+            })
+            .collect()
+    }
+
+    /// Begin times of the `comm` spans that begin inside `[a, b)`, in order, ns.
+    pub fn comm_begins(&self, a: Nanos, b: Nanos) -> Vec<Nanos> {
+        let mut v: Vec<Nanos> = self
+            .spans
+            .iter()
+            .filter(|s| s.phase == phase::COMM && s.begin >= a && s.begin < b)
+            .map(|s| s.begin)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Forgets spans that ended before `t` and steps older than the one before `t`.
+    pub fn prune_before(&mut self, t: Nanos) {
+        self.spans.retain(|s| s.end >= t);
+        let old: Vec<u64> = self
+            .steps
+            .iter()
+            .filter(|(_, at)| **at < t)
+            .map(|(i, _)| *i)
+            .collect();
+        // Keep the newest old step: it starts the next iteration.
+        for i in old.iter().rev().skip(1) {
+            self.steps.remove(i);
+        }
+    }
+}
+
+/// Every process's marks.
+#[derive(Debug, Default)]
+pub struct MarkerLog {
+    /// By pid.
+    pub procs: BTreeMap<u32, ProcessMarks>,
+}
+
+impl MarkerLog {
+    /// Records one marker.
+    pub fn ingest(&mut self, m: &Marker) {
+        let p = self.procs.entry(m.pid).or_insert_with(|| ProcessMarks {
+            pid: m.pid,
+            ..Default::default()
+        });
+        match p.last_seq {
+            Some(last) if m.seq > last + 1 => p.dropped += m.seq - last - 1,
+            Some(last) if m.seq <= last => {
+                // A new process image under the same pid, or a fork that kept the counter:
+                // start counting again rather than inventing drops.
+            }
+            _ if p.last_seq.is_none() && m.seq > 0 => p.dropped += m.seq,
+            _ => {}
+        }
+        p.last_seq = Some(m.seq);
+        if m.rank.is_some() {
+            p.rank = m.rank;
+        }
+        p.first_ns = Some(p.first_ns.map_or(m.t_ns, |f| f.min(m.t_ns)));
+        match &m.event {
+            MarkerEvent::Begin(name) => {
+                p.open.insert(name.clone(), m.t_ns);
+            }
+            MarkerEvent::End(name) => {
+                if let Some(begin) = p.open.remove(name) {
+                    if begin <= m.t_ns {
+                        p.spans.push(Span {
+                            phase: name.clone(),
+                            begin,
+                            end: m.t_ns,
+                        });
+                    }
+                }
+            }
+            MarkerEvent::Step => {
+                p.steps.insert(m.iter, m.t_ns);
+            }
+            MarkerEvent::Meta(kv) => {
+                for (k, v) in kv {
+                    p.meta.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+
+    /// The processes that run training loops, by pid.
+    pub fn loops(&self) -> impl Iterator<Item = &ProcessMarks> {
+        self.procs.values().filter(|p| p.is_loop())
+    }
+
+    /// Datagrams known lost over all processes.
+    pub fn dropped(&self) -> u64 {
+        self.procs.values().map(|p| p.dropped).sum()
+    }
+
+    /// The rank each loop process stands for: its reported rank, or, for loops that never
+    /// reported one, the next free numbers in pid order.
+    pub fn ranks(&self) -> BTreeMap<u32, u32> {
+        let mut out = BTreeMap::new();
+        let mut taken: Vec<u32> = self.loops().filter_map(|p| p.rank).collect();
+        let mut next = 0;
+        for p in self.loops() {
+            let r = match p.rank {
+                Some(r) => r,
+                None => {
+                    while taken.contains(&next) {
+                        next += 1;
+                    }
+                    taken.push(next);
+                    next
+                }
+            };
+            out.insert(p.pid, r);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(seq: u64, t: Nanos, pid: u32, iter: u64, event: MarkerEvent) -> Marker {
+        Marker {
+            seq,
+            t_ns: t,
+            pid,
+            rank: Some(0),
+            iter,
+            event,
+        }
+    }
+
+    #[test]
+    fn iterations_are_bounded_by_steps_and_gaps_are_counted() {
+        let mut log = MarkerLog::default();
+        log.ingest(&m(0, 100, 7, 0, MarkerEvent::Begin("data".into())));
+        log.ingest(&m(1, 150, 7, 0, MarkerEvent::End("data".into())));
+        log.ingest(&m(2, 300, 7, 0, MarkerEvent::Step));
+        // seq 3 and 4 lost
+        log.ingest(&m(5, 500, 7, 1, MarkerEvent::Step));
+        let p = &log.procs[&7];
+        assert_eq!(p.iteration(0), Some((100, 300)));
+        assert_eq!(p.iteration(1), Some((300, 500)));
+        assert_eq!(p.iteration(2), None);
+        assert_eq!(p.dropped, 2);
+        assert_eq!(p.spans_within(120, 300)[0].begin, 120);
+    }
+
+    #[test]
+    fn ranks_fill_in_for_loops_that_never_said() {
+        let mut log = MarkerLog::default();
+        let mut a = m(0, 1, 10, 0, MarkerEvent::Step);
+        a.rank = None;
+        let b = Marker {
+            rank: Some(0),
+            pid: 20,
+            ..a.clone()
+        };
+        log.ingest(&a);
+        log.ingest(&b);
+        let r = log.ranks();
+        assert_eq!(r[&20], 0);
+        assert_eq!(r[&10], 1);
+    }
+}
