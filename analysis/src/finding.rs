@@ -1,1 +1,247 @@
-//! The single most important finding of a run, in one sentence, with the change it suggests.
+//! The single most important finding of a run, in one sentence, with the change it suggests
+//! and what that change could gain.
+//!
+//! The finding names the largest stall. Its gain is the bound of removing that stall entirely:
+//! the iteration would take `(1 - f)` of its time, where `f` is the stall's share. Stalls under
+//! [`MINOR_STALL`] are not worth a change; the job is then called compute-bound.
+
+use serde::{Deserialize, Serialize};
+
+use crate::category::Category;
+use crate::summary::{Figures, RankSummary};
+
+/// A stall share below which no change is suggested, 0–1.
+pub const MINOR_STALL: f64 = 0.05;
+
+/// What stallscope would tell the user first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// The category the finding is about (`compute` when no stall matters).
+    pub category: Option<Category>,
+    /// Its share of the job's wall time, 0–1.
+    pub fraction: f64,
+    /// The rank it concerns most (the slowest rank for `peer_wait`), when one stands out.
+    pub rank: Option<u32>,
+    /// One sentence.
+    pub sentence: String,
+    /// The change to make.
+    pub suggestion: String,
+    /// Upper bound of the speed-up from removing the stall: old time / new time.
+    pub max_speedup: f64,
+}
+
+/// What the finding is made from.
+pub struct FindingInput<'a> {
+    /// The job's figures.
+    pub job: &'a Figures,
+    /// Each rank's.
+    pub ranks: &'a [RankSummary],
+    /// DataLoader workers per rank, when the hook reported them.
+    pub loader_workers: Option<u32>,
+    /// CPUs on the node.
+    pub cpus: u32,
+}
+
+fn pct(f: f64) -> String {
+    format!("{:.0}%", f * 100.0)
+}
+
+fn suggestion(c: Category, input: &FindingInput, straggler: Option<u32>) -> String {
+    match c {
+        Category::DataPrep => match input.loader_workers {
+            Some(w) if input.cpus > 0 && w + 1 < input.cpus => format!(
+                "raise DataLoader num_workers (now {w}; this node has {} CPUs), or make decoding and augmentation cheaper",
+                input.cpus
+            ),
+            Some(w) => format!(
+                "the {w} loader workers already use the node's {} CPUs: make decoding and augmentation cheaper (pre-process once, decode on the GPU), or choose an instance type with more CPUs per accelerator",
+                input.cpus
+            ),
+            None => "give data loading more CPU (more DataLoader workers) or make decoding and augmentation cheaper".into(),
+        },
+        Category::DataFetch => "cache the dataset in memory or on local disk, raise DataLoader workers/prefetch_factor to keep more reads in flight, or use storage with more read bandwidth".into(),
+        Category::Network => "overlap communication with compute (larger DDP bucket_cap_mb, gradient accumulation), compress gradients (fp16/PowerSGD comm hooks), or choose an instance type with more network bandwidth".into(),
+        Category::Interconnect => "use accelerators joined by NVLink, keep peer traffic off the host (pinned memory, fewer staging copies), or overlap communication with compute".into(),
+        Category::PeerWait => match straggler {
+            Some(r) => format!("look at rank {r}: it arrives last at the collectives — balance its data or work, or check its device and data loading"),
+            None => "find the slowest rank and balance its data or work".into(),
+        },
+        Category::Other => "mark the unexplained work with stallscope.phase(...) or check that markers arrive (see `markers:` above)".into(),
+        Category::Compute => String::new(),
+    }
+}
+
+fn describe(c: Category) -> &'static str {
+    match c {
+        Category::DataFetch => "waiting for storage reads (data fetch)",
+        Category::DataPrep => "waiting for CPU data preparation (data prep)",
+        Category::Interconnect => "moving data between devices inside the node (interconnect)",
+        Category::Network => "in exposed communication over the network",
+        Category::PeerWait => "waiting for a slower rank at the collectives (peer wait)",
+        Category::Other => "in time nothing explains (other)",
+        Category::Compute => "computing",
+    }
+}
+
+/// The finding for a job.
+pub fn find(input: &FindingInput) -> Finding {
+    let job = input.job;
+    if job.iterations == 0 {
+        return Finding {
+            sentence: "no iterations were seen: no step markers arrived".into(),
+            suggestion: "for PyTorch keep the automatic hook on (no --no-auto), call stallscope.step() each iteration, or give --iter-regex matching a line the training prints each iteration".into(),
+            max_speedup: 1.0,
+            ..Default::default()
+        };
+    }
+    let stall = Category::ALL
+        .into_iter()
+        .filter(|c| *c != Category::Compute)
+        .max_by(|a, b| {
+            job.categories
+                .get(*a)
+                .seconds
+                .total_cmp(&job.categories.get(*b).seconds)
+        })
+        .unwrap_or(Category::Other);
+    let f = job.categories.get(stall).fraction;
+    let t = job.median_iteration_seconds;
+    if f < MINOR_STALL {
+        return Finding {
+            category: Some(Category::Compute),
+            fraction: job.categories.compute.fraction,
+            rank: None,
+            sentence: format!(
+                "compute-bound: computing takes {} of the iteration time; no stall exceeds {}",
+                pct(job.categories.compute.fraction),
+                pct(MINOR_STALL)
+            ),
+            suggestion: "only faster compute helps: a faster accelerator, mixed precision, or a larger batch per device".into(),
+            max_speedup: 1.0,
+        };
+    }
+    let worst_rank = input
+        .ranks
+        .iter()
+        .max_by(|a, b| {
+            a.figures
+                .categories
+                .get(stall)
+                .fraction
+                .total_cmp(&b.figures.categories.get(stall).fraction)
+        })
+        .map(|r| r.rank);
+    let straggler = (stall == Category::PeerWait)
+        .then(|| {
+            input
+                .ranks
+                .iter()
+                .min_by(|a, b| {
+                    a.figures
+                        .categories
+                        .peer_wait
+                        .fraction
+                        .total_cmp(&b.figures.categories.peer_wait.fraction)
+                })
+                .map(|r| r.rank)
+        })
+        .flatten();
+    let rank = if stall == Category::PeerWait {
+        straggler
+    } else {
+        worst_rank.filter(|_| input.ranks.len() > 1)
+    };
+    let speedup = 1.0 / (1.0 - f).max(1e-9);
+    let rank_note = match (rank, input.ranks.len()) {
+        (Some(r), n) if n > 1 && stall != Category::PeerWait => format!(" (most on rank {r})"),
+        _ => String::new(),
+    };
+    Finding {
+        category: Some(stall),
+        fraction: f,
+        rank,
+        sentence: format!(
+            "{} of the iteration time is spent {}{}: removing it would cut the median iteration from {:.3} s to about {:.3} s ({:.2}× faster)",
+            pct(f),
+            describe(stall),
+            rank_note,
+            t,
+            t * (1.0 - f),
+            speedup
+        ),
+        suggestion: suggestion(stall, input, straggler),
+        max_speedup: speedup,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::summary::{Categories, Share};
+
+    fn figures(prep: f64, compute: f64) -> Figures {
+        Figures {
+            iterations: 10,
+            median_iteration_seconds: 0.5,
+            wall_seconds: 5.0,
+            categories: Categories {
+                compute: Share {
+                    seconds: compute * 5.0,
+                    fraction: compute,
+                },
+                data_prep: Share {
+                    seconds: prep * 5.0,
+                    fraction: prep,
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn names_the_largest_stall_with_its_gain_and_change() {
+        let job = figures(0.6, 0.4);
+        let f = find(&FindingInput {
+            job: &job,
+            ranks: &[],
+            loader_workers: Some(0),
+            cpus: 8,
+        });
+        assert_eq!(f.category, Some(Category::DataPrep));
+        assert!((f.max_speedup - 2.5).abs() < 1e-9);
+        assert!(f.sentence.contains("60%"), "{}", f.sentence);
+        assert!(f.sentence.contains("0.200 s"), "{}", f.sentence);
+        assert!(
+            f.suggestion.contains("num_workers (now 0"),
+            "{}",
+            f.suggestion
+        );
+    }
+
+    #[test]
+    fn small_stalls_make_a_compute_bound_finding() {
+        let job = figures(0.02, 0.98);
+        let f = find(&FindingInput {
+            job: &job,
+            ranks: &[],
+            loader_workers: None,
+            cpus: 2,
+        });
+        assert_eq!(f.category, Some(Category::Compute));
+        assert!(f.sentence.starts_with("compute-bound"));
+    }
+
+    #[test]
+    fn no_iterations_says_how_to_get_markers() {
+        let job = Figures::default();
+        let f = find(&FindingInput {
+            job: &job,
+            ranks: &[],
+            loader_workers: None,
+            cpus: 2,
+        });
+        assert_eq!(f.category, None);
+        assert!(f.suggestion.contains("--iter-regex"));
+    }
+}

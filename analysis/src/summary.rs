@@ -1,1 +1,377 @@
-//! Job and rank summaries, their text rendering and the stable summary JSON.
+//! Job and rank summaries: the text printed at the end of a run and the stable summary JSON.
+//!
+//! The JSON (`schema: "stallscope.summary/1"`) is an interface scripts depend on: fields are
+//! only ever added. Categories are named fields in report order, never a map, so their order
+//! and presence never change. Warm-up iterations are left out of every figure.
+
+use serde::{Deserialize, Serialize};
+
+use crate::attribution::IterationBreakdown;
+use crate::category::{Category, Split};
+use crate::finding::{find, Finding, FindingInput};
+use crate::job::JobTimeline;
+use crate::secs;
+
+/// The schema name written into every summary.
+pub const SCHEMA: &str = "stallscope.summary/1";
+
+/// One category's time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Share {
+    /// Seconds, summed over the iterations counted.
+    pub seconds: f64,
+    /// Share of the iterations' wall time, 0–1.
+    pub fraction: f64,
+}
+
+/// Every category's time, in report order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Categories {
+    /// See [`Category::Compute`].
+    pub compute: Share,
+    /// See [`Category::DataFetch`].
+    pub data_fetch: Share,
+    /// See [`Category::DataPrep`].
+    pub data_prep: Share,
+    /// See [`Category::Interconnect`].
+    pub interconnect: Share,
+    /// See [`Category::Network`].
+    pub network: Share,
+    /// See [`Category::PeerWait`].
+    pub peer_wait: Share,
+    /// See [`Category::Other`].
+    pub other: Share,
+}
+
+impl Categories {
+    fn from_split(split: &Split) -> Categories {
+        let total = split.total();
+        let share = |c: Category| Share {
+            seconds: secs(split.get(c)),
+            fraction: if total == 0 {
+                0.0
+            } else {
+                split.get(c) as f64 / total as f64
+            },
+        };
+        Categories {
+            compute: share(Category::Compute),
+            data_fetch: share(Category::DataFetch),
+            data_prep: share(Category::DataPrep),
+            interconnect: share(Category::Interconnect),
+            network: share(Category::Network),
+            peer_wait: share(Category::PeerWait),
+            other: share(Category::Other),
+        }
+    }
+
+    /// The share of one category.
+    pub fn get(&self, c: Category) -> Share {
+        match c {
+            Category::Compute => self.compute,
+            Category::DataFetch => self.data_fetch,
+            Category::DataPrep => self.data_prep,
+            Category::Interconnect => self.interconnect,
+            Category::Network => self.network,
+            Category::PeerWait => self.peer_wait,
+            Category::Other => self.other,
+        }
+    }
+}
+
+/// How much of the counted wall time markers and samples saw, 0–1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CoverageShare {
+    /// Share inside marked phases.
+    pub marked: f64,
+    /// Share covered by sample ticks.
+    pub sampled: f64,
+}
+
+/// The figures of a set of iterations.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Figures {
+    /// Iterations counted (warm-up left out).
+    pub iterations: u64,
+    /// Median iteration wall time, s.
+    pub median_iteration_seconds: f64,
+    /// Wall time of the counted iterations, s.
+    pub wall_seconds: f64,
+    /// Per category.
+    pub categories: Categories,
+    /// What was seen.
+    pub coverage: CoverageShare,
+}
+
+/// One rank's figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankSummary {
+    /// Global rank.
+    pub rank: u32,
+    /// The loop's process id.
+    pub pid: u32,
+    /// Figures.
+    #[serde(flatten)]
+    pub figures: Figures,
+}
+
+/// Marker datagram health.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MarkerHealth {
+    /// Datagrams known lost (sequence gaps).
+    pub dropped: u64,
+    /// Datagrams rejected as malformed.
+    pub rejected: u64,
+}
+
+/// A source that did not deliver.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SourceDown {
+    /// Source name.
+    pub source: String,
+    /// Why.
+    pub message: String,
+}
+
+/// The summary of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Always [`SCHEMA`].
+    pub schema: String,
+    /// The wrapped command.
+    pub command: Vec<String>,
+    /// Node host name.
+    pub host: String,
+    /// The command's exit code (128 + signal when killed); `null` if the profile was cut short.
+    pub exit_code: Option<i32>,
+    /// Whether the profile ended normally.
+    pub complete: bool,
+    /// Run wall time, s (to the last frame when cut short).
+    pub wall_seconds: f64,
+    /// Iterations per rank left out at the start.
+    pub warmup_iterations: u32,
+    /// All ranks together: seconds summed over ranks, fractions of their summed wall time.
+    pub job: Figures,
+    /// Per rank, by rank.
+    pub ranks: Vec<RankSummary>,
+    /// The most important finding.
+    pub finding: Finding,
+    /// Marker health.
+    pub markers: MarkerHealth,
+    /// Sources that did not deliver.
+    pub sources_down: Vec<SourceDown>,
+    /// Where the profile is, when known.
+    pub profile: Option<String>,
+}
+
+fn figures(its: &[&IterationBreakdown]) -> Figures {
+    let mut split = Split::default();
+    let (mut marked, mut sampled) = (0u64, 0u64);
+    let mut walls: Vec<u64> = Vec::with_capacity(its.len());
+    for b in its {
+        split.add_split(&b.split);
+        marked += b.coverage.marked_ns;
+        sampled += b.coverage.sampled_ns;
+        walls.push(b.wall_ns());
+    }
+    walls.sort_unstable();
+    let total = split.total();
+    let median = match walls.len() {
+        0 => 0,
+        n if n % 2 == 1 => walls[n / 2],
+        n => (walls[n / 2 - 1] + walls[n / 2]) / 2,
+    };
+    let frac = |x: u64| {
+        if total == 0 {
+            0.0
+        } else {
+            x as f64 / total as f64
+        }
+    };
+    Figures {
+        iterations: its.len() as u64,
+        median_iteration_seconds: secs(median),
+        wall_seconds: secs(total),
+        categories: Categories::from_split(&split),
+        coverage: CoverageShare {
+            marked: frac(marked),
+            sampled: frac(sampled),
+        },
+    }
+}
+
+/// The counted breakdowns of each rank, by rank: warm-up left out.
+pub fn counted(job: &JobTimeline, warmup: u32) -> Vec<(u32, u32, Vec<&IterationBreakdown>)> {
+    let mut ranks: Vec<(u32, u32)> = job.breakdowns.iter().map(|b| (b.rank, b.pid)).collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    ranks
+        .into_iter()
+        .map(|(rank, pid)| {
+            let its = job
+                .breakdowns
+                .iter()
+                .filter(|b| b.rank == rank && b.pid == pid && b.iter >= warmup as u64)
+                .collect();
+            (rank, pid, its)
+        })
+        .collect()
+}
+
+/// Builds the summary of everything attributed so far.
+pub fn summarize(job: &JobTimeline) -> Summary {
+    let header = job.header.clone().unwrap_or_default();
+    let warmup = header.warmup_iters;
+    let per_rank = counted(job, warmup);
+    let ranks: Vec<RankSummary> = per_rank
+        .iter()
+        .map(|(rank, pid, its)| RankSummary {
+            rank: *rank,
+            pid: *pid,
+            figures: figures(its),
+        })
+        .collect();
+    let all: Vec<&IterationBreakdown> = per_rank
+        .iter()
+        .flat_map(|(_, _, its)| its.iter().copied())
+        .collect();
+    let job_figures = figures(&all);
+    let workers = job
+        .markers
+        .loops()
+        .filter_map(|m| m.meta.get("workers").and_then(|w| w.parse().ok()))
+        .max();
+    let finding = find(&FindingInput {
+        job: &job_figures,
+        ranks: &ranks,
+        loader_workers: workers,
+        cpus: header.cpus,
+    });
+    let last_t = job
+        .end
+        .as_ref()
+        .map(|e| e.ended_mono_ns)
+        .or_else(|| job.breakdowns.iter().map(|b| b.end_ns).max())
+        .or(job.series.watermark())
+        .unwrap_or(header.started_mono_ns);
+    Summary {
+        schema: SCHEMA.to_string(),
+        command: header.command.clone(),
+        host: header.host.clone(),
+        exit_code: job.end.as_ref().map(|e| e.exit_code),
+        complete: job.end.is_some(),
+        wall_seconds: secs(last_t.saturating_sub(header.started_mono_ns)),
+        warmup_iterations: warmup,
+        job: job_figures,
+        ranks,
+        finding,
+        markers: MarkerHealth {
+            dropped: job.markers.dropped(),
+            rejected: job.markers_rejected,
+        },
+        sources_down: job
+            .sources
+            .values()
+            .filter(|s| !s.up)
+            .map(|s| SourceDown {
+                source: s.source.clone(),
+                message: s.message.clone(),
+            })
+            .collect(),
+        profile: None,
+    }
+}
+
+/// Ranks shown as columns of the text table; more are summarised by the job column.
+const MAX_RANK_COLUMNS: usize = 8;
+
+/// The human rendering printed at the end of `stallscope run` and by `stallscope summary`.
+pub fn render_text(s: &Summary) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let nranks = s.ranks.len();
+    let _ = writeln!(
+        out,
+        "stallscope: {} iteration{} on {} rank{} (first {} per rank left out as warm-up), median {:.3} s",
+        s.job.iterations,
+        if s.job.iterations == 1 { "" } else { "s" },
+        nranks,
+        if nranks == 1 { "" } else { "s" },
+        s.warmup_iterations,
+        s.job.median_iteration_seconds,
+    );
+    if nranks > 0 {
+        let shown: Vec<&RankSummary> = s.ranks.iter().take(MAX_RANK_COLUMNS).collect();
+        let _ = write!(out, "{:<14}", "");
+        for r in &shown {
+            let _ = write!(out, "{:>17}", format!("rank {}", r.rank));
+        }
+        let _ = writeln!(out, "{:>17}", "job");
+        for c in Category::ALL {
+            let _ = write!(out, "{:<14}", c.name());
+            for r in &shown {
+                let sh = r.figures.categories.get(c);
+                let _ = write!(
+                    out,
+                    "{:>17}",
+                    format!("{:.2} s {:>5.1}%", sh.seconds, sh.fraction * 100.0)
+                );
+            }
+            let sh = s.job.categories.get(c);
+            let _ = writeln!(
+                out,
+                "{:>17}",
+                format!("{:.2} s {:>5.1}%", sh.seconds, sh.fraction * 100.0)
+            );
+        }
+        let _ = write!(out, "{:<14}", "iterations");
+        for r in &shown {
+            let _ = write!(
+                out,
+                "{:>17}",
+                format!(
+                    "{} × {:.3} s",
+                    r.figures.iterations, r.figures.median_iteration_seconds
+                )
+            );
+        }
+        let _ = writeln!(out, "{:>17}", format!("{:.2} s", s.job.wall_seconds));
+        if nranks > MAX_RANK_COLUMNS {
+            let _ = writeln!(
+                out,
+                "({} more ranks: see --json)",
+                nranks - MAX_RANK_COLUMNS
+            );
+        }
+        let _ = writeln!(
+            out,
+            "coverage: {:.0}% of the time inside marked phases, {:.0}% sampled",
+            s.job.coverage.marked * 100.0,
+            s.job.coverage.sampled * 100.0
+        );
+    }
+    let _ = writeln!(out, "finding: {}", s.finding.sentence);
+    if !s.finding.suggestion.is_empty() {
+        let _ = writeln!(out, "change:  {}", s.finding.suggestion);
+    }
+    if s.markers.dropped > 0 || s.markers.rejected > 0 {
+        let _ = writeln!(
+            out,
+            "markers: {} lost, {} malformed",
+            s.markers.dropped, s.markers.rejected
+        );
+    }
+    for d in &s.sources_down {
+        let _ = writeln!(out, "source {} was down: {}", d.source, d.message);
+    }
+    if !s.complete {
+        let _ = writeln!(
+            out,
+            "note: the profile was cut short; figures cover what it holds"
+        );
+    }
+    if let Some(p) = &s.profile {
+        let _ = writeln!(out, "profile: {p}");
+    }
+    out
+}
