@@ -1,1 +1,25 @@
-fn main() {}
+//! `stallscope`: the command line that composes the agent, the analysis and the views.
+
+mod child;
+mod cli;
+mod python_env;
+mod recorder;
+mod run;
+mod summary_cmd;
+
+use clap::Parser;
+
+fn main() {
+    let cli = cli::Cli::parse();
+    let result = match cli.command {
+        cli::Command::Run(args) => run::run(args),
+        cli::Command::Summary(args) => summary_cmd::summary(args),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("stallscope: error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The marker listener: receives the training processes' datagrams on a Unix socket.
+//!
+//! A Unix datagram socket keeps each marker whole and lets senders stay non-blocking: when the
+//! listener falls behind, the kernel queue fills and the *sender* drops the event (and the gap
+//! in its sequence numbers tells us). The listener therefore does nothing but receive, parse
+//! and hand on, on its own thread; a malformed datagram is counted and reported once, and the
+//! others go on.
+
+use std::io;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use stallscope_analysis::marker::{self, Marker, MAX_DATAGRAM};
+
+/// What the listener hands on.
+#[derive(Debug)]
+pub enum MarkerEvent {
+    /// A well-formed marker.
+    Marker(Marker),
+    /// The first malformed datagram (later ones are only counted).
+    Rejected(String),
+}
+
+/// A running listener.
+pub struct MarkerListener {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    rejected: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Receive buffer asked of the kernel, bytes: room for bursts from many ranks at one step.
+const RECV_BUFFER: usize = 4 << 20;
+
+impl MarkerListener {
+    /// Binds `path` (removing a stale socket file first) and starts receiving.
+    pub fn bind(path: &Path, tx: Sender<MarkerEvent>) -> io::Result<MarkerListener> {
+        if path.exists() {
+            std::fs::remove_file(path)?;
+        }
+        let socket = UnixDatagram::bind(path)?;
+        set_recv_buffer(&socket, RECV_BUFFER);
+        socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let rejected = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (stop, rejected) = (stop.clone(), rejected.clone());
+            std::thread::Builder::new()
+                .name("stallscope-markers".into())
+                .spawn(move || receive(socket, tx, &stop, &rejected))?
+        };
+        Ok(MarkerListener {
+            path: path.to_path_buf(),
+            stop,
+            rejected,
+            thread: Some(thread),
+        })
+    }
+
+    /// Datagrams rejected as malformed so far.
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+
+    /// Stops receiving, joins the thread and removes the socket file.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for MarkerListener {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn set_recv_buffer(socket: &UnixDatagram, bytes: usize) {
+    use std::os::fd::AsRawFd;
+    let size = bytes as libc::c_int;
+    // SAFETY: a valid socket fd and a pointer to an int of the right size. Failure only
+    // leaves the default buffer, which is fine.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &size as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+fn receive(socket: UnixDatagram, tx: Sender<MarkerEvent>, stop: &AtomicBool, rejected: &AtomicU64) {
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    while !stop.load(Ordering::Relaxed) {
+        let n = match socket.recv(&mut buf) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => continue,
+            Err(_) => break,
+        };
+        let event = match marker::parse(&buf[..n]) {
+            Ok(m) => MarkerEvent::Marker(m),
+            Err(e) => {
+                if rejected.fetch_add(1, Ordering::Relaxed) > 0 {
+                    continue;
+                }
+                let shown: String = String::from_utf8_lossy(&buf[..n.min(80)]).into();
+                MarkerEvent::Rejected(format!("{e}: {shown:?}"))
+            }
+        };
+        if tx.send(event).is_err() {
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    #[test]
+    fn receives_markers_and_rejects_garbage_without_losing_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.sock");
+        let (tx, rx) = channel();
+        let listener = MarkerListener::bind(&path, tx).unwrap();
+        let sender = UnixDatagram::unbound().unwrap();
+        sender.send_to(b"SS1 0 10 99 0 0 B data", &path).unwrap();
+        sender.send_to(b"garbage", &path).unwrap();
+        sender.send_to(b"SS1 1 20 99 0 0 E data", &path).unwrap();
+        sender.send_to(b"SS1 2 x 99 0 0 S iter", &path).unwrap();
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            got.push(rx.recv_timeout(Duration::from_secs(5)).unwrap());
+        }
+        assert!(matches!(&got[0], MarkerEvent::Marker(m) if m.t_ns == 10));
+        assert!(matches!(&got[1], MarkerEvent::Rejected(why) if why.contains("unknown marker protocol")));
+        assert!(matches!(&got[2], MarkerEvent::Marker(m) if m.t_ns == 20));
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(listener.rejected(), 2);
+        listener.stop();
+        assert!(!path.exists());
+    }
+}

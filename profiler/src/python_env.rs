@@ -1,0 +1,44 @@
+//! The Python side of `stallscope run`: the marker package and the `sitecustomize` hook,
+//! embedded in the binary and written to the run's directory, then put on `PYTHONPATH`.
+//!
+//! Embedding keeps the binary self-contained: a user copies one file to a node and every
+//! Python process the command starts is instrumented with no install and no code change.
+
+use std::path::{Path, PathBuf};
+
+const PACKAGE: &[(&str, &str)] = &[
+    ("stallscope/__init__.py", include_str!("../python/stallscope/__init__.py")),
+    ("stallscope/_torch_hook.py", include_str!("../python/stallscope/_torch_hook.py")),
+];
+const SITECUSTOMIZE: &str = include_str!("../python/sitecustomize.py");
+
+/// Writes the package (and, with `auto`, the hook) under `dir` and returns the
+/// `PYTHONPATH` to give the command, ahead of what it had.
+pub fn install(dir: &Path, auto: bool) -> std::io::Result<String> {
+    let pkg = dir.join("pkg");
+    for (rel, text) in PACKAGE {
+        let path = pkg.join(rel);
+        std::fs::create_dir_all(path.parent().expect("relative path has a parent"))?;
+        std::fs::write(&path, text)?;
+    }
+    let mut parts: Vec<PathBuf> = Vec::new();
+    if auto {
+        let site = dir.join("site");
+        std::fs::create_dir_all(&site)?;
+        std::fs::write(site.join("sitecustomize.py"), SITECUSTOMIZE)?;
+        parts.push(site);
+    }
+    parts.push(pkg);
+    let mut path = parts
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    if let Ok(existing) = std::env::var("PYTHONPATH") {
+        if !existing.is_empty() {
+            path.push(':');
+            path.push_str(&existing);
+        }
+    }
+    Ok(path)
+}

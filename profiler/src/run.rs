@@ -1,0 +1,236 @@
+//! `stallscope run -- COMMAND`: one process that holds an agent and a collector, so that one
+//! command on one machine profiles a whole training.
+//!
+//! The command starts first and never waits on stallscope: if the marker socket, a source or
+//! the profile fails, the failure is said once and the training goes on. stallscope exits the
+//! way the command exited.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use regex::bytes::Regex;
+use stallscope_agent::clock::monotonic_ns;
+use stallscope_agent::markers::MarkerListener;
+use stallscope_agent::sampler::{self, SamplerConfig};
+use stallscope_agent::sources::Roots;
+use stallscope_analysis::frame::RunHeader;
+use stallscope_analysis::marker::{Marker, MarkerEvent};
+use stallscope_analysis::summary::render_text;
+use stallscope_collector::profile::ProfileWriter;
+
+use crate::child::{exit_code, exit_like, Job};
+use crate::cli::RunArgs;
+use crate::python_env;
+use crate::recorder::{Event, Recorder, StatusMode};
+
+/// The default profile name: `stallscope-YYYYMMDD-HHMMSS.stallscope` in local time.
+fn default_profile_path() -> PathBuf {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as libc::time_t)
+        .unwrap_or(0);
+    // SAFETY: localtime_r writes into the tm we own.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&now, &mut tm);
+        tm
+    };
+    PathBuf::from(format!(
+        "stallscope-{:04}{:02}{:02}-{:02}{:02}{:02}.stallscope",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    ))
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn header(args: &RunArgs) -> RunHeader {
+    RunHeader {
+        stallscope_version: env!("CARGO_PKG_VERSION").to_string(),
+        host: host_name(),
+        command: args.command.clone(),
+        started_unix_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+        started_mono_ns: monotonic_ns(),
+        rate_hz: args.rate,
+        warmup_iters: args.warmup,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+    }
+}
+
+/// Forwards the command's stdout line by line and turns matching lines into steps.
+fn pass_stdout(stdout: impl std::io::Read, regex: Regex, pid: u32, tx: Sender<Event>) {
+    let mut reader = BufReader::new(stdout);
+    let mut line = Vec::new();
+    let mut out = std::io::stdout();
+    let mut seq = 0u64;
+    let mut counted = 0u64;
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let t_ns = monotonic_ns();
+        let _ = out.write_all(&line);
+        let _ = out.flush();
+        let Some(caps) = regex.captures(&line) else { continue };
+        let group = |name: &str| {
+            caps.name(name)
+                .and_then(|m| std::str::from_utf8(m.as_bytes()).ok())
+                .and_then(|s| s.parse::<u64>().ok())
+        };
+        let rank = group("rank").map_or(0, |r| r as u32);
+        let iter = group("iter").unwrap_or(counted);
+        counted += 1;
+        let m = Marker {
+            seq,
+            t_ns,
+            pid,
+            rank: Some(rank),
+            iter,
+            event: MarkerEvent::Step,
+        };
+        seq += 1;
+        let _ = tx.send(Event::RegexStep(m));
+    }
+}
+
+/// The directory for the run's socket and Python files, removed when the run ends.
+fn run_dir() -> anyhow::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("stallscope-")
+        .tempdir()
+        .context("cannot create the run directory")
+}
+
+/// Runs the command under stallscope and returns the exit code to leave with (unless the
+/// command died of a signal, in which case stallscope dies of the same signal).
+pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    if !(args.rate > 0.0 && args.rate <= 10_000.0) {
+        bail!("--rate must be between 0 and 10000 Hz, not {}", args.rate);
+    }
+    let regex = match &args.iter_regex {
+        Some(r) => Some(Regex::new(r).with_context(|| format!("--iter-regex {r:?} is not a valid regular expression"))?),
+        None => None,
+    };
+    let profile_path = args.output.clone().unwrap_or_else(default_profile_path);
+    let writer = ProfileWriter::create(&profile_path).with_context(|| format!("cannot create the profile {}", profile_path.display()))?;
+    let dir = run_dir()?;
+    let socket = dir.path().join("markers.sock");
+
+    let (tx, rx) = channel::<Event>();
+    let (marker_tx, marker_rx) = channel();
+    let listener = match MarkerListener::bind(&socket, marker_tx) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            eprintln!("stallscope: cannot listen for markers on {} ({e}); iterations will not be seen", socket.display());
+            None
+        }
+    };
+    forward(marker_rx, tx.clone(), Event::Marker);
+
+    let mut command = Command::new(&args.command[0]);
+    command.args(&args.command[1..]);
+    command.env("STALLSCOPE_SOCKET", &socket);
+    match python_env::install(dir.path(), !args.no_auto) {
+        Ok(pythonpath) => {
+            command.env("PYTHONPATH", pythonpath);
+        }
+        Err(e) => eprintln!("stallscope: cannot write the Python hook ({e}); PyTorch will not be instrumented"),
+    }
+    if args.no_auto {
+        command.env("STALLSCOPE_AUTO", "0");
+    }
+    if regex.is_some() {
+        command.stdout(Stdio::piped());
+        // Python buffers a piped stdout; lines must arrive when printed to time iterations.
+        command.env("PYTHONUNBUFFERED", "1");
+    }
+
+    let mut job = Job::spawn(command).with_context(|| format!("cannot run {:?}", args.command[0]))?;
+    let pid = job.pid();
+    let stdout_thread = match (regex, job.child.stdout.take()) {
+        (Some(re), Some(stdout)) => {
+            let tx = tx.clone();
+            Some(std::thread::spawn(move || pass_stdout(stdout, re, pid, tx)))
+        }
+        _ => None,
+    };
+
+    let (sampler_tx, sampler_rx) = channel();
+    let config = SamplerConfig {
+        rate_hz: args.rate,
+        roots: Roots {
+            proc: args.proc_root.clone(),
+            sys: args.sys_root.clone(),
+        },
+        ..SamplerConfig::new(pid)
+    };
+    let sampler = sampler::spawn(config.clone(), sampler::default_sources(&config.roots), sampler_tx);
+    forward(sampler_rx, tx.clone(), Event::Sampler);
+
+    let recorder = Recorder::new(writer, header(&args), StatusMode::for_stderr(args.quiet), args.iter_regex.is_some());
+    let descendants = recorder.descendants.clone();
+    let rejected = Arc::new(AtomicU64::new(0));
+    let recorder_thread = {
+        let rejected = rejected.clone();
+        std::thread::Builder::new()
+            .name("stallscope-recorder".into())
+            .spawn(move || recorder.run(rx, move || rejected.load(Ordering::Relaxed)))?
+    };
+
+    let status = job.wait()?;
+    sampler.stop();
+    let found: Vec<(u32, u64)> = descendants.lock().map(|d| d.clone()).unwrap_or_default();
+    job.end_leftovers(&found);
+    if let Some(l) = &listener {
+        rejected.store(l.rejected(), Ordering::Relaxed);
+    }
+    drop(listener);
+    if let Some(t) = stdout_thread {
+        let _ = t.join();
+    }
+    let _ = tx.send(Event::Finish(exit_code(&status)));
+    drop(tx);
+    let mut summary = recorder_thread.join().map_err(|_| anyhow::anyhow!("the recorder thread panicked"))?;
+    summary.profile = Some(profile_path.display().to_string());
+    eprint!("{}", render_text(&summary));
+    if let Some(path) = &args.summary_json {
+        write_json(path, &summary)?;
+    }
+    drop(dir);
+    exit_like(&status)
+}
+
+/// Writes the summary JSON.
+pub fn write_json(path: &Path, summary: &stallscope_analysis::summary::Summary) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(summary)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Moves every message of `rx` into `tx`, wrapped, on a small thread, until either side ends.
+fn forward<T: Send + 'static>(rx: std::sync::mpsc::Receiver<T>, tx: Sender<Event>, wrap: fn(T) -> Event) {
+    std::thread::spawn(move || {
+        for m in rx {
+            if tx.send(wrap(m)).is_err() {
+                break;
+            }
+        }
+    });
+}
