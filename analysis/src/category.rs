@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
 )]
+#[serde(rename_all = "snake_case")]
 pub enum Category {
     /// The accelerator (or, on CPU, the rank's compute threads) did useful work.
     Compute,

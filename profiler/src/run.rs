@@ -89,7 +89,9 @@ fn pass_stdout(stdout: impl std::io::Read, regex: Regex, pid: u32, tx: Sender<Ev
         let t_ns = monotonic_ns();
         let _ = out.write_all(&line);
         let _ = out.flush();
-        let Some(caps) = regex.captures(&line) else { continue };
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        let Some(caps) = regex.captures(text) else { continue };
         let group = |name: &str| {
             caps.name(name)
                 .and_then(|m| std::str::from_utf8(m.as_bytes()).ok())

@@ -1,0 +1,280 @@
+//! The profile file: an append-only log of [`Frame`]s.
+//!
+//! # Layout
+//!
+//! ```text
+//! file   := header frame*
+//! header := "SSPROF\r\n" version:u8
+//! frame  := "SF" version:u8 len:u32le crc:u32le payload[len]
+//!           crc = CRC-32 (IEEE) of version ‖ len ‖ payload
+//!           payload = postcard encoding of one Frame (Frame::encode), len ≤ 16 MiB
+//! ```
+//!
+//! # Why this shape
+//!
+//! A profile is written while the training job runs and must survive the profiler being
+//! killed at any instant, so the file is only ever appended to and every frame stands alone:
+//! its own magic, version, length and checksum. There is no index or footer to keep in step;
+//! a reader needs nothing but the bytes of the frame in front of it, and a frame's CRC tells
+//! it whether those bytes are what the writer wrote.
+//!
+//! * The magic ends in `\r\n` (as PNG's does) so that a transfer that rewrites line endings is
+//!   caught at once instead of producing frames that fail their CRCs one by one.
+//! * The version sits in the file header, where a reader refuses a newer file by name before
+//!   reading anything, and again in every frame, so that the resynchronising scan (below)
+//!   looks for three fixed bytes rather than two.
+//! * The CRC covers the version and the length as well as the payload: a flipped bit in the
+//!   length would otherwise send the reader to a wrong frame boundary with nothing to say so.
+//! * The length is bounded (16 MiB, far above any real frame) so that a damaged length is
+//!   recognised as damage and never turned into an allocation.
+//! * The writer buffers frames and hands them to the kernel in one `write` about once a
+//!   second (the caller's flush), always as whole frames. A crash loses at most the frames of
+//!   the last second; what reached the file is whole frames and, at worst, one torn tail.
+//!
+//! # Failure modes, and what the reader does
+//!
+//! * **Torn tail** (killed with `kill -9`, out of disk, power loss): the file ends inside a
+//!   frame. The reader returns every frame before it and a [`ReadIssue::TornTail`]. This is
+//!   the normal end of a profile whose run did not finish; the last frame is not
+//!   [`Frame::End`].
+//! * **Bit rot, or bytes overwritten in the middle** (a bad disk, a careless `dd`, a zeroed
+//!   block after a crash): a frame's CRC fails, its payload does not decode, its length is
+//!   over the bound or runs past the end, or the bytes where a frame should start are not a
+//!   frame header. The reader reports a [`ReadIssue::Corrupt`] at that offset, scans forward
+//!   byte by byte for the next frame header whose CRC checks, and carries on from there, so
+//!   one bad frame costs that frame and no other.
+//! * **A newer writer**: a file whose header names a format version above
+//!   [`FORMAT_VERSION`] is refused with [`ProfileError::NewerVersion`] ("upgrade
+//!   stallscope"), never half-read. A newer stallscope that appended a [`Frame`] variant
+//!   without bumping the version writes frames that pass their CRC but do not decode here;
+//!   each is reported as corrupt and skipped whole, and the frames this build knows are read.
+//! * **Not a profile at all**: refused with [`ProfileError::NotAProfile`], quoting the first
+//!   bytes of the file so the user can see what it was.
+
+mod reader;
+mod writer;
+
+use std::path::PathBuf;
+
+pub use reader::{read_profile, Corruption, ProfileReader, ReadIssue, ReadProfile};
+pub use writer::ProfileWriter;
+
+#[cfg(any(doc, test))]
+use stallscope_analysis::frame::Frame;
+#[cfg(doc)]
+use stallscope_analysis::frame::FORMAT_VERSION;
+
+/// The first eight bytes of every profile.
+pub const MAGIC: [u8; 8] = *b"SSPROF\r\n";
+
+/// bytes, the file header: [`MAGIC`] and the format version.
+pub const FILE_HEADER_LEN: usize = MAGIC.len() + 1;
+
+/// The first two bytes of every frame.
+pub const FRAME_MAGIC: [u8; 2] = *b"SF";
+
+/// bytes, a frame's header: magic, version, length, CRC.
+pub const FRAME_HEADER_LEN: usize = 2 + 1 + 4 + 4;
+
+/// bytes, the largest payload a frame may carry (16 MiB).
+pub const MAX_PAYLOAD: u32 = 16 * 1024 * 1024;
+
+/// Why a profile could not be written or read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// The file does not begin with [`MAGIC`] and a version this format knows.
+    #[error("{path}: not a stallscope profile ({detail})", path = path.display())]
+    NotAProfile {
+        /// The file.
+        path: PathBuf,
+        /// What was there instead.
+        detail: String,
+    },
+    /// The file was written by a newer stallscope.
+    #[error(
+        "{path}: written by a newer stallscope (profile format {found}, this stallscope reads \
+         up to {supported}); upgrade stallscope to read it",
+        path = path.display()
+    )]
+    NewerVersion {
+        /// The file.
+        path: PathBuf,
+        /// The format version in its header.
+        found: u8,
+        /// The newest format version this build reads ([`FORMAT_VERSION`]).
+        supported: u8,
+    },
+    /// A frame to be written encodes to more than [`MAX_PAYLOAD`] bytes.
+    #[error(
+        "{path}: a frame of {bytes} bytes is over the {MAX_PAYLOAD}-byte limit and was not written",
+        path = path.display()
+    )]
+    FrameTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// bytes, the encoded payload.
+        bytes: usize,
+    },
+    /// Opening, reading or writing the file failed.
+    #[error("{path}: {source}", path = path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// CRC of a frame: over the version byte, the little-endian length and the payload.
+fn frame_crc(version: u8, len: [u8; 4], payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[version]);
+    h.update(&len);
+    h.update(payload);
+    h.finalize()
+}
+
+/// One frame of every variant, with every optional part filled, for the tests of the
+/// writer and the reader.
+#[cfg(test)]
+fn every_variant() -> Vec<Frame> {
+    use stallscope_analysis::attribution::{Basis, Coverage, Evidence, IterationBreakdown};
+    use stallscope_analysis::category::{Category, Split};
+    use stallscope_analysis::frame::{ProcessInfo, Role, RunEnd, RunHeader, SourceStatus};
+    use stallscope_analysis::marker::{Marker, MarkerEvent};
+    use stallscope_analysis::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind};
+
+    let frames = vec![
+        Frame::Header(RunHeader {
+            stallscope_version: "0.1.0".into(),
+            host: "node-a".into(),
+            command: vec!["python3".into(), "train.py".into(), "--epochs=1".into()],
+            started_unix_ns: 1_700_000_000_000_000_000,
+            started_mono_ns: 12_345_678_901,
+            rate_hz: 100.0,
+            warmup_iters: 3,
+            cpus: 16,
+        }),
+        Frame::Series(SeriesDecl {
+            id: SeriesId(7),
+            name: "net.rx_bytes".into(),
+            unit: "bytes".into(),
+            kind: SeriesKind::Counter,
+            labels: vec![
+                ("iface".into(), "eth0".into()),
+                ("link".into(), "nic".into()),
+            ],
+        }),
+        Frame::Samples(SampleBatch {
+            t_ns: 12_400_000_000,
+            dur_ns: 81_000,
+            values: (0..40)
+                .map(|i| (SeriesId(i), u64::MAX / (i as u64 + 1)))
+                .collect(),
+        }),
+        Frame::Markers(vec![
+            Marker {
+                seq: 0,
+                t_ns: 12_500_000_000,
+                pid: 4242,
+                rank: Some(1),
+                iter: 17,
+                event: MarkerEvent::Begin("data".into()),
+            },
+            Marker {
+                seq: 1,
+                t_ns: 12_600_000_000,
+                pid: 4242,
+                rank: None,
+                iter: 17,
+                event: MarkerEvent::End("data".into()),
+            },
+            Marker {
+                seq: 2,
+                t_ns: 12_700_000_000,
+                pid: 4242,
+                rank: Some(1),
+                iter: 17,
+                event: MarkerEvent::Step,
+            },
+            Marker {
+                seq: 3,
+                t_ns: 12_800_000_000,
+                pid: 4242,
+                rank: Some(1),
+                iter: 18,
+                event: MarkerEvent::Meta(vec![("workers".into(), "4".into())]),
+            },
+        ]),
+        Frame::Process(ProcessInfo {
+            pid: 4243,
+            ppid: 4242,
+            comm: "pt_data_worker".into(),
+            role: Role::Loader,
+            rank: Some(1),
+            rank_pid: Some(4242),
+            seen_ns: 12_450_000_000,
+        }),
+        Frame::ProcessExit {
+            pid: 4243,
+            t_ns: 19_000_000_000,
+        },
+        Frame::Breakdown(IterationBreakdown {
+            rank: 1,
+            pid: 4242,
+            iter: 17,
+            start_ns: 12_400_000_000,
+            end_ns: 12_700_000_000,
+            split: Split {
+                ns: [
+                    150_000_000,
+                    40_000_000,
+                    60_000_000,
+                    10_000_000,
+                    20_000_000,
+                    15_000_000,
+                    5_000_000,
+                ],
+            },
+            evidence: vec![Evidence {
+                category: Category::DataFetch,
+                basis: Basis::DataLoaderIo,
+                ns: 40_000_000,
+            }],
+            coverage: Coverage {
+                marked_ns: 280_000_000,
+                sampled_ns: 300_000_000,
+            },
+        }),
+        Frame::Source(SourceStatus {
+            source: "gpu".into(),
+            up: false,
+            message: "libnvidia-ml.so.1 not found".into(),
+        }),
+        Frame::End(RunEnd {
+            ended_mono_ns: 20_000_000_000,
+            exit_code: 137,
+            markers_dropped: 2,
+            markers_rejected: 1,
+        }),
+    ];
+    // A new variant makes this match fail to compile until it is added above.
+    let mut seen = [false; 9];
+    for f in &frames {
+        let i = match f {
+            Frame::Header(_) => 0,
+            Frame::Series(_) => 1,
+            Frame::Samples(_) => 2,
+            Frame::Markers(_) => 3,
+            Frame::Process(_) => 4,
+            Frame::ProcessExit { .. } => 5,
+            Frame::Breakdown(_) => 6,
+            Frame::Source(_) => 7,
+            Frame::End(_) => 8,
+        };
+        seen[i] = true;
+    }
+    assert!(seen.iter().all(|s| *s));
+    frames
+}

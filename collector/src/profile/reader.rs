@@ -1,0 +1,770 @@
+//! Reads a profile frame by frame, stepping over damage and stopping cleanly at a torn tail.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use stallscope_analysis::frame::{Frame, FORMAT_VERSION};
+
+use super::{
+    frame_crc, ProfileError, FILE_HEADER_LEN, FRAME_HEADER_LEN, FRAME_MAGIC, MAGIC, MAX_PAYLOAD,
+};
+
+/// bytes read from the file at a time.
+const CHUNK: usize = 64 * 1024;
+
+/// Why bytes in the middle of a profile were skipped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Corruption {
+    /// The bytes where a frame should begin are not a frame header.
+    NotAFrame,
+    /// A frame header names a format version other than the file's.
+    Version(u8),
+    /// A frame header claims a payload over [`super::MAX_PAYLOAD`] bytes.
+    Oversize(u32),
+    /// A frame header claims a payload (bytes) that runs past the end of the file, yet a
+    /// good frame follows it: the length is damaged, the file is not merely cut short.
+    PastEnd(u32),
+    /// The frame's CRC does not match its bytes.
+    Crc {
+        /// CRC in the frame header.
+        stored: u32,
+        /// CRC of the bytes as read.
+        computed: u32,
+    },
+    /// The CRC checks but the payload is not a frame this build knows (postcard's message).
+    Undecodable(String),
+}
+
+impl fmt::Display for Corruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Corruption::NotAFrame => f.write_str("no frame header where a frame should begin"),
+            Corruption::Version(v) => write!(f, "a frame header names format version {v}"),
+            Corruption::Oversize(len) => {
+                write!(
+                    f,
+                    "a frame claims {len} bytes, over the {MAX_PAYLOAD}-byte limit"
+                )
+            }
+            Corruption::PastEnd(len) => write!(
+                f,
+                "a frame claims {len} bytes, more than the file holds, yet good frames follow"
+            ),
+            Corruption::Crc { stored, computed } => write!(
+                f,
+                "a frame's checksum does not match (stored {stored:08x}, computed {computed:08x})"
+            ),
+            Corruption::Undecodable(msg) => write!(
+                f,
+                "a frame's checksum matches but its contents do not decode ({msg}); \
+                 a newer stallscope may have written it"
+            ),
+        }
+    }
+}
+
+/// Something wrong inside a profile that reading stepped over. Offsets and sizes are bytes
+/// from the start of the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadIssue {
+    /// The file ends inside a frame: normal when the profiler was killed.
+    TornTail {
+        /// Where the partial frame begins.
+        offset: u64,
+        /// bytes of it present.
+        bytes: u64,
+    },
+    /// Damaged bytes were skipped; reading went on at the next good frame after them.
+    Corrupt {
+        /// Where the damage begins.
+        offset: u64,
+        /// bytes skipped, up to the next good frame or the end of the file.
+        bytes: u64,
+        /// What was wrong with the first of them.
+        reason: Corruption,
+    },
+}
+
+impl ReadIssue {
+    /// Where in the file the issue begins, bytes.
+    pub fn offset(&self) -> u64 {
+        match self {
+            ReadIssue::TornTail { offset, .. } | ReadIssue::Corrupt { offset, .. } => *offset,
+        }
+    }
+
+    /// One sentence for a person.
+    pub fn describe(&self) -> String {
+        match self {
+            ReadIssue::TornTail { offset, bytes } => format!(
+                "the profile ends in a partial frame at byte {offset} ({bytes} bytes): \
+                 stallscope was probably killed; everything before it was read"
+            ),
+            ReadIssue::Corrupt {
+                offset,
+                bytes,
+                reason,
+            } => format!(
+                "the profile is damaged at byte {offset} ({reason}): {bytes} bytes up to byte {} \
+                 were skipped; every good frame before and after them was read",
+                offset + bytes
+            ),
+        }
+    }
+}
+
+impl fmt::Display for ReadIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// A whole profile in memory.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadProfile {
+    /// Every good frame, in file order.
+    pub frames: Vec<Frame>,
+    /// What was stepped over, in file order.
+    pub issues: Vec<ReadIssue>,
+}
+
+/// Reads the whole profile at `path`.
+pub fn read_profile(path: impl AsRef<Path>) -> Result<ReadProfile, ProfileError> {
+    let mut reader = ProfileReader::open(path)?;
+    let frames = reader.by_ref().collect::<Result<Vec<_>, _>>()?;
+    Ok(ReadProfile {
+        frames,
+        issues: reader.take_issues(),
+    })
+}
+
+/// Streams the frames of a profile, holding at most one frame (and one read chunk) in memory.
+///
+/// Yields good frames in file order; damage and a torn tail are not errors but
+/// [`ReadIssue`]s, collected in [`issues`](Self::issues) as they are met. Only an I/O error
+/// ends the stream with `Err`, after which it yields nothing.
+#[derive(Debug)]
+pub struct ProfileReader<R = File> {
+    src: R,
+    path: PathBuf,
+    version: u8,
+    /// Bytes read from `src` and not yet dropped; `buf[pos..]` is unread.
+    buf: Vec<u8>,
+    pos: usize,
+    /// File offset of `buf[0]`.
+    base: u64,
+    eof: bool,
+    done: bool,
+    issues: Vec<ReadIssue>,
+}
+
+impl ProfileReader<File> {
+    /// Opens `path` and checks its header.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, ProfileError> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|source| ProfileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        ProfileReader::new(file, path)
+    }
+}
+
+impl<R: Read> ProfileReader<R> {
+    /// Reads and checks the header from `src`; `path` names it in errors.
+    pub fn new(src: R, path: impl Into<PathBuf>) -> Result<Self, ProfileError> {
+        let mut r = ProfileReader {
+            src,
+            path: path.into(),
+            version: 0,
+            buf: Vec::new(),
+            pos: 0,
+            base: 0,
+            eof: false,
+            done: false,
+            issues: Vec::new(),
+        };
+        let got = r.fill(FILE_HEADER_LEN).map_err(|e| r.io(e))?;
+        let head = &r.buf[..got.min(FILE_HEADER_LEN)];
+        if head.is_empty() {
+            return Err(r.not_a_profile("the file is empty".into()));
+        }
+        if head.len() < FILE_HEADER_LEN && MAGIC.starts_with(&head[..head.len().min(MAGIC.len())]) {
+            return Err(r.not_a_profile(format!(
+                "the file ends inside its header, after {} bytes",
+                head.len()
+            )));
+        }
+        if !head.starts_with(&MAGIC) {
+            let shown = r.buf.len().min(16);
+            return Err(r.not_a_profile(format!(
+                "it begins with b\"{}\" where a profile begins with b\"SSPROF\\r\\n\"",
+                r.buf[..shown].escape_ascii()
+            )));
+        }
+        r.version = head[MAGIC.len()];
+        if r.version == 0 {
+            return Err(r.not_a_profile("its header names format version 0".into()));
+        }
+        if r.version > FORMAT_VERSION {
+            return Err(ProfileError::NewerVersion {
+                path: r.path,
+                found: r.version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        r.pos = FILE_HEADER_LEN;
+        Ok(r)
+    }
+
+    /// The format version in the file's header.
+    pub fn version(&self) -> u8 {
+        self.version
+    }
+
+    /// File offset of the next unread byte.
+    pub fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    /// The issues met so far, in file order.
+    pub fn issues(&self) -> &[ReadIssue] {
+        &self.issues
+    }
+
+    /// Takes the issues met so far, leaving none.
+    pub fn take_issues(&mut self) -> Vec<ReadIssue> {
+        std::mem::take(&mut self.issues)
+    }
+
+    fn not_a_profile(&self, detail: String) -> ProfileError {
+        ProfileError::NotAProfile {
+            path: self.path.clone(),
+            detail,
+        }
+    }
+
+    fn io(&self, source: io::Error) -> ProfileError {
+        ProfileError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn avail(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Reads until `want` bytes are unread or the file ends; returns how many are unread.
+    fn fill(&mut self, want: usize) -> io::Result<usize> {
+        if self.avail() >= want || self.eof {
+            return Ok(self.avail());
+        }
+        self.buf.drain(..self.pos);
+        self.base += self.pos as u64;
+        self.pos = 0;
+        while !self.eof && self.buf.len() < want {
+            let ask = CHUNK.max(want - self.buf.len());
+            let got = (&mut self.src)
+                .take(ask as u64)
+                .read_to_end(&mut self.buf)?;
+            self.eof = got < ask;
+        }
+        Ok(self.avail())
+    }
+
+    /// The frame header prefix (magic and version) at `buf[at..]`, as far as it is present.
+    fn header_prefix_matches(&self, at: usize) -> bool {
+        let want = [FRAME_MAGIC[0], FRAME_MAGIC[1], self.version];
+        let have = &self.buf[at..self.buf.len().min(at + want.len())];
+        have == &want[..have.len()]
+    }
+
+    /// The payload length of the frame header at `buf[pos..]` (11 bytes must be present).
+    fn claimed_len(&self) -> u32 {
+        let b = &self.buf[self.pos + 3..self.pos + 7];
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+
+    /// Checks the CRC of the whole frame at `buf[pos..]`; `Ok` or (stored, computed).
+    fn check_crc(&self, len: u32) -> Result<(), (u32, u32)> {
+        let h = &self.buf[self.pos..self.pos + FRAME_HEADER_LEN];
+        let payload = &self.buf[self.pos + FRAME_HEADER_LEN..][..len as usize];
+        let stored = u32::from_le_bytes([h[7], h[8], h[9], h[10]]);
+        let computed = frame_crc(h[2], [h[3], h[4], h[5], h[6]], payload);
+        if stored == computed {
+            Ok(())
+        } else {
+            Err((stored, computed))
+        }
+    }
+
+    /// Moves past the bad byte at `pos` to the next frame whose header and CRC check, or to
+    /// the end of the file. Returns whether a good frame was found.
+    fn resync(&mut self) -> io::Result<bool> {
+        self.pos += 1;
+        loop {
+            if self.fill(FRAME_HEADER_LEN)? < FRAME_HEADER_LEN {
+                // Too little is left to hold a frame that could be checked.
+                self.pos = self.buf.len();
+                return Ok(false);
+            }
+            let window = &self.buf[self.pos..];
+            let want = [FRAME_MAGIC[0], FRAME_MAGIC[1], self.version];
+            match window.windows(3).position(|w| w == want) {
+                None => {
+                    // Keep the last two bytes: they may begin a header that straddles reads.
+                    self.pos = self.buf.len() - 2;
+                    continue;
+                }
+                Some(i) => self.pos += i,
+            }
+            if self.fill(FRAME_HEADER_LEN)? < FRAME_HEADER_LEN {
+                self.pos = self.buf.len();
+                return Ok(false);
+            }
+            let len = self.claimed_len();
+            if len <= MAX_PAYLOAD {
+                let total = FRAME_HEADER_LEN + len as usize;
+                if self.fill(total)? >= total && self.check_crc(len).is_ok() {
+                    return Ok(true);
+                }
+            }
+            self.pos += 1;
+        }
+    }
+
+    /// Skips damage that begins at `pos` and records it.
+    fn skip_corrupt(&mut self, reason: Corruption) -> io::Result<()> {
+        let offset = self.offset();
+        self.resync()?;
+        self.issues.push(ReadIssue::Corrupt {
+            offset,
+            bytes: self.offset() - offset,
+            reason,
+        });
+        Ok(())
+    }
+
+    fn next_frame(&mut self) -> io::Result<Option<Frame>> {
+        loop {
+            let start = self.offset();
+            let avail = self.fill(FRAME_HEADER_LEN)?;
+            if avail == 0 {
+                return Ok(None);
+            }
+            if !self.header_prefix_matches(self.pos) {
+                let h = &self.buf[self.pos..];
+                let reason = match h {
+                    [b'S', b'F', v, ..] => Corruption::Version(*v),
+                    _ => Corruption::NotAFrame,
+                };
+                self.skip_corrupt(reason)?;
+                continue;
+            }
+            if avail < FRAME_HEADER_LEN {
+                self.pos = self.buf.len();
+                self.issues.push(ReadIssue::TornTail {
+                    offset: start,
+                    bytes: avail as u64,
+                });
+                return Ok(None);
+            }
+            let len = self.claimed_len();
+            if len > MAX_PAYLOAD {
+                self.skip_corrupt(Corruption::Oversize(len))?;
+                continue;
+            }
+            let total = FRAME_HEADER_LEN + len as usize;
+            if self.fill(total)? < total {
+                // Either the file was cut short inside this frame, or its length is damaged
+                // and good frames follow: only a scan can tell.
+                if self.resync()? {
+                    self.issues.push(ReadIssue::Corrupt {
+                        offset: start,
+                        bytes: self.offset() - start,
+                        reason: Corruption::PastEnd(len),
+                    });
+                    continue;
+                }
+                self.issues.push(ReadIssue::TornTail {
+                    offset: start,
+                    bytes: self.offset() - start,
+                });
+                return Ok(None);
+            }
+            if let Err((stored, computed)) = self.check_crc(len) {
+                self.skip_corrupt(Corruption::Crc { stored, computed })?;
+                continue;
+            }
+            let decoded = Frame::decode(&self.buf[self.pos + FRAME_HEADER_LEN..][..len as usize]);
+            self.pos += total;
+            match decoded {
+                Ok(frame) => return Ok(Some(frame)),
+                Err(e) => self.issues.push(ReadIssue::Corrupt {
+                    offset: start,
+                    bytes: total as u64,
+                    reason: Corruption::Undecodable(e.to_string()),
+                }),
+            }
+        }
+    }
+}
+
+impl<R: Read> Iterator for ProfileReader<R> {
+    type Item = Result<Frame, ProfileError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.next_frame() {
+            Ok(Some(frame)) => Some(Ok(frame)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(self.io(e)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{every_variant, ProfileWriter};
+    use stallscope_analysis::series::{SampleBatch, SeriesId};
+
+    /// Writes `frames` with the real writer; returns the file's bytes and each frame's
+    /// (start, end) offsets.
+    fn written(frames: &[Frame]) -> (Vec<u8>, Vec<(usize, usize)>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.ssprof");
+        let mut w = ProfileWriter::create(&path).unwrap();
+        let mut spans = Vec::new();
+        let mut at = FILE_HEADER_LEN;
+        for f in frames {
+            w.write(f).unwrap();
+            let end = at + FRAME_HEADER_LEN + f.encode().len();
+            spans.push((at, end));
+            at = end;
+        }
+        w.finish().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), at);
+        (bytes, spans)
+    }
+
+    fn read_bytes(bytes: &[u8]) -> Result<ReadProfile, ProfileError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.ssprof");
+        std::fs::write(&path, bytes).unwrap();
+        read_profile(&path)
+    }
+
+    fn raw_frame(payload: &[u8]) -> Vec<u8> {
+        let len = (payload.len() as u32).to_le_bytes();
+        let mut out = FRAME_MAGIC.to_vec();
+        out.push(FORMAT_VERSION);
+        out.extend_from_slice(&len);
+        out.extend_from_slice(&frame_crc(FORMAT_VERSION, len, payload).to_le_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    fn without(frames: &[Frame], i: usize) -> Vec<Frame> {
+        let mut v = frames.to_vec();
+        v.remove(i);
+        v
+    }
+
+    /// Every variant, then a large sample batch last so the last frame spans many bytes.
+    fn frames() -> Vec<Frame> {
+        let mut v = every_variant();
+        v.push(Frame::Samples(SampleBatch {
+            t_ns: 99,
+            dur_ns: 5,
+            values: (0..300).map(|i| (SeriesId(i), 1u64 << (i % 64))).collect(),
+        }));
+        v
+    }
+
+    #[test]
+    fn every_variant_round_trips() {
+        let frames = frames();
+        let (bytes, _) = written(&frames);
+        let read = read_bytes(&bytes).unwrap();
+        assert_eq!(read.frames, frames);
+        assert!(read.issues.is_empty());
+    }
+
+    #[test]
+    fn the_streaming_reader_reads_many_frames_across_chunks() {
+        let frames: Vec<Frame> = (0..3000).map(|i| frames()[i % 10].clone()).collect();
+        let (bytes, _) = written(&frames);
+        assert!(bytes.len() > 10 * CHUNK);
+        let mut r = ProfileReader::new(io::Cursor::new(&bytes), "mem").unwrap();
+        assert_eq!(r.version(), FORMAT_VERSION);
+        let got: Vec<Frame> = r.by_ref().map(Result::unwrap).collect();
+        assert_eq!(got, frames);
+        assert!(r.issues().is_empty());
+        assert_eq!(r.offset(), bytes.len() as u64);
+        assert!(r.buf.capacity() < 4 * CHUNK, "{}", r.buf.capacity());
+    }
+
+    #[test]
+    fn a_header_only_profile_is_empty_and_clean() {
+        let (bytes, _) = written(&[]);
+        assert_eq!(bytes.len(), FILE_HEADER_LEN);
+        assert_eq!(read_bytes(&bytes).unwrap(), ReadProfile::default());
+    }
+
+    #[test]
+    fn a_cut_anywhere_in_the_last_frame_is_a_torn_tail() {
+        let frames = frames();
+        let n = frames.len();
+        let (bytes, spans) = written(&frames);
+        let (start, end) = spans[n - 1];
+        assert!(end - start > 300);
+
+        let read = read_bytes(&bytes[..start]).unwrap();
+        assert_eq!(read.frames, frames[..n - 1]);
+        assert!(read.issues.is_empty());
+
+        for cut in start + 1..end {
+            let read = read_bytes(&bytes[..cut]).unwrap();
+            assert_eq!(read.frames, frames[..n - 1], "cut at {cut}");
+            assert_eq!(
+                read.issues,
+                vec![ReadIssue::TornTail {
+                    offset: start as u64,
+                    bytes: (cut - start) as u64
+                }],
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_anywhere_in_a_middle_frame_costs_that_frame_only() {
+        let frames = frames();
+        let (bytes, spans) = written(&frames);
+        let victim = 3; // the markers
+        let (start, end) = spans[victim];
+        for at in start..end {
+            let mut bad = bytes.clone();
+            bad[at] ^= 0xff;
+            let read = read_bytes(&bad).unwrap();
+            assert_eq!(read.frames, without(&frames, victim), "flip at {at}");
+            let [ReadIssue::Corrupt {
+                offset,
+                bytes: skipped,
+                reason,
+            }] = read.issues.as_slice()
+            else {
+                panic!("flip at {at}: {:?}", read.issues);
+            };
+            assert_eq!((*offset, *skipped), (start as u64, (end - start) as u64));
+            match at - start {
+                0 | 1 => assert_eq!(*reason, Corruption::NotAFrame),
+                2 => assert_eq!(*reason, Corruption::Version(FORMAT_VERSION ^ 0xff)),
+                3..=5 => assert!(matches!(
+                    reason,
+                    Corruption::Crc { .. } | Corruption::PastEnd(_)
+                )),
+                6 => assert!(matches!(reason, Corruption::Oversize(_))),
+                _ => assert!(matches!(reason, Corruption::Crc { .. }), "{reason:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_garbage_length_loses_no_frame_after_it() {
+        let frames = frames();
+        let (bytes, spans) = written(&frames);
+        let victim = 4;
+        let (start, end) = spans[victim];
+        let true_len = (end - start - FRAME_HEADER_LEN) as u32;
+        let cases = [
+            (0, "crc"),
+            (1, "crc"),
+            (true_len - 1, "crc"),
+            (true_len + 1, "crc"),
+            (1000, "crc"),
+            (10 << 20, "past end"),
+            (MAX_PAYLOAD, "past end"),
+            (MAX_PAYLOAD + 1, "oversize"),
+            (u32::MAX, "oversize"),
+        ];
+        for (len, kind) in cases {
+            let mut bad = bytes.clone();
+            bad[start + 3..start + 7].copy_from_slice(&len.to_le_bytes());
+            let read = read_bytes(&bad).unwrap();
+            assert_eq!(read.frames, without(&frames, victim), "length {len}");
+            assert_eq!(read.issues.len(), 1, "length {len}: {:?}", read.issues);
+            let ReadIssue::Corrupt { offset, reason, .. } = &read.issues[0] else {
+                panic!("length {len}: {:?}", read.issues);
+            };
+            assert_eq!(*offset, start as u64);
+            let got = match reason {
+                Corruption::Crc { .. } => "crc",
+                Corruption::PastEnd(_) => "past end",
+                Corruption::Oversize(_) => "oversize",
+                other => panic!("length {len}: {other:?}"),
+            };
+            assert_eq!(got, kind, "length {len}");
+        }
+    }
+
+    #[test]
+    fn an_oversize_frame_is_rejected_even_when_its_bytes_are_all_there() {
+        let frames = frames();
+        let (good, spans) = written(&frames);
+        let (start, _) = spans[2];
+        // A frame of 16 MiB + 1 with a correct CRC, as a buggy writer might leave it.
+        let huge = raw_frame(&vec![0u8; MAX_PAYLOAD as usize + 1]);
+        let mut bytes = good[..start].to_vec();
+        bytes.extend_from_slice(&huge);
+        bytes.extend_from_slice(&good[start..]);
+
+        let mut r = ProfileReader::new(io::Cursor::new(&bytes), "mem").unwrap();
+        let got: Vec<Frame> = r.by_ref().map(Result::unwrap).collect();
+        assert_eq!(got, frames);
+        assert_eq!(
+            r.issues(),
+            [ReadIssue::Corrupt {
+                offset: start as u64,
+                bytes: huge.len() as u64,
+                reason: Corruption::Oversize(MAX_PAYLOAD + 1)
+            }]
+        );
+    }
+
+    #[test]
+    fn a_long_run_of_garbage_is_skipped_to_the_next_frame() {
+        let frames = frames();
+        let (good, spans) = written(&frames);
+        let (start, _) = spans[5];
+        let garbage_len = 3 * CHUNK + 7;
+        let mut bytes = good[..start].to_vec();
+        // Frame-header look-alikes throughout, some straddling read boundaries.
+        bytes.extend((0..garbage_len).map(|i| b"xSF\x01"[i % 4]));
+        bytes.extend_from_slice(&good[start..]);
+        let read = read_bytes(&bytes).unwrap();
+        assert_eq!(read.frames, frames);
+        assert_eq!(
+            read.issues,
+            vec![ReadIssue::Corrupt {
+                offset: start as u64,
+                bytes: garbage_len as u64,
+                reason: Corruption::NotAFrame
+            }]
+        );
+    }
+
+    #[test]
+    fn a_zeroed_tail_after_a_crash_keeps_everything_before_it() {
+        let frames = frames();
+        let (mut bytes, _) = written(&frames);
+        let end = bytes.len();
+        bytes.extend_from_slice(&[0u8; 4096]);
+        let read = read_bytes(&bytes).unwrap();
+        assert_eq!(read.frames, frames);
+        assert_eq!(
+            read.issues,
+            vec![ReadIssue::Corrupt {
+                offset: end as u64,
+                bytes: 4096,
+                reason: Corruption::NotAFrame
+            }]
+        );
+    }
+
+    #[test]
+    fn a_frame_this_build_cannot_decode_is_skipped_whole() {
+        let frames = frames();
+        let (good, spans) = written(&frames);
+        let (start, _) = spans[1];
+        let unknown = raw_frame(&[200, 1, 2, 3]); // variant 200: a newer writer's frame
+        let mut bytes = good[..start].to_vec();
+        bytes.extend_from_slice(&unknown);
+        bytes.extend_from_slice(&good[start..]);
+        let read = read_bytes(&bytes).unwrap();
+        assert_eq!(read.frames, frames);
+        assert!(matches!(
+            read.issues.as_slice(),
+            [ReadIssue::Corrupt { offset, bytes, reason: Corruption::Undecodable(_) }]
+                if *offset == start as u64 && *bytes == unknown.len() as u64
+        ));
+    }
+
+    #[test]
+    fn what_is_not_a_profile_is_named() {
+        let err = read_bytes(b"PK\x03\x04\x14\x00\x00\x00rest of a zip").unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ProfileError::NotAProfile { .. }));
+        assert!(msg.contains("p.ssprof"), "{msg}");
+        assert!(msg.contains(r"PK\x03\x04\x14\x00"), "{msg}");
+
+        let msg = read_bytes(b"").unwrap_err().to_string();
+        assert!(msg.contains("the file is empty"), "{msg}");
+        let msg = read_bytes(b"SSPROF").unwrap_err().to_string();
+        assert!(msg.contains("ends inside its header"), "{msg}");
+        let msg = read_bytes(b"SSPROF\n\n\x01").unwrap_err().to_string();
+        assert!(msg.contains("not a stallscope profile"), "{msg}");
+    }
+
+    #[test]
+    fn a_newer_profile_asks_for_an_upgrade() {
+        let (mut bytes, _) = written(&frames());
+        bytes[MAGIC.len()] = FORMAT_VERSION + 1;
+        let err = read_bytes(&bytes).unwrap_err();
+        assert!(
+            matches!(err, ProfileError::NewerVersion { found, supported, .. }
+                if found == FORMAT_VERSION + 1 && supported == FORMAT_VERSION)
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("upgrade stallscope"), "{msg}");
+        assert!(msg.contains("p.ssprof"), "{msg}");
+    }
+
+    #[test]
+    fn a_missing_file_is_an_io_error_naming_it() {
+        let err = read_profile("/nonexistent/stallscope/p.ssprof").unwrap_err();
+        assert!(matches!(err, ProfileError::Io { .. }));
+        assert!(err.to_string().contains("/nonexistent/stallscope/p.ssprof"));
+    }
+
+    #[test]
+    fn issues_read_as_sentences() {
+        let torn = ReadIssue::TornTail {
+            offset: 12345,
+            bytes: 412,
+        };
+        assert_eq!(
+            torn.describe(),
+            "the profile ends in a partial frame at byte 12345 (412 bytes): stallscope was \
+             probably killed; everything before it was read"
+        );
+        let corrupt = ReadIssue::Corrupt {
+            offset: 100,
+            bytes: 40,
+            reason: Corruption::Crc {
+                stored: 0xdeadbeef,
+                computed: 0x12345678,
+            },
+        };
+        assert_eq!(
+            corrupt.describe(),
+            "the profile is damaged at byte 100 (a frame's checksum does not match (stored \
+             deadbeef, computed 12345678)): 40 bytes up to byte 140 were skipped; every good \
+             frame before and after them was read"
+        );
+        assert_eq!(corrupt.offset(), 100);
+    }
+}

@@ -1,0 +1,266 @@
+"""Iteration and phase markers for stallscope.
+
+A training loop tells the profiler where each iteration ends and what it is waiting for, so
+that stallscope can attribute every iteration's wall time (compute, data, communication, ...)
+instead of guessing from counters alone. Each event is one datagram on the Unix datagram socket
+named by ``$STALLSCOPE_SOCKET``, in the wire format that ``analysis/src/marker.rs`` defines::
+
+    SS1 <seq> <t_ns> <pid> <rank> <iter> <event> <phase> [key=value ...]
+
+Profiling must never slow down or break the trainer, so a send never blocks and never raises:
+a missing, stale or full socket costs one failed system call and is counted by ``dropped()``.
+Without ``$STALLSCOPE_SOCKET`` every call returns at once. The module uses the standard library
+only, so it loads in any environment the training script runs in.
+
+Usage::
+
+    import stallscope
+    for batch in loader:
+        with stallscope.phase("compute"):
+            ...
+        stallscope.step()
+"""
+
+import itertools
+import os
+import socket
+import time
+
+__all__ = ["step", "phase", "begin", "end", "meta", "set_rank", "dropped", "enabled"]
+
+# Limits of the wire format (marker.rs).
+_MAX_DATAGRAM = 4096
+_MAX_NAME = 64
+_MAX_VALUE = 256
+_NAME_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
+_VALUE_CHARS = _NAME_CHARS | {ord("/")}
+# Per-name encodings are cached for speed; a program inventing names without end must not make
+# the cache grow without end.
+_MAX_CACHED_NAMES = 1024
+
+_monotonic_ns = time.monotonic_ns
+_getpid = os.getpid
+
+
+def _open_socket():
+    path = os.environ.get("STALLSCOPE_SOCKET")
+    if not path:
+        return None, None
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+    except OSError:
+        return None, None
+    return sock, os.fsencode(path)
+
+
+_sock, _addr = _open_socket()
+
+
+def _env_rank():
+    try:
+        rank = int(os.environ.get("RANK", "-1"))
+    except ValueError:
+        return -1
+    return rank if rank >= 0 else -1
+
+
+# Per-process state; _adopt() renews it in a forked child, which numbers its own events.
+_rank = _env_rank()
+_pid = 0
+_ident = b""  # "<pid> <rank>", encoded once
+_seq = itertools.count()  # next() is atomic under the GIL, so no seq is ever handed out twice
+_iter = 0
+_dropped = 0
+
+
+def _adopt(pid):
+    global _pid, _ident, _seq, _iter, _dropped
+    _pid = pid
+    _ident = b"%d %d" % (pid, _rank)
+    _seq = itertools.count()
+    _iter = 0
+    _dropped = 0
+
+
+_adopt(_getpid())
+
+
+def _send(tail, t_ns=None):
+    """Sends one event; ``tail`` is the encoded ``<event> <phase> [fields]``."""
+    global _dropped
+    try:
+        if t_ns is None:
+            t_ns = _monotonic_ns()
+        if _getpid() != _pid:
+            _adopt(_getpid())
+        _sock.sendto(b"SS1 %d %d %s %d %s" % (next(_seq), t_ns, _ident, _iter, tail), _addr)
+    except Exception:  # full, missing, refused, anything: the trainer goes on
+        _dropped += 1  # may lose a count under thread races; never blocks
+
+
+def _clean(text, allowed, limit):
+    """Maps ``text`` into the wire alphabet: other characters become ``_``."""
+    raw = str(text).encode("ascii", "replace")[:limit]
+    return bytes(b if b in allowed else 0x5F for b in raw)
+
+
+_tails = {}
+
+
+def _tail(event, name):
+    """The encoded ``<event> <phase>`` for a phase name, or None if the name is unusable."""
+    try:
+        key = (event, name)
+        tail = _tails.get(key)
+        if tail is None:
+            clean = _clean(name, _NAME_CHARS, _MAX_NAME)
+            if not clean:
+                return None
+            tail = event + b" " + clean
+            if len(_tails) < _MAX_CACHED_NAMES:
+                _tails[key] = tail
+        return tail
+    except Exception:  # e.g. an unhashable name
+        return None
+
+
+def _count_drop(events=1):
+    global _dropped
+    _dropped += events
+
+
+def begin(name, t_ns=None):
+    """The phase ``name`` begins (now, or at ``t_ns`` on ``time.monotonic_ns()``'s clock)."""
+    if _sock is None:
+        return
+    tail = _tail(b"B", name)
+    if tail is None:
+        _count_drop()
+    else:
+        _send(tail, t_ns)
+
+
+def end(name, t_ns=None):
+    """The phase ``name`` ends (now, or at ``t_ns``)."""
+    if _sock is None:
+        return
+    tail = _tail(b"E", name)
+    if tail is None:
+        _count_drop()
+    else:
+        _send(tail, t_ns)
+
+
+class _Phase:
+    """Context manager sending ``B`` on entry and ``E`` on exit; exceptions pass through."""
+
+    __slots__ = ("_begin", "_end")
+
+    def __init__(self, begin_tail, end_tail):
+        self._begin = begin_tail
+        self._end = end_tail
+
+    def __enter__(self):
+        _send(self._begin)
+        return self
+
+    def __exit__(self, *exc):
+        _send(self._end)
+        return False
+
+
+class _NoPhase:
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_PHASE = _NoPhase()
+_phases = {}
+
+
+def phase(name):
+    """Context manager marking a phase: ``with stallscope.phase("compute"): ...``."""
+    if _sock is None:
+        return _NO_PHASE
+    try:
+        return _phases[name]
+    except Exception:  # not cached yet, or unhashable
+        pass
+    begin_tail, end_tail = _tail(b"B", name), _tail(b"E", name)
+    if begin_tail is None:
+        _count_drop(2)
+        return _NO_PHASE
+    ctx = _Phase(begin_tail, end_tail)
+    if len(_phases) < _MAX_CACHED_NAMES:
+        try:
+            _phases[name] = ctx
+        except TypeError:
+            pass
+    return ctx
+
+
+def step():
+    """The current iteration is complete: sends ``S`` for it, then counts it."""
+    global _iter
+    if _sock is None:
+        return
+    _send(b"S iter")
+    _iter += 1
+
+
+def meta(**fields):
+    """Sends facts about this process as ``key=value`` fields (``M`` event).
+
+    Keys and values are mapped into the wire alphabet; ``None`` values, empty keys and fields
+    that would make the datagram too long are left out. Booleans are sent as 1 or 0.
+    """
+    if _sock is None:
+        return
+    try:
+        parts = [b"M -"]
+        size = 160  # room for the fixed fields
+        for key, value in fields.items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                value = int(value)
+            k = _clean(key, _NAME_CHARS, _MAX_NAME)
+            if not k:
+                continue
+            field = k + b"=" + _clean(value, _VALUE_CHARS, _MAX_VALUE)
+            size += len(field) + 1
+            if size > _MAX_DATAGRAM:
+                break
+            parts.append(field)
+        tail = b" ".join(parts)
+    except Exception:
+        _count_drop()
+        return
+    _send(tail)
+
+
+def set_rank(rank):
+    """Sets the global rank carried by this process's events (``-1``: unknown)."""
+    global _rank, _ident
+    try:
+        rank = int(rank)
+    except (TypeError, ValueError):
+        return
+    _rank = rank if rank >= 0 else -1
+    _ident = b"%d %d" % (_pid, _rank)
+
+
+def dropped():
+    """How many events this process could not deliver."""
+    return _dropped
+
+
+def enabled():
+    """Whether events go anywhere (``$STALLSCOPE_SOCKET`` was set)."""
+    return _sock is not None

@@ -1,0 +1,388 @@
+"""Zero-code instrumentation of PyTorch training loops.
+
+``sitecustomize`` calls ``install()`` as soon as ``torch`` has been imported, so an unchanged
+training script sends the markers stallscope attributes iterations with:
+
+* ``data``: the loop waits in ``DataLoader.__iter__`` / ``__next__`` for the next batch;
+* ``S``: the optimizer's ``step()`` returned, which is where an iteration ends;
+* ``comm``: the *exposed* part of DDP's gradient all-reduce, from the moment the last gradient
+  bucket became ready until ``backward()`` returns (all-reduce overlapped with the rest of the
+  backward pass cost no wall time and is compute);
+* ``M``: facts the analysis needs (framework, world size, loader workers, loader processes).
+
+Everything here is best effort: a patch that does not apply to the installed torch is skipped,
+and a patched function behaves exactly like the original apart from the markers (its result and
+its exceptions are passed through unchanged). Works with torch 1.13 and 2.x.
+"""
+
+import functools
+import inspect
+import os
+import sys
+import threading
+import time
+import weakref
+
+import stallscope
+
+_monotonic_ns = time.monotonic_ns
+_installed = False
+_step_guard = threading.local()
+# CLOCK_MONOTONIC ns at which a DDP gradient bucket last became ready, in any DDP module.
+_last_bucket_ns = -1
+# True while an outermost backward() runs; reentrant backward (checkpointing) runs on other
+# threads too, so this is process-wide rather than thread-local.
+_in_backward = False
+
+
+def install():
+    """Patches the imported torch; idempotent, never raises."""
+    global _installed
+    if _installed or os.environ.get("STALLSCOPE_AUTO", "1") == "0" or not stallscope.enabled():
+        return
+    _installed = True
+    try:
+        import torch
+    except Exception:
+        return
+    for patch in (
+        _patch_dataloader,
+        _patch_worker_loop,
+        _patch_optimizer,
+        _patch_ddp,
+        _patch_backward,
+        _patch_init_process_group,
+    ):
+        try:
+            patch(torch)
+        except Exception:
+            pass
+    try:
+        stallscope.meta(
+            framework="torch-" + str(torch.__version__).replace("+", "-"),
+            pid=os.getpid(),
+            role=_role(),
+            rank=stallscope._rank,
+        )
+    except Exception:
+        pass
+
+
+def _role():
+    """``launcher`` for torchrun's agent process, which trains nothing; else ``trainer``."""
+    if sys.argv and os.path.basename(str(sys.argv[0])).startswith("torchrun"):
+        return "launcher"
+    argv = getattr(sys, "orig_argv", None) or []  # with -m, sys.argv[0] is still "-m" here
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "-m" and argv[i + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            return "launcher"
+    return "trainer"
+
+
+def _marked(fn):
+    return getattr(fn, "_stallscope", False)
+
+
+def _mark(wrapper):
+    wrapper._stallscope = True
+    return wrapper
+
+
+# --- DataLoader ---------------------------------------------------------------------------
+
+_loader_configs = set()
+
+
+def _patch_dataloader(torch):
+    dataloader = torch.utils.data.dataloader
+    loader_cls = dataloader.DataLoader
+    iter_cls = dataloader._BaseDataLoaderIter
+    data = stallscope.phase("data")
+
+    # Starting an iterator may start worker processes and wait for them: the loop waits for
+    # data all the same.
+    loader_iter = loader_cls.__iter__
+    if not _marked(loader_iter):
+
+        @functools.wraps(loader_iter)
+        def __iter__(self):
+            with data:
+                return loader_iter(self)
+
+        loader_cls.__iter__ = _mark(__iter__)
+
+    iter_init = iter_cls.__init__
+    if not _marked(iter_init):
+
+        @functools.wraps(iter_init)
+        def __init__(self, *args, **kwargs):
+            iter_init(self, *args, **kwargs)
+            _loader_meta(args[0] if args else kwargs.get("loader"))
+
+        iter_cls.__init__ = _mark(__init__)
+
+    iter_next = iter_cls.__next__
+    if not _marked(iter_next):
+
+        @functools.wraps(iter_next)
+        def __next__(self):
+            with data:
+                return iter_next(self)
+
+        iter_cls.__next__ = _mark(__next__)
+
+
+def _loader_meta(loader):
+    """Sends the loader's configuration, once per distinct configuration."""
+    try:
+        config = (
+            int(getattr(loader, "num_workers", 0) or 0),
+            getattr(loader, "batch_size", None),
+            int(bool(getattr(loader, "pin_memory", False))),
+        )
+        if config not in _loader_configs:
+            _loader_configs.add(config)
+            stallscope.meta(workers=config[0], batch_size=config[1], pin_memory=config[2])
+    except Exception:
+        pass
+
+
+def _patch_worker_loop(torch):
+    # DataLoader looks the function up at each start (`_utils.worker._worker_loop`), and spawn
+    # pickles it by name: the wrapper keeps the original's module and qualified name.
+    worker = torch.utils.data._utils.worker
+    loop = worker._worker_loop
+    if _marked(loop):
+        return
+    try:
+        id_index = list(inspect.signature(loop).parameters).index("worker_id")
+    except Exception:
+        id_index = None
+
+    @functools.wraps(loop)
+    def _worker_loop(*args, **kwargs):
+        try:
+            worker_id = kwargs.get("worker_id")
+            if worker_id is None and id_index is not None and id_index < len(args):
+                worker_id = args[id_index]
+            stallscope.meta(role="loader", parent=os.getppid(), worker=worker_id)
+        except Exception:
+            pass
+        return loop(*args, **kwargs)
+
+    worker._worker_loop = _mark(_worker_loop)
+
+
+# --- Optimizer: the iteration boundary ----------------------------------------------------
+
+
+def _patch_optimizer(torch):
+    optimizer = torch.optim.Optimizer
+    init = optimizer.__init__
+    if _marked(init):
+        return
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        try:
+            _wrap_step(type(self))
+        except Exception:
+            pass
+
+    optimizer.__init__ = _mark(__init__)
+
+
+def _wrap_step(cls):
+    """Wraps ``cls.step`` once, at class level.
+
+    The instance's bound ``step`` stays untouched: LR schedulers wrap it themselves and read
+    ``optimizer.step.__func__``. A step that calls another wrapped step (``super().step()``,
+    an optimizer wrapping another) sends one ``S``, after the outermost call returns.
+    """
+    step = cls.step
+    if _marked(step):
+        return
+
+    @functools.wraps(step)
+    def wrapper(*args, **kwargs):
+        if getattr(_step_guard, "active", False):
+            return step(*args, **kwargs)
+        _step_guard.active = True
+        try:
+            result = step(*args, **kwargs)
+        finally:
+            _step_guard.active = False
+        stallscope.step()
+        return result
+
+    cls.step = _mark(wrapper)
+
+
+# --- DDP: exposed gradient communication --------------------------------------------------
+
+
+class _Relay:
+    """State of the comm hook stallscope registers on a DDP module: the hook doing the work.
+
+    It holds no reference to the module, so registering it makes no reference cycle through
+    the C++ reducer.
+    """
+
+    __slots__ = ("hook", "state", "chosen")
+
+    def __init__(self, hook, state, chosen):
+        self.hook = hook
+        self.state = state
+        self.chosen = chosen  # registered by the program (or DDP itself), not our default
+
+
+def _relay_hook(state, bucket):
+    global _last_bucket_ns
+    _last_bucket_ns = _monotonic_ns()
+    return state.hook(state.state, bucket)
+
+
+def _patch_ddp(torch):
+    dist = torch.distributed
+    if not dist.is_available():
+        return
+    ddp = torch.nn.parallel.DistributedDataParallel
+    init = ddp.__init__
+    register = ddp.register_comm_hook
+    if _marked(init) or _marked(register):
+        return
+    relays = weakref.WeakKeyDictionary()  # DDP module -> its _Relay
+
+    def install_relay(module, hook, state, chosen):
+        relay = _Relay(hook, state, chosen)
+        register(module, relay, _relay_hook)
+        relays[module] = relay
+        if chosen:
+            # DDP's usage logger names the hook the program chose, not the relay.
+            try:
+                module.logger._set_comm_hook_name(hook.__qualname__)
+            except Exception:
+                pass
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if self in relays:  # DDP registered a hook of its own (mixed precision)
+            return
+        try:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            install_relay(self, default_hooks.allreduce_hook, self.process_group, False)
+        except Exception:
+            pass
+
+    @functools.wraps(register)
+    def register_comm_hook(self, state, hook):
+        relay = relays.get(self)
+        if relay is not None and relay.chosen:
+            # A second registration fails as it would without stallscope.
+            return register(self, state, hook)
+        check = getattr(self, "_check_comm_hook", None)
+        if check is not None:
+            check(hook)  # the program's hook is validated as DDP would
+        if relay is None:
+            try:
+                install_relay(self, hook, state, True)
+            except Exception:
+                register(self, state, hook)  # succeeds or fails as without stallscope
+            return
+        relay.hook, relay.state, relay.chosen = hook, state, True
+        try:
+            self.logger._set_comm_hook_name(hook.__qualname__)
+        except Exception:
+            pass
+
+    ddp.__init__ = _mark(__init__)
+    ddp.register_comm_hook = _mark(register_comm_hook)
+
+    builtin = getattr(ddp, "_register_builtin_comm_hook", None)
+    if builtin is not None:
+
+        @functools.wraps(builtin)
+        def _register_builtin_comm_hook(self, comm_hook_type):
+            relay = relays.get(self)
+            hook = _builtin_python_hook(dist, comm_hook_type)
+            if relay is None or relay.chosen or hook is None:
+                return builtin(self, comm_hook_type)
+            relay.hook, relay.state, relay.chosen = hook, self.process_group, True
+
+        ddp._register_builtin_comm_hook = _mark(_register_builtin_comm_hook)
+
+
+def _builtin_python_hook(dist, comm_hook_type):
+    """The Python equivalent of a built-in C++ comm hook, for a module already relayed."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    kinds = getattr(dist, "BuiltinCommHookType", None)
+    if kinds is None:
+        return None
+    if comm_hook_type == kinds.ALLREDUCE:
+        return default_hooks.allreduce_hook
+    if comm_hook_type == kinds.FP16_COMPRESS:
+        return default_hooks.fp16_compress_hook
+    return None
+
+
+def _patch_backward(torch):
+    # Tensor.backward() calls torch.autograd.backward through the module attribute at call
+    # time (1.13 and 2.x), so this one patch sees both spellings, once.
+    autograd = torch.autograd
+    backward = autograd.backward
+    if _marked(backward):
+        return
+
+    @functools.wraps(backward)
+    def wrapper(*args, **kwargs):
+        global _in_backward
+        if _in_backward:
+            return backward(*args, **kwargs)
+        start = _monotonic_ns()
+        _in_backward = True
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            _in_backward = False
+            ready = _last_bucket_ns
+            if ready >= start:
+                stallscope.begin("comm", ready)
+                stallscope.end("comm")
+
+    autograd.backward = _mark(wrapper)
+
+
+# --- torch.distributed --------------------------------------------------------------------
+
+
+def _patch_init_process_group(torch):
+    dist = torch.distributed
+    if not dist.is_available():
+        return
+    c10d = dist.distributed_c10d
+    init = c10d.init_process_group
+    if _marked(init):
+        return
+
+    @functools.wraps(init)
+    def init_process_group(*args, **kwargs):
+        result = init(*args, **kwargs)
+        try:
+            stallscope.set_rank(dist.get_rank())
+            stallscope.meta(
+                local_rank=os.environ.get("LOCAL_RANK"),
+                world_size=dist.get_world_size(),
+                backend=dist.get_backend(),
+            )
+        except Exception:
+            pass
+        return result
+
+    _mark(init_process_group)
+    if getattr(dist, "init_process_group", None) is init:
+        dist.init_process_group = init_process_group
+    c10d.init_process_group = init_process_group

@@ -1,0 +1,126 @@
+//! Helpers for the end-to-end tests: they run the real `stallscope` binary around the real
+//! PyTorch example with Debian's python3-torch, and read what a user would read.
+
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The Python that has torch (Debian's python3-torch installs for /usr/bin/python3).
+pub fn python() -> String {
+    std::env::var("STALLSCOPE_TEST_PYTHON").unwrap_or_else(|_| "/usr/bin/python3".into())
+}
+
+/// Whether torch imports; tests that need it say why they skip.
+pub fn have_torch() -> bool {
+    let ok = Command::new(python())
+        .args(["-c", "import torch, torchvision, PIL"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIP: {} cannot import torch/torchvision/PIL (run scripts/install-deps.sh)", python());
+    }
+    ok
+}
+
+/// Whether we are root; tests that need it say why they skip.
+pub fn am_root(why: &str) -> bool {
+    // SAFETY: getuid has no preconditions.
+    let root = unsafe { libc::getuid() } == 0;
+    if !root {
+        eprintln!("SKIP: needs root to {why}");
+    }
+    root
+}
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+pub fn example() -> String {
+    repo().join("examples/pytorch_ddp/train.py").display().to_string()
+}
+
+pub fn stallscope() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stallscope"))
+}
+
+/// A data folder shared by the tests of one run, so the images are generated once.
+pub fn data_dir() -> String {
+    std::env::temp_dir().join("stallscope-test-data").display().to_string()
+}
+
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("command runs");
+    if !out.status.success() {
+        panic!(
+            "{:?} failed with {:?}\nstdout:\n{}\nstderr:\n{}",
+            cmd,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+pub fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).expect("summary JSON parses")
+}
+
+/// The job's share of one category, 0–1.
+pub fn fraction(summary: &Value, category: &str) -> f64 {
+    summary["job"]["categories"][category]["fraction"].as_f64().expect("fraction present")
+}
+
+/// The job's largest category.
+pub fn largest(summary: &Value) -> String {
+    let cats = summary["job"]["categories"].as_object().expect("categories");
+    cats.iter()
+        .max_by(|a, b| a.1["seconds"].as_f64().unwrap().total_cmp(&b.1["seconds"].as_f64().unwrap()))
+        .map(|(k, _)| k.clone())
+        .unwrap()
+}
+
+/// Waits until `f` holds or `timeout` passes.
+pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// Children of `pid`, from /proc.
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else { continue };
+        if rest.split_whitespace().nth(1).and_then(|s| s.parse::<u32>().ok()) == Some(pid) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+pub fn alive(pid: u32) -> bool {
+    // A zombie is dead for our purposes.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rfind(')').map(|i| &s[i + 2..i + 3]) != Some("Z"))
+        .unwrap_or(false)
+}
+
+pub fn kill(pid: u32, sig: i32) {
+    // SAFETY: a signal to a pid this test started.
+    unsafe { libc::kill(pid as i32, sig) };
+}

@@ -1,0 +1,101 @@
+//! (ii) Two ranks on two "nodes" (network namespaces) joined by a veth shaped to 50 Mbit/s:
+//! the all-reduce is slow, so `network` must be the largest category and `compute` must not.
+//! Needs root for the namespaces; CI runs as root.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Takes the cluster down when the test ends, however it ends.
+struct Cluster {
+    prefix: String,
+}
+
+impl Cluster {
+    fn up(prefix: &str, rate: &str, net: &str) -> Cluster {
+        let script = repo().join("scripts/netns.sh");
+        run_ok(Command::new("bash").arg(&script).args(["up", prefix, rate, "--net", net]));
+        Cluster { prefix: prefix.into() }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let script = repo().join("scripts/netns.sh");
+        let _ = Command::new("bash").arg(&script).args(["down", &self.prefix]).status();
+    }
+}
+
+/// Ends a child by pid when dropped (a test that fails must not leave trainers running).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            kill(self.0.id(), libc::SIGTERM);
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_slow_network_makes_network_the_largest_category() {
+    if !am_root("create network namespaces") || !have_torch() {
+        return;
+    }
+    // Generate the images before the clock starts (both ranks read the same folder).
+    run_ok(Command::new(python()).args([&example(), "--iters", "1", "--workers", "0", "--images", "64", "--data-dir", &data_dir()]));
+    let prefix = format!("ss{}", std::process::id() % 100_000);
+    let net = format!("{}", 100 + std::process::id() % 100);
+    let _cluster = Cluster::up(&prefix, "50mbit", &net);
+    let master = format!("10.77.{net}.1");
+    let dir = tempfile::tempdir().unwrap();
+    let mut ranks = Vec::new();
+    for node in 0..2 {
+        let ns = format!("{prefix}{}", if node == 0 { "a" } else { "b" });
+        let json = dir.path().join(format!("node{node}.json"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .arg(env!("CARGO_BIN_EXE_stallscope"))
+            .args(["run", "-q", "-o"])
+            .arg(dir.path().join(format!("node{node}.stallscope")))
+            .arg("--summary-json")
+            .arg(&json)
+            .args(["--", &python(), "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1"])
+            .args(["--node_rank", &node.to_string(), "--master_addr", &master, "--master_port", "29531"])
+            .args([&example(), "--iters", "8", "--workers", "0", "--batch", "4", "--image-size", "32"])
+            .args(["--width", "48", "--images", "64", "--data-dir", &data_dir()])
+            .env("GLOO_SOCKET_IFNAME", "eth0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        ranks.push((Reaped(child), json));
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    for (child, _) in &mut ranks {
+        loop {
+            if let Some(status) = child.0.try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                let _ = child.0.stderr.take().map(|mut e| e.read_to_string(&mut err));
+                assert!(status.success(), "a node failed: {status:?}\n{err}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the two-node training did not finish in 300 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    for (_, json) in &ranks {
+        let s = read_json(json);
+        assert_eq!(s["ranks"].as_array().unwrap().len(), 1, "{s:#}");
+        assert_eq!(largest(&s), "network", "{s:#}");
+        assert!(fraction(&s, "network") > fraction(&s, "compute"), "{s:#}");
+        assert_eq!(s["finding"]["category"], "network", "{s:#}");
+    }
+}
