@@ -162,6 +162,9 @@ pub struct Summary {
     pub sources_down: Vec<SourceDown>,
     /// Where the profile is, when known.
     pub profile: Option<String>,
+    /// CPU time stallscope itself used during the run, s (all its threads; `null` when
+    /// summarising a profile afterwards).
+    pub profiler_cpu_seconds: Option<f64>,
 }
 
 fn figures(its: &[&IterationBreakdown]) -> Figures {
@@ -279,6 +282,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             })
             .collect(),
         profile: None,
+        profiler_cpu_seconds: None,
     }
 }
 
@@ -368,6 +372,14 @@ pub fn render_text(s: &Summary) -> String {
         let _ = writeln!(
             out,
             "note: the profile was cut short; figures cover what it holds"
+        );
+    }
+    if let Some(cpu) = s.profiler_cpu_seconds {
+        let _ = writeln!(
+            out,
+            "overhead: stallscope used {:.2} s of CPU ({:.2}% of one core)",
+            cpu,
+            cpu * 100.0 / s.wall_seconds.max(1e-9)
         );
     }
     if let Some(p) = &s.profile {

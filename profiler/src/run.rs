@@ -212,12 +212,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     drop(tx);
     let mut summary = recorder_thread.join().map_err(|_| anyhow::anyhow!("the recorder thread panicked"))?;
     summary.profile = Some(profile_path.display().to_string());
+    summary.profiler_cpu_seconds = Some(own_cpu_seconds());
     eprint!("{}", render_text(&summary));
     if let Some(path) = &args.summary_json {
         write_json(path, &summary)?;
     }
     drop(dir);
     exit_like(&status)
+}
+
+/// CPU time used by this process, all threads, s.
+fn own_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct we own.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// Writes the summary JSON.

@@ -301,6 +301,19 @@ def _patch_ddp(torch):
     ddp.__init__ = _mark(__init__)
     ddp.register_comm_hook = _mark(register_comm_hook)
 
+    # With broadcast_buffers (the default) and a model with buffers (BatchNorm), forward()
+    # starts with a blocking broadcast from rank 0: where rank 0 waits for a late peer.
+    sync_buffers = getattr(ddp, "_sync_buffers", None)
+    if sync_buffers is not None and not _marked(sync_buffers):
+        comm = stallscope.phase("comm")
+
+        @functools.wraps(sync_buffers)
+        def _sync_buffers(self, *args, **kwargs):
+            with comm:
+                return sync_buffers(self, *args, **kwargs)
+
+        ddp._sync_buffers = _mark(_sync_buffers)
+
     builtin = getattr(ddp, "_register_builtin_comm_hook", None)
     if builtin is not None:
 
