@@ -6,4 +6,7 @@
 //! What they produce is handed on as [`stallscope_analysis::frame::Frame`]s.
 
 pub mod clock;
+pub mod markers;
+pub mod proctree;
+pub mod sampler;
 pub mod sources;

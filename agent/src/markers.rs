@@ -108,7 +108,16 @@ fn receive(socket: UnixDatagram, tx: Sender<MarkerEvent>, stop: &AtomicBool, rej
     while !stop.load(Ordering::Relaxed) {
         let n = match socket.recv(&mut buf) {
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
             Err(_) => break,
         };
         let event = match marker::parse(&buf[..n]) {
@@ -148,7 +157,9 @@ mod tests {
             got.push(rx.recv_timeout(Duration::from_secs(5)).unwrap());
         }
         assert!(matches!(&got[0], MarkerEvent::Marker(m) if m.t_ns == 10));
-        assert!(matches!(&got[1], MarkerEvent::Rejected(why) if why.contains("unknown marker protocol")));
+        assert!(
+            matches!(&got[1], MarkerEvent::Rejected(why) if why.contains("unknown marker protocol"))
+        );
         assert!(matches!(&got[2], MarkerEvent::Marker(m) if m.t_ns == 20));
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(listener.rejected(), 2);

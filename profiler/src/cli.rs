@@ -52,7 +52,12 @@ pub struct RunArgs {
     #[arg(long, default_value = "/sys", hide = true)]
     pub sys_root: PathBuf,
     /// The training command and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
     pub command: Vec<String>,
 }
 

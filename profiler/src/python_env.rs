@@ -7,8 +7,14 @@
 use std::path::{Path, PathBuf};
 
 const PACKAGE: &[(&str, &str)] = &[
-    ("stallscope/__init__.py", include_str!("../python/stallscope/__init__.py")),
-    ("stallscope/_torch_hook.py", include_str!("../python/stallscope/_torch_hook.py")),
+    (
+        "stallscope/__init__.py",
+        include_str!("../python/stallscope/__init__.py"),
+    ),
+    (
+        "stallscope/_torch_hook.py",
+        include_str!("../python/stallscope/_torch_hook.py"),
+    ),
 ];
 const SITECUSTOMIZE: &str = include_str!("../python/sitecustomize.py");
 

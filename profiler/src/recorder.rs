@@ -78,7 +78,12 @@ pub struct Recorder {
 
 impl Recorder {
     /// A recorder writing to `writer` (when there is one) that starts with `header`.
-    pub fn new(writer: ProfileWriter, header: RunHeader, status_mode: StatusMode, regex_steps: bool) -> Recorder {
+    pub fn new(
+        writer: ProfileWriter,
+        header: RunHeader,
+        status_mode: StatusMode,
+        regex_steps: bool,
+    ) -> Recorder {
         let mut r = Recorder {
             writer: Some(writer),
             write_error: None,
@@ -121,7 +126,9 @@ impl Recorder {
                 self.emit(Frame::Samples(batch));
             }
             Event::Sampler(SamplerEvent::Source(status)) => self.on_source(status),
-            Event::Sampler(SamplerEvent::Processes { t_ns, live, gone }) => self.on_processes(t_ns, &live, &gone),
+            Event::Sampler(SamplerEvent::Processes { t_ns, live, gone }) => {
+                self.on_processes(t_ns, &live, &gone)
+            }
             Event::Marker(Received::Marker(m)) => {
                 if !(self.regex_steps && m.event == MarkerEvent::Step) {
                     self.pending_markers.push(m);
@@ -140,12 +147,19 @@ impl Recorder {
     fn on_source(&mut self, status: SourceStatus) {
         if !status.up {
             self.clear_status();
-            eprintln!("stallscope: source {} is down: {} (the run goes on without it)", status.source, status.message);
+            eprintln!(
+                "stallscope: source {} is down: {} (the run goes on without it)",
+                status.source, status.message
+            );
         }
         self.emit(Frame::Source(status));
     }
 
-    fn role_of(&self, pid: u32, by_pid: &BTreeMap<u32, &ProcEntry>) -> (Role, Option<u32>, Option<u32>) {
+    fn role_of(
+        &self,
+        pid: u32,
+        by_pid: &BTreeMap<u32, &ProcEntry>,
+    ) -> (Role, Option<u32>, Option<u32>) {
         let ranks = self.job.markers.ranks();
         if let Some(r) = ranks.get(&pid) {
             return (Role::Rank, Some(*r), Some(pid));
@@ -158,7 +172,9 @@ impl Recorder {
             .is_some_and(|m| m.meta.get("role").map(String::as_str) == Some("loader"));
         let mut p = pid;
         for _ in 0..64 {
-            let Some(parent) = by_pid.get(&p).map(|e| e.ppid) else { break };
+            let Some(parent) = by_pid.get(&p).map(|e| e.ppid) else {
+                break;
+            };
             if let Some(r) = ranks.get(&parent) {
                 let role = if loader { Role::Loader } else { Role::Helper };
                 return (role, Some(*r), Some(parent));
@@ -181,10 +197,10 @@ impl Recorder {
                 rank_pid,
                 seen_ns: t_ns,
             };
-            let changed = self
-                .emitted
-                .get(&e.pid)
-                .is_none_or(|old| (old.role, old.rank, old.ppid, &old.comm) != (info.role, info.rank, info.ppid, &info.comm));
+            let changed = self.emitted.get(&e.pid).is_none_or(|old| {
+                (old.role, old.rank, old.ppid, &old.comm)
+                    != (info.role, info.rank, info.ppid, &info.comm)
+            });
             if changed {
                 self.emitted.insert(e.pid, info.clone());
                 self.emit(Frame::Process(info));

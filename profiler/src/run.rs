@@ -91,7 +91,9 @@ fn pass_stdout(stdout: impl std::io::Read, regex: Regex, pid: u32, tx: Sender<Ev
         let _ = out.flush();
         let text = line.strip_suffix(b"\n").unwrap_or(&line);
         let text = text.strip_suffix(b"\r").unwrap_or(text);
-        let Some(caps) = regex.captures(text) else { continue };
+        let Some(caps) = regex.captures(text) else {
+            continue;
+        };
         let group = |name: &str| {
             caps.name(name)
                 .and_then(|m| std::str::from_utf8(m.as_bytes()).ok())
@@ -128,11 +130,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         bail!("--rate must be between 0 and 10000 Hz, not {}", args.rate);
     }
     let regex = match &args.iter_regex {
-        Some(r) => Some(Regex::new(r).with_context(|| format!("--iter-regex {r:?} is not a valid regular expression"))?),
+        Some(r) => Some(
+            Regex::new(r)
+                .with_context(|| format!("--iter-regex {r:?} is not a valid regular expression"))?,
+        ),
         None => None,
     };
     let profile_path = args.output.clone().unwrap_or_else(default_profile_path);
-    let writer = ProfileWriter::create(&profile_path).with_context(|| format!("cannot create the profile {}", profile_path.display()))?;
+    let writer = ProfileWriter::create(&profile_path)
+        .with_context(|| format!("cannot create the profile {}", profile_path.display()))?;
     let dir = run_dir()?;
     let socket = dir.path().join("markers.sock");
 
@@ -141,7 +147,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let listener = match MarkerListener::bind(&socket, marker_tx) {
         Ok(l) => Some(l),
         Err(e) => {
-            eprintln!("stallscope: cannot listen for markers on {} ({e}); iterations will not be seen", socket.display());
+            eprintln!(
+                "stallscope: cannot listen for markers on {} ({e}); iterations will not be seen",
+                socket.display()
+            );
             None
         }
     };
@@ -154,7 +163,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         Ok(pythonpath) => {
             command.env("PYTHONPATH", pythonpath);
         }
-        Err(e) => eprintln!("stallscope: cannot write the Python hook ({e}); PyTorch will not be instrumented"),
+        Err(e) => eprintln!(
+            "stallscope: cannot write the Python hook ({e}); PyTorch will not be instrumented"
+        ),
     }
     if args.no_auto {
         command.env("STALLSCOPE_AUTO", "0");
@@ -165,7 +176,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         command.env("PYTHONUNBUFFERED", "1");
     }
 
-    let mut job = Job::spawn(command).with_context(|| format!("cannot run {:?}", args.command[0]))?;
+    let mut job =
+        Job::spawn(command).with_context(|| format!("cannot run {:?}", args.command[0]))?;
     let pid = job.pid();
     let stdout_thread = match (regex, job.child.stdout.take()) {
         (Some(re), Some(stdout)) => {
@@ -184,10 +196,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         },
         ..SamplerConfig::new(pid)
     };
-    let sampler = sampler::spawn(config.clone(), sampler::default_sources(&config.roots), sampler_tx);
+    let sampler = sampler::spawn(
+        config.clone(),
+        sampler::default_sources(&config.roots),
+        sampler_tx,
+    );
     forward(sampler_rx, tx.clone(), Event::Sampler);
 
-    let recorder = Recorder::new(writer, header(&args), StatusMode::for_stderr(args.quiet), args.iter_regex.is_some());
+    let recorder = Recorder::new(
+        writer,
+        header(&args),
+        StatusMode::for_stderr(args.quiet),
+        args.iter_regex.is_some(),
+    );
     let descendants = recorder.descendants.clone();
     let rejected = Arc::new(AtomicU64::new(0));
     let recorder_thread = {
@@ -210,7 +231,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     let _ = tx.send(Event::Finish(exit_code(&status)));
     drop(tx);
-    let mut summary = recorder_thread.join().map_err(|_| anyhow::anyhow!("the recorder thread panicked"))?;
+    let mut summary = recorder_thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the recorder thread panicked"))?;
     summary.profile = Some(profile_path.display().to_string());
     summary.profiler_cpu_seconds = Some(own_cpu_seconds());
     eprint!("{}", render_text(&summary));
@@ -234,13 +257,20 @@ fn own_cpu_seconds() -> f64 {
 }
 
 /// Writes the summary JSON.
-pub fn write_json(path: &Path, summary: &stallscope_analysis::summary::Summary) -> anyhow::Result<()> {
+pub fn write_json(
+    path: &Path,
+    summary: &stallscope_analysis::summary::Summary,
+) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(summary)?;
     std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Moves every message of `rx` into `tx`, wrapped, on a small thread, until either side ends.
-fn forward<T: Send + 'static>(rx: std::sync::mpsc::Receiver<T>, tx: Sender<Event>, wrap: fn(T) -> Event) {
+fn forward<T: Send + 'static>(
+    rx: std::sync::mpsc::Receiver<T>,
+    tx: Sender<Event>,
+    wrap: fn(T) -> Event,
+) {
     std::thread::spawn(move || {
         for m in rx {
             if tx.send(wrap(m)).is_err() {

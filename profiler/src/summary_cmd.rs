@@ -10,16 +10,24 @@ use crate::cli::SummaryArgs;
 
 /// Prints the summary of a profile; exit code 0.
 pub fn summary(args: SummaryArgs) -> anyhow::Result<i32> {
-    let read = read_profile(&args.profile).with_context(|| format!("cannot read {}", args.profile.display()))?;
+    let read = read_profile(&args.profile)
+        .with_context(|| format!("cannot read {}", args.profile.display()))?;
     for issue in &read.issues {
-        eprintln!("stallscope: {}: {}", args.profile.display(), issue.describe());
+        eprintln!(
+            "stallscope: {}: {}",
+            args.profile.display(),
+            issue.describe()
+        );
     }
     let mut job = JobTimeline::default();
     for frame in &read.frames {
         job.ingest(frame);
     }
     if job.header.is_none() {
-        anyhow::bail!("{} holds no run header: it is empty or was cut before its first frame", args.profile.display());
+        anyhow::bail!(
+            "{} holds no run header: it is empty or was cut before its first frame",
+            args.profile.display()
+        );
     }
     job.attribute_ready(u64::MAX, true);
     let mut s = summarize(&job);

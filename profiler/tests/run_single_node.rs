@@ -16,28 +16,38 @@ fn heavy_preprocessing_without_workers_is_reported_as_data_prep() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("summary.json");
     let profile = dir.path().join("p.stallscope");
-    let out = run_ok(stallscope().args(["run", "-q", "-o"]).arg(&profile).arg("--summary-json").arg(&json).args([
-        "--",
-        &python(),
-        &example(),
-        "--iters",
-        "12",
-        "--workers",
-        "0",
-        "--batch",
-        "4",
-        "--data-delay-ms",
-        "40",
-        "--images",
-        "64",
-        "--data-dir",
-        &data_dir(),
-    ]));
+    let out = run_ok(
+        stallscope()
+            .args(["run", "-q", "-o"])
+            .arg(&profile)
+            .arg("--summary-json")
+            .arg(&json)
+            .args([
+                "--",
+                &python(),
+                &example(),
+                "--iters",
+                "12",
+                "--workers",
+                "0",
+                "--batch",
+                "4",
+                "--data-delay-ms",
+                "40",
+                "--images",
+                "64",
+                "--data-dir",
+                &data_dir(),
+            ]),
+    );
     let s = read_json(&json);
     assert_eq!(largest(&s), "data_prep", "{s:#}");
     assert!(fraction(&s, "data_prep") > 0.6, "{s:#}");
     assert_eq!(s["finding"]["category"], "data_prep");
-    assert_eq!(s["job"]["iterations"], 11, "12 iterations, 1 warm-up: {s:#}");
+    assert_eq!(
+        s["job"]["iterations"], 11,
+        "12 iterations, 1 warm-up: {s:#}"
+    );
     assert_eq!(s["exit_code"], 0);
     // The training's own output passed through unchanged, and the summary went to stderr.
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -61,7 +71,19 @@ fn the_training_exit_code_comes_back() {
     let status = stallscope()
         .args(["run", "-q", "-o"])
         .arg(dir.path().join("p.stallscope"))
-        .args(["--", &python(), &example(), "--iters", "2", "--workers", "0", "--images", "64", "--exit-code", "3"])
+        .args([
+            "--",
+            &python(),
+            &example(),
+            "--iters",
+            "2",
+            "--workers",
+            "0",
+            "--images",
+            "64",
+            "--exit-code",
+            "3",
+        ])
         .args(["--data-dir", &data_dir()])
         .stdout(Stdio::null())
         .status()
@@ -80,7 +102,19 @@ fn a_profile_cut_by_kill_9_is_still_summarised() {
     let mut run = stallscope()
         .args(["run", "-q", "-o"])
         .arg(&profile)
-        .args(["--", &python(), &example(), "--iters", "100000", "--workers", "0", "--batch", "4", "--images", "64"])
+        .args([
+            "--",
+            &python(),
+            &example(),
+            "--iters",
+            "100000",
+            "--workers",
+            "0",
+            "--batch",
+            "4",
+            "--images",
+            "64",
+        ])
         .args(["--data-dir", &data_dir()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -89,7 +123,12 @@ fn a_profile_cut_by_kill_9_is_still_summarised() {
     let pid = run.id();
     // Wait until at least a few iterations are in the file (it is flushed every second).
     let enough = wait_for(Duration::from_secs(60), || {
-        let out = stallscope().arg("summary").arg("--json").arg(&profile).output().unwrap();
+        let out = stallscope()
+            .arg("summary")
+            .arg("--json")
+            .arg(&profile)
+            .output()
+            .unwrap();
         serde_json::from_slice::<serde_json::Value>(&out.stdout)
             .map(|v| v["job"]["iterations"].as_u64().unwrap_or(0) >= 3)
             .unwrap_or(false)
@@ -122,14 +161,19 @@ fn sigterm_reaches_the_training_and_comes_back() {
         .spawn()
         .unwrap();
     let pid = run.id();
-    assert!(wait_for(Duration::from_secs(10), || children(pid).iter().any(|c| !children(*c).is_empty())));
+    assert!(wait_for(Duration::from_secs(10), || children(pid)
+        .iter()
+        .any(|c| !children(*c).is_empty())));
     let sh = children(pid)[0];
     let sleep = children(sh)[0];
     kill(pid, libc::SIGTERM);
     let status = run.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
-    assert!(wait_for(Duration::from_secs(5), || !alive(sleep)), "the grandchild survived");
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(sleep)),
+        "the grandchild survived"
+    );
 }
 
 /// No process of the job outlives stallscope, even one the command left behind.
@@ -137,7 +181,10 @@ fn sigterm_reaches_the_training_and_comes_back() {
 fn nothing_the_command_started_is_left_behind() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
-    let script = format!("sleep 300 & echo $! > {}; sleep 2; exit 0", pidfile.display());
+    let script = format!(
+        "sleep 300 & echo $! > {}; sleep 2; exit 0",
+        pidfile.display()
+    );
     let status = stallscope()
         .args(["run", "-q", "-o"])
         .arg(dir.path().join("p.stallscope"))
@@ -145,8 +192,15 @@ fn nothing_the_command_started_is_left_behind() {
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(0));
-    let left: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    assert!(wait_for(Duration::from_secs(5), || !alive(left)), "pid {left} outlived stallscope");
+    let left: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(left)),
+        "pid {left} outlived stallscope"
+    );
 }
 
 /// `--iter-regex` counts iterations from the command's output, for any framework.
@@ -161,7 +215,11 @@ fn iterations_can_come_from_the_output() {
             .arg("--summary-json")
             .arg(&json)
             .args(["--iter-regex", r"^step (?P<iter>\d+)$", "--"])
-            .args(["sh", "-c", "for i in 0 1 2 3 4 5; do echo step $i; sleep 0.1; done"]),
+            .args([
+                "sh",
+                "-c",
+                "for i in 0 1 2 3 4 5; do echo step $i; sleep 0.1; done",
+            ]),
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("step 5"));
     let s = read_json(&json);
@@ -173,7 +231,10 @@ fn iterations_can_come_from_the_output() {
 /// Bad command lines get a clear error and start nothing.
 #[test]
 fn a_bad_regex_is_refused_before_anything_runs() {
-    let out = stallscope().args(["run", "--iter-regex", "(", "--", "true"]).output().unwrap();
+    let out = stallscope()
+        .args(["run", "--iter-regex", "(", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a valid regular expression"));
     let _ = Command::new("true");

@@ -17,15 +17,24 @@ struct Cluster {
 impl Cluster {
     fn up(prefix: &str, rate: &str, net: &str) -> Cluster {
         let script = repo().join("scripts/netns.sh");
-        run_ok(Command::new("bash").arg(&script).args(["up", prefix, rate, "--net", net]));
-        Cluster { prefix: prefix.into() }
+        run_ok(
+            Command::new("bash")
+                .arg(&script)
+                .args(["up", prefix, rate, "--net", net]),
+        );
+        Cluster {
+            prefix: prefix.into(),
+        }
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         let script = repo().join("scripts/netns.sh");
-        let _ = Command::new("bash").arg(&script).args(["down", &self.prefix]).status();
+        let _ = Command::new("bash")
+            .arg(&script)
+            .args(["down", &self.prefix])
+            .status();
     }
 }
 
@@ -49,7 +58,17 @@ fn a_slow_network_makes_network_the_largest_category() {
         return;
     }
     // Generate the images before the clock starts (both ranks read the same folder).
-    run_ok(Command::new(python()).args([&example(), "--iters", "1", "--workers", "0", "--images", "64", "--data-dir", &data_dir()]));
+    run_ok(Command::new(python()).args([
+        &example(),
+        "--iters",
+        "1",
+        "--workers",
+        "0",
+        "--images",
+        "64",
+        "--data-dir",
+        &data_dir(),
+    ]));
     let prefix = format!("ss{}", std::process::id() % 100_000);
     let net = format!("{}", 100 + std::process::id() % 100);
     let _cluster = Cluster::up(&prefix, "50mbit", &net);
@@ -68,7 +87,19 @@ fn a_slow_network_makes_network_the_largest_category() {
             .arg(&json)
             // The environment torchrun would give each rank (Debian's torch 1.13 torchrun
             // fails on Python 3.11), one rank per node.
-            .args(["--", &python(), &example(), "--iters", "8", "--workers", "0", "--batch", "4", "--image-size", "32"])
+            .args([
+                "--",
+                &python(),
+                &example(),
+                "--iters",
+                "8",
+                "--workers",
+                "0",
+                "--batch",
+                "4",
+                "--image-size",
+                "32",
+            ])
             .args(["--width", "48", "--images", "64", "--data-dir", &data_dir()])
             .env("GLOO_SOCKET_IFNAME", "eth0")
             .env("RANK", node.to_string())
@@ -88,11 +119,18 @@ fn a_slow_network_makes_network_the_largest_category() {
             if let Some(status) = child.0.try_wait().unwrap() {
                 let mut err = String::new();
                 use std::io::Read;
-                let _ = child.0.stderr.take().map(|mut e| e.read_to_string(&mut err));
+                let _ = child
+                    .0
+                    .stderr
+                    .take()
+                    .map(|mut e| e.read_to_string(&mut err));
                 assert!(status.success(), "a node failed: {status:?}\n{err}");
                 break;
             }
-            assert!(Instant::now() < deadline, "the two-node training did not finish in 300 s");
+            assert!(
+                Instant::now() < deadline,
+                "the two-node training did not finish in 300 s"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }

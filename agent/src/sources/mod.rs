@@ -4,9 +4,18 @@
 //! directory of captured real text. A source never stops the run: the sampler reports its
 //! first failure once and goes on without it.
 
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use stallscope_analysis::series::{SeriesDecl, SeriesId, SeriesKind};
+
+pub mod disk;
+pub mod net;
+pub mod process;
+pub mod psi;
 
 /// Where /proc and /sys are (`/proc`, `/sys` on a live machine).
 #[derive(Clone, Debug)]
@@ -34,14 +43,34 @@ pub struct Watched {
 }
 
 /// Hands out series ids and collects the values of one sampling round.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Registry {
+    token: u64,
     decls: Vec<SeriesDecl>,
     new_decls: Vec<SeriesDecl>,
     values: Vec<(SeriesId, u64)>,
 }
 
+static NEXT_REGISTRY_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            token: NEXT_REGISTRY_TOKEN.fetch_add(1, Ordering::Relaxed),
+            decls: Vec::new(),
+            new_decls: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+}
+
 impl Registry {
+    /// Tells registries apart: a source that caches series ids across rounds (to skip the
+    /// lookup in [`Registry::series`] on hot paths) drops them when the token changes.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
     /// The id of a series, declaring it on first use.
     pub fn series(
         &mut self,
@@ -85,9 +114,21 @@ impl Registry {
         std::mem::take(&mut self.new_decls)
     }
 
-    /// Takes the values recorded since the last call.
+    /// Takes the values recorded since the last call (the next round starts with room for as
+    /// many, so a steady round does not regrow its vector).
     pub fn take_values(&mut self) -> Vec<(SeriesId, u64)> {
-        std::mem::take(&mut self.values)
+        let room = self.values.len();
+        std::mem::replace(&mut self.values, Vec::with_capacity(room))
+    }
+
+    /// How many values this round holds so far.
+    pub fn value_count(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Drops the values recorded after the first `count` (a failed source's partial round).
+    pub fn truncate_values(&mut self, count: usize) {
+        self.values.truncate(count);
     }
 
     /// Every series declared so far.
@@ -137,4 +178,121 @@ pub trait Source: Send {
     fn tier(&self) -> Tier;
     /// Reads once, recording raw values in `out`.
     fn sample(&mut self, watched: &Watched, out: &mut Registry) -> Result<(), SourceError>;
+    /// What it reads, in a few words, for the status reported when it comes up.
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+/// Reads a file kept open from offset 0 (`pread`) into `buf`, which grows as needed and is
+/// reused across rounds. One system call for a whole procfs or sysfs record: both hand over
+/// everything that fits per read, so a read shorter than the room left is the end.
+pub(crate) fn pread_all<'a>(file: &File, buf: &'a mut Vec<u8>) -> io::Result<&'a [u8]> {
+    if buf.len() < 512 {
+        buf.resize(512, 0);
+    }
+    let mut n = 0;
+    loop {
+        let room = buf.len() - n;
+        let got = match file.read_at(&mut buf[n..], n as u64) {
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        n += got;
+        if got < room {
+            return Ok(&buf[..n]);
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+}
+
+/// Whether an error means the process (or interface, or device) went away between listing
+/// and reading: not a failure of the source.
+pub(crate) fn is_gone(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+        || matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENODEV))
+}
+
+/// A fake `/proc` and `/sys` in a temporary directory, filled from `agent/testdata`.
+#[cfg(test)]
+pub(crate) mod fake {
+    use std::fs;
+    use std::path::{Path, PathBuf};
+
+    use stallscope_analysis::series::SeriesId;
+
+    use super::{Registry, Roots};
+
+    /// The roots and the directory that holds them (removed on drop).
+    pub struct FakeRoots {
+        _dir: tempfile::TempDir,
+        pub roots: Roots,
+    }
+
+    impl FakeRoots {
+        pub fn new() -> Self {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let roots = Roots {
+                proc: dir.path().join("proc"),
+                sys: dir.path().join("sys"),
+            };
+            fs::create_dir_all(&roots.proc).expect("fake proc");
+            fs::create_dir_all(&roots.sys).expect("fake sys");
+            FakeRoots { _dir: dir, roots }
+        }
+
+        /// Writes `contents` at `rel` below `root`, creating directories.
+        pub fn write(&self, root: &Path, rel: &str, contents: &[u8]) -> PathBuf {
+            let path = root.join(rel);
+            fs::create_dir_all(path.parent().expect("a parent")).expect("fake dir");
+            fs::write(&path, contents).expect("fake file");
+            path
+        }
+
+        /// Copies `agent/testdata/NAME` to `rel` below `/proc`.
+        pub fn proc(&self, rel: &str, name: &str) -> PathBuf {
+            self.write(&self.roots.proc, rel, &testdata(name))
+        }
+
+        /// Copies `agent/testdata/NAME` to `rel` below `/sys`.
+        pub fn sys(&self, rel: &str, name: &str) -> PathBuf {
+            self.write(&self.roots.sys, rel, &testdata(name))
+        }
+    }
+
+    /// The bytes of a captured file.
+    pub fn testdata(name: &str) -> Vec<u8> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name);
+        fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// The values of one round by series name and one label, e.g. `("pid", "42")`.
+    pub struct Round {
+        pub decls: Vec<stallscope_analysis::series::SeriesDecl>,
+        pub values: Vec<(SeriesId, u64)>,
+    }
+
+    impl Round {
+        pub fn take(registry: &mut Registry) -> Self {
+            registry.take_new_decls();
+            Round {
+                decls: registry.decls().to_vec(),
+                values: registry.take_values(),
+            }
+        }
+
+        pub fn get(&self, name: &str, label: (&str, &str)) -> Option<u64> {
+            let decl = self
+                .decls
+                .iter()
+                .find(|d| d.name == name && d.label(label.0) == Some(label.1))?;
+            self.values
+                .iter()
+                .find(|(id, _)| *id == decl.id)
+                .map(|&(_, v)| v)
+        }
+    }
 }

@@ -22,7 +22,10 @@ pub fn have_torch() -> bool {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !ok {
-        eprintln!("SKIP: {} cannot import torch/torchvision/PIL (run scripts/install-deps.sh)", python());
+        eprintln!(
+            "SKIP: {} cannot import torch/torchvision/PIL (run scripts/install-deps.sh)",
+            python()
+        );
     }
     ok
 }
@@ -38,11 +41,17 @@ pub fn am_root(why: &str) -> bool {
 }
 
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 pub fn example() -> String {
-    repo().join("examples/pytorch_ddp/train.py").display().to_string()
+    repo()
+        .join("examples/pytorch_ddp/train.py")
+        .display()
+        .to_string()
 }
 
 pub fn stallscope() -> Command {
@@ -51,7 +60,10 @@ pub fn stallscope() -> Command {
 
 /// A data folder shared by the tests of one run, so the images are generated once.
 pub fn data_dir() -> String {
-    std::env::temp_dir().join("stallscope-test-data").display().to_string()
+    std::env::temp_dir()
+        .join("stallscope-test-data")
+        .display()
+        .to_string()
 }
 
 pub fn run_ok(cmd: &mut Command) -> Output {
@@ -69,20 +81,30 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 }
 
 pub fn read_json(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).expect("summary JSON parses")
 }
 
 /// The job's share of one category, 0–1.
 pub fn fraction(summary: &Value, category: &str) -> f64 {
-    summary["job"]["categories"][category]["fraction"].as_f64().expect("fraction present")
+    summary["job"]["categories"][category]["fraction"]
+        .as_f64()
+        .expect("fraction present")
 }
 
 /// The job's largest category.
 pub fn largest(summary: &Value) -> String {
-    let cats = summary["job"]["categories"].as_object().expect("categories");
+    let cats = summary["job"]["categories"]
+        .as_object()
+        .expect("categories");
     cats.iter()
-        .max_by(|a, b| a.1["seconds"].as_f64().unwrap().total_cmp(&b.1["seconds"].as_f64().unwrap()))
+        .max_by(|a, b| {
+            a.1["seconds"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b.1["seconds"].as_f64().unwrap())
+        })
         .map(|(k, _)| k.clone())
         .unwrap()
 }
@@ -103,10 +125,21 @@ pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 pub fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else { continue };
-        if rest.split_whitespace().nth(1).and_then(|s| s.parse::<u32>().ok()) == Some(pid) {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        if rest
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse::<u32>().ok())
+            == Some(pid)
+        {
             out.push(p);
         }
     }
