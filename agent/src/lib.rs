@@ -9,4 +9,5 @@ pub mod clock;
 pub mod markers;
 pub mod proctree;
 pub mod sampler;
+pub mod sink;
 pub mod sources;

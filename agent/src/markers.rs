@@ -10,12 +10,13 @@ use std::io;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use stallscope_analysis::marker::{self, Marker, MAX_DATAGRAM};
+
+use crate::sink::Sink;
 
 /// What the listener hands on.
 #[derive(Debug)]
@@ -39,7 +40,7 @@ const RECV_BUFFER: usize = 4 << 20;
 
 impl MarkerListener {
     /// Binds `path` (removing a stale socket file first) and starts receiving.
-    pub fn bind(path: &Path, tx: Sender<MarkerEvent>) -> io::Result<MarkerListener> {
+    pub fn bind(path: &Path, tx: impl Sink<MarkerEvent>) -> io::Result<MarkerListener> {
         if path.exists() {
             std::fs::remove_file(path)?;
         }
@@ -103,7 +104,12 @@ fn set_recv_buffer(socket: &UnixDatagram, bytes: usize) {
     }
 }
 
-fn receive(socket: UnixDatagram, tx: Sender<MarkerEvent>, stop: &AtomicBool, rejected: &AtomicU64) {
+fn receive(
+    socket: UnixDatagram,
+    tx: impl Sink<MarkerEvent>,
+    stop: &AtomicBool,
+    rejected: &AtomicU64,
+) {
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     while !stop.load(Ordering::Relaxed) {
         let n = match socket.recv(&mut buf) {
@@ -130,7 +136,7 @@ fn receive(socket: UnixDatagram, tx: Sender<MarkerEvent>, stop: &AtomicBool, rej
                 MarkerEvent::Rejected(format!("{e}: {shown:?}"))
             }
         };
-        if tx.send(event).is_err() {
+        if !tx.put(event) {
             break;
         }
     }

@@ -13,7 +13,6 @@
 //! them, and allocates only the batch it sends.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -24,6 +23,7 @@ use stallscope_analysis::Nanos;
 
 use crate::clock::monotonic_ns;
 use crate::proctree::{Discovery, ProcEntry};
+use crate::sink::Sink;
 use crate::sources::disk::DiskSource;
 use crate::sources::net::NetSource;
 use crate::sources::process::{ProcessSource, ProcessTotalsSource};
@@ -132,7 +132,7 @@ pub fn default_sources(roots: &Roots) -> Vec<Box<dyn Source>> {
 pub fn spawn(
     config: SamplerConfig,
     sources: Vec<Box<dyn Source>>,
-    tx: Sender<SamplerEvent>,
+    tx: impl Sink<SamplerEvent>,
 ) -> SamplerHandle {
     spawn_with_retry(config, sources, tx, RETRY_NS)
 }
@@ -140,7 +140,7 @@ pub fn spawn(
 fn spawn_with_retry(
     config: SamplerConfig,
     sources: Vec<Box<dyn Source>>,
-    tx: Sender<SamplerEvent>,
+    tx: impl Sink<SamplerEvent>,
     retry_ns: Nanos,
 ) -> SamplerHandle {
     let stop = Arc::new(AtomicBool::new(false));
@@ -161,7 +161,7 @@ fn spawn_with_retry(
         live: Vec::new(),
         discovery_up: true,
         retry_ns,
-        tx,
+        tx: Box::new(tx),
         config,
     };
     let thread = thread::Builder::new()
@@ -185,7 +185,7 @@ struct Sampler {
     discovery_up: bool,
     /// ns between two attempts to read a failed source ([`RETRY_NS`]).
     retry_ns: Nanos,
-    tx: Sender<SamplerEvent>,
+    tx: Box<dyn Sink<SamplerEvent>>,
 }
 
 struct Slot {
@@ -269,7 +269,7 @@ impl Sampler {
                 slot.reported_up = Some(up);
                 let source = slot.source.name().to_string();
                 send(
-                    &self.tx,
+                    self.tx.as_ref(),
                     SamplerEvent::Source(SourceStatus {
                         source,
                         up,
@@ -289,7 +289,7 @@ impl Sampler {
             dur_ns,
             values,
         };
-        send(&self.tx, SamplerEvent::Samples { decls, batch })
+        send(self.tx.as_ref(), SamplerEvent::Samples { decls, batch })
     }
 
     /// Finds the job's processes, hands them to the sources, and reports them.
@@ -306,7 +306,7 @@ impl Sampler {
                         up: false,
                         message,
                     };
-                    send(&self.tx, SamplerEvent::Source(status))?;
+                    send(self.tx.as_ref(), SamplerEvent::Source(status))?;
                 }
                 return Ok(());
             }
@@ -318,7 +318,7 @@ impl Sampler {
                 up: true,
                 message: format!("process tree of pid {}", self.config.root_pid),
             };
-            send(&self.tx, SamplerEvent::Source(status))?;
+            send(self.tx.as_ref(), SamplerEvent::Source(status))?;
         }
         let gone = self
             .live
@@ -333,12 +333,19 @@ impl Sampler {
         self.watched.pids.clear();
         self.watched.pids.extend(live.iter().map(|e| e.pid));
         self.live.clone_from(&live);
-        send(&self.tx, SamplerEvent::Processes { t_ns, live, gone })
+        send(
+            self.tx.as_ref(),
+            SamplerEvent::Processes { t_ns, live, gone },
+        )
     }
 }
 
-fn send(tx: &Sender<SamplerEvent>, event: SamplerEvent) -> Result<(), Stopped> {
-    tx.send(event).map_err(|_| Stopped)
+fn send(tx: &dyn Sink<SamplerEvent>, event: SamplerEvent) -> Result<(), Stopped> {
+    if tx.put(event) {
+        Ok(())
+    } else {
+        Err(Stopped)
+    }
 }
 
 /// ns per tick at `rate_hz`, which is held to (0, [`MAX_RATE_HZ`]]; a rate that is not a

@@ -15,6 +15,7 @@ use stallscope_agent::clock::monotonic_ns;
 use stallscope_agent::markers::MarkerEvent as Received;
 use stallscope_agent::proctree::ProcEntry;
 use stallscope_agent::sampler::SamplerEvent;
+use stallscope_agent::sink::{Mailbox, Sink};
 use stallscope_analysis::frame::{Frame, ProcessInfo, Role, RunEnd, RunHeader, SourceStatus};
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
@@ -32,6 +33,25 @@ pub enum Event {
     RegexStep(Marker),
     /// The command ended with this exit code: write the end and summarise.
     Finish(i32),
+}
+
+/// Where the sampler and the marker listener put their events: drained by the recorder every
+/// [`ATTRIBUTE_EVERY`], so that neither wakes the recorder for each sample or marker.
+#[derive(Clone, Default)]
+pub struct Inbox(Mailbox<Event>);
+
+impl Sink<SamplerEvent> for Inbox {
+    fn put(&self, item: SamplerEvent) -> bool {
+        self.0.push(Event::Sampler(item));
+        true
+    }
+}
+
+impl Sink<Received> for Inbox {
+    fn put(&self, item: Received) -> bool {
+        self.0.push(Event::Marker(item));
+        true
+    }
 }
 
 /// How often markers are written as a frame and ready iterations attributed.
@@ -254,9 +274,10 @@ impl Recorder {
         };
     }
 
-    /// Runs until `Event::Finish` (or until every sender is gone), then writes the end of the
-    /// profile and returns the summary.
-    pub fn run(mut self, rx: Receiver<Event>, rejected: impl Fn() -> u64) -> Summary {
+    /// Runs until `Event::Finish` arrives on `rx` (or until every sender is gone), taking the
+    /// events of `inbox` as it goes, then writes the end of the profile and returns the
+    /// summary.
+    pub fn run(mut self, rx: Receiver<Event>, inbox: Inbox, rejected: impl Fn() -> u64) -> Summary {
         let mut last_attr = Instant::now();
         let mut last_flush = Instant::now();
         let mut last_status = Instant::now();
@@ -276,6 +297,9 @@ impl Recorder {
                 Err(RecvTimeoutError::Disconnected) => break -1,
             }
             if last_attr.elapsed() >= ATTRIBUTE_EVERY {
+                for ev in inbox.0.take_all() {
+                    self.on_event(ev);
+                }
                 self.attribute(false);
                 last_attr = Instant::now();
             }
@@ -293,7 +317,7 @@ impl Recorder {
             }
         };
         // Whatever is still queued (the last samples and markers) belongs to the run.
-        while let Ok(ev) = rx.try_recv() {
+        for ev in inbox.0.take_all().into_iter().chain(rx.try_iter()) {
             let _ = self.on_event(ev);
         }
         self.attribute(true);

@@ -26,7 +26,7 @@ use stallscope_collector::profile::ProfileWriter;
 use crate::child::{exit_code, exit_like, Job};
 use crate::cli::RunArgs;
 use crate::python_env;
-use crate::recorder::{Event, Recorder, StatusMode};
+use crate::recorder::{Event, Inbox, Recorder, StatusMode};
 
 /// The default profile name: `stallscope-YYYYMMDD-HHMMSS.stallscope` in local time.
 fn default_profile_path() -> PathBuf {
@@ -143,8 +143,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let socket = dir.path().join("markers.sock");
 
     let (tx, rx) = channel::<Event>();
-    let (marker_tx, marker_rx) = channel();
-    let listener = match MarkerListener::bind(&socket, marker_tx) {
+    let inbox = Inbox::default();
+    let listener = match MarkerListener::bind(&socket, inbox.clone()) {
         Ok(l) => Some(l),
         Err(e) => {
             eprintln!(
@@ -154,7 +154,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             None
         }
     };
-    forward(marker_rx, tx.clone(), Event::Marker);
 
     let mut command = Command::new(&args.command[0]);
     command.args(&args.command[1..]);
@@ -187,7 +186,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         _ => None,
     };
 
-    let (sampler_tx, sampler_rx) = channel();
     let config = SamplerConfig {
         rate_hz: args.rate,
         roots: Roots {
@@ -199,9 +197,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let sampler = sampler::spawn(
         config.clone(),
         sampler::default_sources(&config.roots),
-        sampler_tx,
+        inbox.clone(),
     );
-    forward(sampler_rx, tx.clone(), Event::Sampler);
 
     let recorder = Recorder::new(
         writer,
@@ -215,7 +212,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         let rejected = rejected.clone();
         std::thread::Builder::new()
             .name("stallscope-recorder".into())
-            .spawn(move || recorder.run(rx, move || rejected.load(Ordering::Relaxed)))?
+            .spawn(move || recorder.run(rx, inbox, move || rejected.load(Ordering::Relaxed)))?
     };
 
     let status = job.wait()?;
@@ -263,19 +260,4 @@ pub fn write_json(
 ) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(summary)?;
     std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// Moves every message of `rx` into `tx`, wrapped, on a small thread, until either side ends.
-fn forward<T: Send + 'static>(
-    rx: std::sync::mpsc::Receiver<T>,
-    tx: Sender<Event>,
-    wrap: fn(T) -> Event,
-) {
-    std::thread::spawn(move || {
-        for m in rx {
-            if tx.send(wrap(m)).is_err() {
-                break;
-            }
-        }
-    });
 }

@@ -27,7 +27,13 @@ pub struct ProcessSource {
     threads: Vec<MainThread>,
     buf: Vec<u8>,
     token: u64,
+    /// Rounds read so far; the state is read every [`STATE_EVERY`] rounds.
+    rounds: u64,
 }
+
+/// The thread state (for I/O blocking) is read every this many rounds: 50 Hz at the default
+/// 100 Hz is plenty for a share of time in state D, and `stat` is the costlier file.
+pub const STATE_EVERY: u64 = 2;
 
 struct MainThread {
     pid: u32,
@@ -45,6 +51,7 @@ impl ProcessSource {
             threads: Vec::new(),
             buf: Vec::new(),
             token: 0,
+            rounds: 0,
         }
     }
 
@@ -105,8 +112,10 @@ impl Source for ProcessSource {
             self.threads.iter_mut().for_each(|t| t.ids = None);
         }
         let buf = &mut self.buf;
+        let with_state = self.rounds % STATE_EVERY == 0;
+        self.rounds += 1;
         self.threads.retain_mut(|t| {
-            let (sched, state) = match read_main_thread(t, buf) {
+            let (sched, state) = match read_main_thread(t, buf, with_state) {
                 Ok(v) => v,
                 Err((Failure::Gone, _)) => return false,
                 Err((Failure::Other(e), file)) => {
@@ -118,7 +127,9 @@ impl Source for ProcessSource {
             let ids = *t.ids.get_or_insert_with(|| declare_main(out, t.pid));
             out.push(ids[0], sched.sum_exec_runtime);
             out.push(ids[1], sched.run_delay);
-            out.push(ids[2], u64::from(state == 'D'));
+            if let Some(state) = state {
+                out.push(ids[2], u64::from(state == 'D'));
+            }
             true
         });
         match failure {
@@ -143,14 +154,36 @@ fn declare_main(out: &mut Registry, pid: u32) -> [SeriesId; 3] {
     ]
 }
 
-/// Schedstat and state of a main thread, or why not and from which file.
+/// Schedstat (and, `with_state`, the state) of a main thread, or why not and from which file.
 fn read_main_thread(
     t: &MainThread,
     buf: &mut Vec<u8>,
-) -> Result<(Schedstat, char), (Failure, &'static str)> {
+    with_state: bool,
+) -> Result<(Schedstat, Option<char>), (Failure, &'static str)> {
     let sched = read_schedstat(&t.schedstat, buf).map_err(|e| (e, "schedstat"))?;
-    let stat = read_stat(&t.stat, buf).map_err(|e| (e, "stat"))?;
-    Ok((sched, stat.state))
+    if !with_state {
+        return Ok((sched, None));
+    }
+    let bytes = pread_all(&t.stat, buf).map_err(|e| (Failure::from(e), "stat"))?;
+    let state = stat_state(bytes).ok_or_else(|| {
+        let line = String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).into_owned();
+        (
+            Failure::Other(Unnamed::Parse(format!("no state in {line:?}"))),
+            "stat",
+        )
+    })?;
+    Ok((sched, Some(state)))
+}
+
+/// The state letter of a `stat` line: field 3, after the parenthesised `comm` (which may
+/// itself hold `)` and spaces, hence the last `)`). The hot path needs only this field, and a
+/// full `Stat` parse allocates and costs several times more.
+fn stat_state(bytes: &[u8]) -> Option<char> {
+    let close = bytes.iter().rposition(|b| *b == b')')?;
+    match bytes.get(close + 1..close + 3) {
+        Some([b' ', s]) if s.is_ascii_alphabetic() => Some(*s as char),
+        _ => None,
+    }
 }
 
 fn read_schedstat(file: &File, buf: &mut Vec<u8>) -> Result<Schedstat, Failure> {
@@ -433,6 +466,13 @@ mod tests {
     }
 
     #[test]
+    fn the_state_letter_is_found_after_a_comm_with_parentheses() {
+        assert_eq!(stat_state(b"42 (python3) D 1 42 42 0"), Some('D'));
+        assert_eq!(stat_state(b"42 (a) b) S 1 42"), Some('S'));
+        assert_eq!(stat_state(b"42 (python3"), None);
+    }
+
+    #[test]
     fn vanished_pids_are_dropped_without_error() {
         let fake = fake_main_threads();
         let mut source = ProcessSource::new(&fake.roots);
@@ -447,8 +487,15 @@ mod tests {
         fs::remove_dir_all(fake.roots.proc.join("6885")).unwrap();
         source.sample(&watched(&[6971]), &mut reg).unwrap();
         let round = Round::take(&mut reg);
-        assert_eq!(round.values.len(), 3);
+        assert_eq!(
+            round.values.len(),
+            2,
+            "cpu and runq; the state comes every other round"
+        );
         assert!(round.get(names::PROC_CPU_NS, ("pid", "6971")).is_some());
+        assert_eq!(round.get(names::PROC_BLOCKED_IO, ("pid", "6971")), None);
+        source.sample(&watched(&[6971]), &mut reg).unwrap();
+        assert_eq!(Round::take(&mut reg).values.len(), 3);
     }
 
     #[test]

@@ -62,7 +62,7 @@ def _env_rank():
         rank = int(os.environ.get("RANK", "-1"))
     except ValueError:
         return -1
-    return rank if rank >= 0 else -1
+    return rank if 0 <= rank <= 0xFFFFFFFF else -1
 
 
 # Per-process state; _adopt() renews it in a forked child, which numbers its own events.
@@ -92,6 +92,8 @@ def _send(tail, t_ns=None):
     try:
         if t_ns is None:
             t_ns = _monotonic_ns()
+        elif t_ns < 0:
+            raise ValueError("negative time")
         if _getpid() != _pid:
             _adopt(_getpid())
         _sock.sendto(b"SS1 %d %d %s %d %s" % (next(_seq), t_ns, _ident, _iter, tail), _addr)
@@ -252,7 +254,7 @@ def set_rank(rank):
         rank = int(rank)
     except (TypeError, ValueError):
         return
-    _rank = rank if rank >= 0 else -1
+    _rank = rank if 0 <= rank <= 0xFFFFFFFF else -1
     _ident = b"%d %d" % (_pid, _rank)
 
 

@@ -7,7 +7,8 @@ training script sends the markers stallscope attributes iterations with:
 * ``S``: the optimizer's ``step()`` returned, which is where an iteration ends;
 * ``comm``: the *exposed* part of DDP's gradient all-reduce, from the moment the last gradient
   bucket became ready until ``backward()`` returns (all-reduce overlapped with the rest of the
-  backward pass cost no wall time and is compute);
+  backward pass cost no wall time and is compute), and DDP's blocking buffer broadcast at the
+  start of ``forward()``, where rank 0 waits for late peers;
 * ``M``: facts the analysis needs (framework, world size, loader workers, loader processes).
 
 Everything here is best effort: a patch that does not apply to the installed torch is skipped,
@@ -259,11 +260,7 @@ def _patch_ddp(torch):
         register(module, relay, _relay_hook)
         relays[module] = relay
         if chosen:
-            # DDP's usage logger names the hook the program chose, not the relay.
-            try:
-                module.logger._set_comm_hook_name(hook.__qualname__)
-            except Exception:
-                pass
+            _name_hook(module, hook.__qualname__)
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
@@ -293,10 +290,7 @@ def _patch_ddp(torch):
                 register(self, state, hook)  # succeeds or fails as without stallscope
             return
         relay.hook, relay.state, relay.chosen = hook, state, True
-        try:
-            self.logger._set_comm_hook_name(hook.__qualname__)
-        except Exception:
-            pass
+        _name_hook(self, hook.__qualname__)
 
     ddp.__init__ = _mark(__init__)
     ddp.register_comm_hook = _mark(register_comm_hook)
@@ -324,8 +318,17 @@ def _patch_ddp(torch):
             if relay is None or relay.chosen or hook is None:
                 return builtin(self, comm_hook_type)
             relay.hook, relay.state, relay.chosen = hook, self.process_group, True
+            _name_hook(self, str(comm_hook_type))
 
         ddp._register_builtin_comm_hook = _mark(_register_builtin_comm_hook)
+
+
+def _name_hook(module, name):
+    """DDP's usage logger names the hook the program chose, not the relay."""
+    try:
+        module.logger._set_comm_hook_name(name)
+    except Exception:
+        pass
 
 
 def _builtin_python_hook(dist, comm_hook_type):

@@ -1,0 +1,353 @@
+"""The marker package: wire format, sequence numbers, and never blocking or raising.
+
+``parse`` mirrors ``analysis/src/marker.rs`` so that these tests check the wire contract, not
+this package's idea of it; ``Receiver`` collects datagrams from a real Unix socket. The torch
+hook tests use both.
+"""
+
+import importlib
+import os
+import re
+import socket
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if PYTHON_DIR not in sys.path:
+    sys.path.insert(0, PYTHON_DIR)
+
+import stallscope  # noqa: E402  (needs PYTHON_DIR on sys.path)
+
+MAX_DATAGRAM = 4096
+_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
+_VALUE = re.compile(r"[A-Za-z0-9_.:/-]{0,256}\Z")
+_UNSIGNED = re.compile(r"[0-9]+\Z")
+
+
+class Marker:
+    __slots__ = ("seq", "t_ns", "pid", "rank", "iter", "event", "phase", "fields")
+
+    def __repr__(self):
+        return "Marker({} {} {} {} {} {} {} {})".format(
+            self.seq, self.t_ns, self.pid, self.rank, self.iter, self.event, self.phase, self.fields
+        )
+
+
+def _unsigned(field, text):
+    if not _UNSIGNED.match(text):
+        raise ValueError("{} is not a number: {!r}".format(field, text))
+    return int(text)
+
+
+def parse(datagram):
+    """Parses one datagram as marker.rs does; raises ValueError with the reason otherwise."""
+    if len(datagram) > MAX_DATAGRAM:
+        raise ValueError("too long")
+    text = datagram.decode("ascii")  # UnicodeDecodeError is a ValueError
+    fields = text.split()
+    if not fields or fields[0] != "SS1":
+        raise ValueError("protocol")
+    if len(fields) < 8:
+        raise ValueError("fields")
+    m = Marker()
+    m.seq = _unsigned("seq", fields[1])
+    m.t_ns = _unsigned("t_ns", fields[2])
+    m.pid = _unsigned("pid", fields[3])
+    if not re.match(r"-?[0-9]+\Z", fields[4]):
+        raise ValueError("rank")
+    m.rank = int(fields[4])
+    if m.rank < -1:
+        raise ValueError("rank")
+    m.iter = _unsigned("iter", fields[5])
+    m.event, m.phase, m.fields = fields[6], fields[7], {}
+    if m.event in ("B", "E"):
+        if not _NAME.match(m.phase):
+            raise ValueError("name {!r}".format(m.phase))
+    elif m.event == "M":
+        for f in fields[8:]:
+            k, sep, v = f.partition("=")
+            if not sep or not _NAME.match(k) or not _VALUE.match(v):
+                raise ValueError("meta {!r}".format(f))
+            m.fields[k] = v
+    elif m.event != "S":
+        raise ValueError("event {!r}".format(m.event))
+    return m
+
+
+class Receiver:
+    """Binds a socket at ``path`` and collects what arrives on a thread until ``stop()``.
+
+    The kernel queues only a few datagrams per Unix socket (net.unix.max_dgram_qlen, 10 by
+    default), so the receiver drains it continuously, as the profiler's listener must.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.05)
+        self.datagrams = []
+        self._running = True
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while self._running:
+            try:
+                self.datagrams.append(self.sock.recv(65536))
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+
+    def stop(self, settle=0.2):
+        """Waits ``settle`` seconds for stragglers, stops, and returns the parsed markers."""
+        time.sleep(settle)
+        self._running = False
+        self._thread.join()
+        self.sock.close()
+        return [parse(d) for d in self.datagrams]
+
+
+def load(socket_path, rank=None):
+    """Re-imports stallscope as a process started with these variables would see it."""
+    env = {"STALLSCOPE_SOCKET": socket_path, "RANK": rank}
+    saved = {k: os.environ.get(k) for k in env}
+    if isinstance(stallscope._sock, socket.socket):
+        stallscope._sock.close()
+    try:
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        return importlib.reload(stallscope)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class MarkerTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "markers.sock")
+
+    def tearDown(self):
+        load(None)
+        self.dir.cleanup()
+
+    def test_events_follow_the_wire_format(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path)
+        before = time.monotonic_ns()
+        with ss.phase("data"):
+            pass
+        ss.step()
+        ss.set_rank(3)
+        ss.begin("compute")
+        ss.end("compute")
+        ss.begin("comm", t_ns=before)
+        ss.meta(workers=2, pin_memory=True, framework="torch-2.1.0-cu121", path="/a/b")
+        ss.step()
+        markers = receiver.stop()
+
+        got = [(m.seq, m.rank, m.iter, m.event, m.phase) for m in markers]
+        self.assertEqual(
+            got,
+            [
+                (0, -1, 0, "B", "data"),
+                (1, -1, 0, "E", "data"),
+                (2, -1, 0, "S", "iter"),
+                (3, 3, 1, "B", "compute"),
+                (4, 3, 1, "E", "compute"),
+                (5, 3, 1, "B", "comm"),
+                (6, 3, 1, "M", "-"),
+                (7, 3, 1, "S", "iter"),
+            ],
+        )
+        self.assertTrue(all(m.pid == os.getpid() for m in markers))
+        self.assertEqual(markers[5].t_ns, before)
+        times = [m.t_ns for m in markers if m.seq != 5]
+        self.assertEqual(times, sorted(times))
+        self.assertTrue(before <= times[0] <= times[-1] <= time.monotonic_ns())
+        self.assertEqual(
+            markers[6].fields,
+            {"workers": "2", "pin_memory": "1", "framework": "torch-2.1.0-cu121", "path": "/a/b"},
+        )
+        self.assertEqual(ss.dropped(), 0)
+
+    def test_rank_comes_from_the_environment(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path, rank="5")
+        ss.step()
+        self.assertEqual(receiver.stop()[0].rank, 5)
+
+    def test_names_and_fields_are_mapped_into_the_alphabet(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path)
+        ss.begin("my phase/1")
+        ss.end("x" * 100)
+        ss.meta(**{"bad key": "a b", "none": None, "long": "v" * 300, "": 1, "ok": "é/x"})
+        ss.meta(**{"k{}".format(i): "v" * 200 for i in range(40)})  # over 4096 bytes
+        ss.begin("")
+        with ss.phase(""):
+            pass
+        markers = receiver.stop()  # parse() raises on anything marker.rs would reject
+        self.assertEqual(markers[0].phase, "my_phase_1")
+        self.assertEqual(markers[1].phase, "x" * 64)
+        self.assertEqual(markers[2].fields, {"bad_key": "a_b", "long": "v" * 256, "ok": "_/x"})
+        self.assertLess(len(receiver.datagrams[3]), 4096)
+        self.assertGreater(len(markers[3].fields), 10)
+        self.assertEqual(len(markers), 4)
+        self.assertEqual(ss.dropped(), 3)  # begin("") and both events of phase("")
+
+    def test_values_the_format_cannot_carry_are_not_sent(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path)
+        ss.begin("x", t_ns=-1)
+        ss.begin("x", t_ns="soon")
+        ss.set_rank(2**40)
+        ss.step()
+        ss.set_rank("two")
+        ss.step()
+        markers = receiver.stop()
+        self.assertEqual([(m.seq, m.rank, m.event) for m in markers], [(0, -1, "S"), (1, -1, "S")])
+        self.assertEqual(ss.dropped(), 2)
+
+    def test_sequence_numbers_are_never_reused_across_threads(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path)
+        threads, per_thread = 4, 500
+
+        def send():
+            for _ in range(per_thread):
+                ss.begin("t")
+                time.sleep(0)
+
+        workers = [threading.Thread(target=send) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        seqs = [m.seq for m in receiver.stop()]
+        total = threads * per_thread
+        self.assertEqual(len(seqs), len(set(seqs)), "a sequence number was sent twice")
+        self.assertTrue(set(seqs) <= set(range(total)))
+        # Whatever the kernel's queue limit dropped is accounted for.
+        self.assertEqual(len(seqs) + ss.dropped(), total)
+
+    def test_a_forked_child_numbers_its_own_events(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path, rank="1")
+        ss.step()
+        ss.step()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ss.begin("data")
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        ss.step()
+        markers = receiver.stop()
+        child = [m for m in markers if m.pid == pid]
+        parent = [m for m in markers if m.pid == os.getpid()]
+        self.assertEqual([(m.seq, m.iter, m.rank) for m in child], [(0, 0, 1)])
+        self.assertEqual([m.seq for m in parent], [0, 1, 2])
+
+    def _assert_never_blocks_or_raises(self, ss, sends=10000):
+        start = time.monotonic()
+        for _ in range(sends // 4):
+            ss.step()
+            with ss.phase("data"):
+                pass
+            ss.meta(k="v")
+        elapsed = time.monotonic() - start
+        self.assertLess(elapsed, 2.0, "sends took {:.2f} s".format(elapsed))
+        return elapsed
+
+    def test_missing_socket_drops_without_raising(self):
+        ss = load(self.path)
+        self._assert_never_blocks_or_raises(ss)
+        self.assertEqual(ss.dropped(), 10000)
+        self.assertTrue(ss.enabled())
+
+    def test_removed_socket_drops_without_raising(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path)
+        ss.step()
+        receiver.stop(settle=0)
+        os.unlink(self.path)
+        self._assert_never_blocks_or_raises(ss)
+        self.assertEqual(ss.dropped(), 10000)
+
+    def test_stale_socket_file_drops_without_raising(self):
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        stale.bind(self.path)
+        stale.close()  # the file stays, nobody listens: ECONNREFUSED
+        ss = load(self.path)
+        self._assert_never_blocks_or_raises(ss)
+        self.assertEqual(ss.dropped(), 10000)
+
+    def test_full_socket_drops_without_blocking(self):
+        unread = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        unread.bind(self.path)
+        try:
+            ss = load(self.path)
+            self._assert_never_blocks_or_raises(ss)
+            queued = 0
+            unread.setblocking(False)
+            while True:
+                try:
+                    parse(unread.recv(65536))
+                    queued += 1
+                except BlockingIOError:
+                    break
+        finally:
+            unread.close()
+        self.assertGreater(queued, 0)
+        self.assertEqual(queued + ss.dropped(), 10000)
+
+    def test_send_errors_of_any_kind_are_counted(self):
+        ss = load(self.path)
+
+        class Broken:
+            def sendto(self, data, address):
+                raise ValueError("anything")
+
+        ss._sock.close()
+        ss._sock = Broken()
+        ss.step()
+        ss.meta(a=1)
+        self.assertEqual(ss.dropped(), 2)
+
+    def test_without_a_socket_everything_is_a_no_op(self):
+        ss = load(None)
+        self.assertFalse(ss.enabled())
+        with ss.phase("data"):
+            ss.step()
+            ss.meta(a=1)
+            ss.begin("x")
+            ss.end("x")
+        self.assertEqual(ss.dropped(), 0)
+
+    def test_sending_is_cheap(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path)
+        n = 2000
+        start = time.perf_counter()
+        for _ in range(n):
+            ss.step()
+        per_event = (time.perf_counter() - start) / n
+        receiver.stop(settle=0)
+        self.assertLess(per_event, 50e-6, "{:.1f} us per event".format(per_event * 1e6))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,256 @@
+"""Zero-code PyTorch instrumentation, end to end.
+
+Each test runs a small training script in a fresh interpreter started the way ``stallscope
+run`` starts one (``PYTHONPATH`` with ``sitecustomize``, ``STALLSCOPE_SOCKET``), with DDP over
+gloo at world size 1, and checks the markers that reach a real socket.
+"""
+
+import collections
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+from test_markers import PYTHON_DIR, Receiver
+
+
+def _torch_python():
+    """An interpreter that can import torch (Debian's lives at /usr/bin/python3)."""
+    for python in (sys.executable, "/usr/bin/python3"):
+        try:
+            probe = subprocess.run([python, "-c", "import torch"], capture_output=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return python
+    return None
+
+
+TORCH_PYTHON = _torch_python()
+
+TRAIN = """
+    import sys, warnings
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+
+    warnings.simplefilter("always")
+    dist.init_process_group("gloo")
+    data = TensorDataset(torch.randn(40, 8), torch.randint(0, 2, (40,)))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    for workers in (0, 2):
+        for x, y in DataLoader(data, batch_size=8, num_workers=workers):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    dist.destroy_process_group()
+    print("stallscope loaded", "stallscope" in sys.modules)
+"""
+
+USER_HOOK = """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.utils.data import DataLoader, TensorDataset
+
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(1)
+        return default_hooks.allreduce_hook(state, bucket)
+
+    class WrappingSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            return super().step(closure)
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        model = torch.nn.parallel.DistributedDataParallel(net)
+        model.register_comm_hook(None, counting_hook)
+        try:
+            model.register_comm_hook(None, counting_hook)
+        except RuntimeError:
+            print("second registration refused")
+        opt = WrappingSGD(model.parameters(), lr=0.1)
+        data = TensorDataset(torch.randn(24, 8), torch.randint(0, 2, (24,)))
+        loader = DataLoader(data, batch_size=8, num_workers=1, multiprocessing_context="spawn")
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            torch.autograd.backward([loss])
+            opt.step()
+        print("hook calls", len(calls))
+        dist.destroy_process_group()
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _complete(markers):
+    """Whether every process's sequence numbers are gap-free (nothing dropped on the way)."""
+    seqs = collections.defaultdict(list)
+    for m in markers:
+        seqs[m.pid].append(m.seq)
+    return all(sorted(s) == list(range(len(s))) for s in seqs.values())
+
+
+@unittest.skipIf(TORCH_PYTHON is None, "no Python interpreter here can import torch")
+class TorchHookTest(unittest.TestCase):
+    def run_script(self, script, marked=True, extra_env=None, attempts=3):
+        """Runs ``script``; returns (stdout, stderr, markers received).
+
+        The kernel queues only ~10 datagrams per Unix socket, so on a busy machine a burst may
+        be dropped (the gap in ``seq`` says so); such a run is retried, as the hook's
+        correctness, not the machine's load, is under test.
+        """
+        for attempt in range(attempts):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "markers.sock")
+                script_path = os.path.join(tmp, "train.py")
+                with open(script_path, "w") as f:
+                    f.write(textwrap.dedent(script))
+                env = dict(os.environ)
+                env.pop("STALLSCOPE_AUTO", None)
+                env.update(
+                    PYTHONPATH=os.pathsep.join(filter(None, [PYTHON_DIR, env.get("PYTHONPATH")])),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(_free_port()),
+                    RANK="0",
+                    WORLD_SIZE="1",
+                    LOCAL_RANK="0",
+                    OMP_NUM_THREADS="1",
+                )
+                if marked:
+                    env["STALLSCOPE_SOCKET"] = path
+                env.update(extra_env or {})
+                receiver = Receiver(path)
+                proc = subprocess.run(
+                    [TORCH_PYTHON, script_path],
+                    env=env,
+                    cwd=tmp,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )
+                markers = receiver.stop()
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            if _complete(markers) or attempt == attempts - 1:
+                return proc.stdout, proc.stderr, markers
+        raise AssertionError("unreachable")
+
+    def assert_pairs(self, markers, phase):
+        """B/E of ``phase`` alternate, each pair within one iteration, B no later than E."""
+        pairs, open_begin = [], None
+        for m in markers:
+            if m.phase != phase:
+                continue
+            if m.event == "B":
+                self.assertIsNone(open_begin, "nested {} begin: {}".format(phase, m))
+                open_begin = m
+            else:
+                self.assertEqual(m.event, "E")
+                self.assertIsNotNone(open_begin, "{} end without begin: {}".format(phase, m))
+                self.assertLessEqual(open_begin.t_ns, m.t_ns)
+                self.assertEqual(open_begin.iter, m.iter)
+                pairs.append((open_begin, m))
+                open_begin = None
+        self.assertIsNone(open_begin)
+        return pairs
+
+    def test_training_loop_is_marked(self):
+        stdout, stderr, markers = self.run_script(TRAIN)
+        self.assertTrue(_complete(markers), "markers were dropped on every attempt")
+        self.assertIn("stallscope loaded True", stdout)
+        self.assertNotIn("lr_scheduler.step()` before `optimizer.step()", stderr)
+
+        steps = [m for m in markers if m.event == "S"]
+        self.assertEqual([m.iter for m in steps], list(range(10)))
+        main_pid = steps[0].pid
+        main = sorted((m for m in markers if m.pid == main_pid), key=lambda m: m.seq)
+        self.assertTrue(all(m.rank == 0 for m in main))
+
+        # Per DataLoader: one pair for iter(), one per batch, one for the StopIteration.
+        self.assertEqual(len(self.assert_pairs(main, "data")), 2 * (1 + 5 + 1))
+        comm = self.assert_pairs(main, "comm")
+        self.assertEqual([b.iter for b, _ in comm], list(range(10)))
+        for (_, end), step in zip(comm, steps):
+            self.assertLess(end.seq, step.seq)  # exposed comm ends before its iteration does
+
+        metas = [m.fields for m in main if m.event == "M"]
+        self.assertTrue(metas[0]["framework"].startswith("torch-"))
+        self.assertEqual(metas[0]["role"], "trainer")
+        self.assertIn({"world_size": "1", "backend": "gloo", "local_rank": "0"}, metas)
+        self.assertIn({"workers": "0", "batch_size": "8", "pin_memory": "0"}, metas)
+        self.assertIn({"workers": "2", "batch_size": "8", "pin_memory": "0"}, metas)
+
+        loaders = [m for m in markers if m.pid != main_pid]
+        self.assertEqual(len({m.pid for m in loaders}), 2)
+        for m in loaders:
+            self.assertEqual((m.seq, m.event, m.rank), (0, "M", 0))
+            self.assertEqual(m.fields["role"], "loader")
+            self.assertEqual(m.fields["parent"], str(main_pid))
+        self.assertEqual(sorted(m.fields["worker"] for m in loaders), ["0", "1"])
+
+    def test_program_comm_hook_and_nested_steps_still_work(self):
+        stdout, _, markers = self.run_script(USER_HOOK)
+        self.assertIn("second registration refused", stdout)
+        self.assertIn("hook calls 3", stdout)
+        steps = [m for m in markers if m.event == "S"]
+        self.assertEqual([m.iter for m in steps], [0, 1, 2])  # one per step, not per super()
+        main = [m for m in markers if m.pid == steps[0].pid]
+        self.assertEqual(len(self.assert_pairs(main, "comm")), 3)
+        # A spawned loader worker imports torch afresh and is instrumented too.
+        loader = [m for m in markers if m.event == "M" and m.fields.get("role") == "loader"]
+        self.assertEqual([m.fields["parent"] for m in loader], [str(steps[0].pid)])
+
+    def test_behaviour_without_stallscope_is_the_same(self):
+        stdout, _, markers = self.run_script(USER_HOOK, marked=False)
+        self.assertIn("second registration refused", stdout)
+        self.assertIn("hook calls 3", stdout)
+        self.assertEqual(markers, [])
+
+    def test_auto_zero_installs_nothing(self):
+        stdout, _, markers = self.run_script(TRAIN, extra_env={"STALLSCOPE_AUTO": "0"})
+        self.assertIn("stallscope loaded False", stdout)
+        self.assertEqual(markers, [])
+
+
+class SitecustomizeTest(unittest.TestCase):
+    def run_python(self, code, extra_paths=()):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, *extra_paths])
+        env["STALLSCOPE_SOCKET"] = "/nonexistent/stallscope.sock"
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        return proc.stdout
+
+    def test_the_next_sitecustomize_still_runs(self):
+        with tempfile.TemporaryDirectory() as other:
+            with open(os.path.join(other, "sitecustomize.py"), "w") as f:
+                f.write("import os\nos.environ['CHAINED_SITECUSTOMIZE'] = __name__\n")
+            out = self.run_python(
+                "import os; print(os.environ.get('CHAINED_SITECUSTOMIZE'))", [other]
+            )
+        self.assertEqual(out.strip(), "sitecustomize")
+
+    def test_nothing_is_loaded_until_torch_is(self):
+        out = self.run_python("import sys, json; print('stallscope' in sys.modules)")
+        self.assertEqual(out.strip(), "False")
+
+
+if __name__ == "__main__":
+    unittest.main()
