@@ -6,6 +6,7 @@ mod python_env;
 mod recorder;
 mod run;
 mod summary_cmd;
+mod terminal;
 
 use clap::Parser;
 

@@ -23,6 +23,8 @@ use stallscope_analysis::summary::{summarize, Summary};
 use stallscope_collector::profile::ProfileWriter;
 use stallscope_dashboards::status::StatusModel;
 
+use crate::terminal::PinnedStatus;
+
 /// What the recorder is sent.
 pub enum Event {
     /// From the sampler thread.
@@ -88,6 +90,7 @@ pub struct Recorder {
     job: JobTimeline,
     status: StatusModel,
     status_mode: StatusMode,
+    pinned: Option<PinnedStatus>,
     pending_markers: Vec<Marker>,
     /// `--iter-regex`: steps come from stdout, not from the hook.
     regex_steps: bool,
@@ -110,6 +113,7 @@ impl Recorder {
             job: JobTimeline::default(),
             status: StatusModel::default(),
             status_mode,
+            pinned: None,
             pending_markers: Vec::new(),
             regex_steps,
             emitted: BTreeMap::new(),
@@ -256,22 +260,29 @@ impl Recorder {
         self.job.prune();
     }
 
-    fn clear_status(&self) {
-        if self.status_mode == StatusMode::Terminal {
-            eprint!("\r\x1b[2K");
+    /// Gives the terminal's status row back (before a message, and at the end).
+    fn clear_status(&mut self) {
+        if let Some(p) = self.pinned.take() {
+            p.end();
         }
     }
 
-    fn draw_status(&self) {
+    fn draw_status(&mut self) {
         let line = self.status.render();
-        let mut err = std::io::stderr().lock();
-        let _ = match self.status_mode {
-            StatusMode::Off => Ok(()),
-            // Ends with a carriage return: the command's next output overwrites the status
-            // from the start of the line instead of trailing after it.
-            StatusMode::Terminal => write!(err, "\r\x1b[2K{line}\r"),
-            StatusMode::Lines => writeln!(err, "{line}"),
-        };
+        match self.status_mode {
+            StatusMode::Off => {}
+            StatusMode::Terminal => {
+                if self.pinned.is_none() {
+                    self.pinned = PinnedStatus::begin();
+                }
+                if let Some(p) = self.pinned.as_mut() {
+                    p.draw(&line);
+                }
+            }
+            StatusMode::Lines => {
+                let _ = writeln!(std::io::stderr().lock(), "{line}");
+            }
+        }
     }
 
     /// Runs until `Event::Finish` arrives on `rx` (or until every sender is gone), taking the
