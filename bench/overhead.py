@@ -43,7 +43,8 @@ def main():
              "--workers", "2", "--iters", str(args.iters), "--data-dir", data, "--port", "29611"]
     subprocess.run(train[:2] + ["--iters", "1", "--workers", "0", "--data-dir", data], check=True,
                    stdout=subprocess.DEVNULL)
-    configs = [("without stallscope", None), ("stallscope 100 Hz", 100), ("stallscope 10 Hz", 10)]
+    configs = [("without stallscope", None), ("stallscope 100 Hz", 100), ("stallscope 10 Hz", 10),
+               ("stallscope 100 Hz, --no-auto (sampling only)", "100-noauto")]
     times = {name: [] for name, _ in configs}
     cpu = {name: [] for name, _ in configs}
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,7 +54,9 @@ def main():
                     cmd = train
                 else:
                     js = os.path.join(tmp, f"s{rep}-{rate}.json")
-                    cmd = [args.stallscope, "run", "-q", "--rate", str(rate), "-o",
+                    hz = str(rate).split("-")[0]
+                    extra = ["--no-auto"] if str(rate).endswith("noauto") else []
+                    cmd = [args.stallscope, "run", "-q", "--rate", hz] + extra + ["-o",
                            os.path.join(tmp, f"p{rep}-{rate}.stallscope"), "--summary-json", js, "--"] + train
                 t0 = time.monotonic()
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True)
