@@ -12,6 +12,7 @@ Distributed:     torchrun --nproc_per_node 2 train.py --data-delay-ms 1:50
 """
 
 import argparse
+import datetime
 import math
 import os
 import shutil
@@ -219,7 +220,8 @@ def setup_distributed(backend):
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend)
+    # A bounded timeout: a rank that lost its peers fails in minutes, not half an hour.
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -297,6 +299,7 @@ def main(argv=None):
         epoch += 1
 
     if world > 1:
+        dist.barrier()  # leave together: no rank tears down while a peer still talks to it
         dist.destroy_process_group()
     sys.exit(args.exit_code)
 

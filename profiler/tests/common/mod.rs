@@ -66,8 +66,48 @@ pub fn data_dir() -> String {
         .to_string()
 }
 
+/// How long an end-to-end command may take before the test fails (and ends it).
+pub const COMMAND_LIMIT: Duration = Duration::from_secs(240);
+
+/// Runs `cmd` to completion within [`COMMAND_LIMIT`] and returns its output; panics with
+/// both streams if it fails, and ends it (by pid) if it overruns.
 pub fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("command runs");
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("command runs");
+    let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait works") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            kill(child.id(), libc::SIGTERM);
+            std::thread::sleep(Duration::from_secs(5));
+            let _ = child.kill();
+            let st = child.wait().expect("wait works");
+            panic!("{cmd:?} ran over {COMMAND_LIMIT:?} and was ended ({st:?})");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = Output {
+        status,
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+    };
     if !out.status.success() {
         panic!(
             "{:?} failed with {:?}\nstdout:\n{}\nstderr:\n{}",
