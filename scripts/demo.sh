@@ -5,11 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/install-deps.sh
-if ! command -v cargo >/dev/null 2>&1; then
-  [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-  export PATH="$HOME/.cargo/bin:$PATH"
-fi
+source scripts/setup.sh
 cargo build --release --locked -p stallscope
 
 exec target/release/stallscope run --summary-json stallscope-demo-summary.json \

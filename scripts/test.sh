@@ -6,11 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/install-deps.sh
-if ! command -v cargo >/dev/null 2>&1; then
-  [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-  export PATH="$HOME/.cargo/bin:$PATH"
-fi
+source scripts/setup.sh
 
 echo "== Rust: unit and end-to-end tests"
 cargo test --workspace --locked 2>&1
