@@ -14,33 +14,23 @@ fn heavy_preprocessing_without_workers_is_reported_as_data_prep() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("summary.json");
     let profile = dir.path().join("p.stallscope");
-    let out = run_ok(
-        stallscope()
-            .args(["run", "-q", "-o"])
-            .arg(&profile)
-            .arg("--summary-json")
-            .arg(&json)
-            .args([
-                "--",
-                &python(),
-                &example(),
-                "--iters",
-                "12",
-                "--workers",
-                "0",
-                "--batch",
-                "4",
-                "--data-delay-ms",
-                "40",
-                "--images",
-                "64",
-                "--data-dir",
-                &data_dir(),
-            ]),
+    let (out, s) = run_example(
+        dir.path(),
+        &[],
+        &[
+            "--iters",
+            "12",
+            "--workers",
+            "0",
+            "--batch",
+            "4",
+            "--data-delay-ms",
+            "40",
+            "--images",
+            "64",
+        ],
     );
-    let s = read_json(&json);
     assert_eq!(largest(&s), "data_prep", "{s:#}");
     assert!(fraction(&s, "data_prep") > 0.6, "{s:#}");
     assert_eq!(s["finding"]["category"], "data_prep");

@@ -13,36 +13,26 @@ fn a_slow_rank_shows_as_peer_wait_on_the_other() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("s.json");
-    run_ok(
-        stallscope()
-            .args(["run", "-q", "-o"])
-            .arg(dir.path().join("p.stallscope"))
-            .arg("--summary-json")
-            .arg(&json)
-            .args([
-                "--",
-                &python(),
-                &example(),
-                "--nproc",
-                "2",
-                "--port",
-                "29571",
-                "--iters",
-                "10",
-                "--workers",
-                "0",
-                "--batch",
-                "8",
-                "--images",
-                "64",
-                "--data-delay-ms",
-                "1:30",
-                "--data-dir",
-                &data_dir(),
-            ]),
+    let (_, s) = run_example(
+        dir.path(),
+        &[],
+        &[
+            "--nproc",
+            "2",
+            "--port",
+            "29571",
+            "--iters",
+            "10",
+            "--workers",
+            "0",
+            "--batch",
+            "8",
+            "--images",
+            "64",
+            "--data-delay-ms",
+            "1:30",
+        ],
     );
-    let s = read_json(&json);
     let ranks = s["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2, "{s:#}");
     let share = |r: usize, c: &str| ranks[r]["categories"][c]["fraction"].as_f64().unwrap();

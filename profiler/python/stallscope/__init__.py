@@ -132,26 +132,24 @@ def _count_drop(events=1):
     _dropped += events
 
 
-def begin(name, t_ns=None):
-    """The phase ``name`` begins (now, or at ``t_ns`` on ``time.monotonic_ns()``'s clock)."""
+def _phase_event(kind, name, t_ns):
     if _sock is None:
         return
-    tail = _tail(b"B", name)
+    tail = _tail(kind, name)
     if tail is None:
         _count_drop()
     else:
         _send(tail, t_ns)
+
+
+def begin(name, t_ns=None):
+    """The phase ``name`` begins (now, or at ``t_ns`` on ``time.monotonic_ns()``'s clock)."""
+    _phase_event(b"B", name, t_ns)
 
 
 def end(name, t_ns=None):
     """The phase ``name`` ends (now, or at ``t_ns``)."""
-    if _sock is None:
-        return
-    tail = _tail(b"E", name)
-    if tail is None:
-        _count_drop()
-    else:
-        _send(tail, t_ns)
+    _phase_event(b"E", name, t_ns)
 
 
 class _Phase:

@@ -197,3 +197,22 @@ pub fn kill(pid: u32, sig: i32) {
     // SAFETY: a signal to a pid this test started.
     unsafe { libc::kill(pid as i32, sig) };
 }
+
+/// `stallscope run -q -o DIR/p.stallscope --summary-json DIR/s.json [run_flags] -- python
+/// example.py [example_flags] --data-dir <shared>`: runs the real example under stallscope,
+/// which must succeed, and returns its output and summary JSON.
+pub fn run_example(dir: &Path, run_flags: &[&str], example_flags: &[&str]) -> (Output, Value) {
+    let json = dir.join("s.json");
+    let out = run_ok(
+        stallscope()
+            .args(["run", "-q", "-o"])
+            .arg(dir.join("p.stallscope"))
+            .arg("--summary-json")
+            .arg(&json)
+            .args(run_flags)
+            .args(["--", &python(), &example()])
+            .args(example_flags)
+            .args(["--data-dir", &data_dir()]),
+    );
+    (out, read_json(&json))
+}
