@@ -117,6 +117,9 @@ pub enum Frame {
     Source(SourceStatus),
     /// Last frame of a complete profile.
     End(RunEnd),
+    /// The result of `stallscope experiment`: the configurations run and the stalls by
+    /// difference.
+    Experiment(Box<crate::experiment::ExperimentReport>),
 }
 
 impl Frame {

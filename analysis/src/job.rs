@@ -66,7 +66,7 @@ impl JobTimeline {
             Frame::ProcessExit { pid, .. } => {
                 self.exited.insert(*pid);
             }
-            Frame::Breakdown(_) => {}
+            Frame::Breakdown(_) | Frame::Experiment(_) => {}
             Frame::Source(s) => {
                 self.sources.insert(s.source.clone(), s.clone());
             }

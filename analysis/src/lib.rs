@@ -11,6 +11,7 @@
 
 pub mod attribution;
 pub mod category;
+pub mod experiment;
 pub mod finding;
 pub mod frame;
 pub mod job;

@@ -21,6 +21,14 @@ pub struct Job {
     pub child: Child,
     pgid: i32,
     gave_terminal: bool,
+    signals: signal_hook::iterator::Handle,
+}
+
+impl Drop for Job {
+    /// Stops forwarding signals: a later job (the next run of an experiment) has its own.
+    fn drop(&mut self) {
+        self.signals.close();
+    }
 }
 
 fn terminal_foreground_is_ours() -> bool {
@@ -56,6 +64,7 @@ impl Job {
         }
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])
             .context("cannot install signal handlers")?;
+        let handle = signals.handle();
         std::thread::Builder::new()
             .name("stallscope-signals".into())
             .spawn(move || {
@@ -68,6 +77,7 @@ impl Job {
             child,
             pgid,
             gave_terminal: foreground,
+            signals: handle,
         })
     }
 

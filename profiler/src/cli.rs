@@ -17,8 +17,15 @@ pub struct Cli {
 pub enum Command {
     /// Run a training command and split every iteration of every rank into stalls.
     Run(RunArgs),
-    /// Print the summary of a profile written by `stallscope run`.
+    /// Print the summary of a profile written by `stallscope run` or `stallscope experiment`.
     Summary(SummaryArgs),
+    /// Measure the stalls by difference between controlled runs of the training (Stash,
+    /// DS-Analyzer): 1 process and all processes on synthetic data, over the nodes, real
+    /// data with a warm and a cold page cache.
+    Experiment(ExperimentArgs),
+    /// Start the processes of a data-parallel job with torchrun's environment (RANK,
+    /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, …), on this node or on several.
+    Launch(LaunchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -68,4 +75,88 @@ pub struct SummaryArgs {
     /// Print the summary JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExperimentArgs {
+    /// Training processes in the multi-process configurations (on one node for R1; spread
+    /// evenly over --nodes for R1n and the real-data runs).
+    #[arg(long, default_value_t = 1)]
+    pub nproc: u32,
+    /// Nodes to spread the processes over (comma-separated names, given to --node-launch as
+    /// {node}). With two or more, R1n runs.
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// Command prefix that runs a process on a node: {node}, {node_rank}, {rank},
+    /// {local_rank} are replaced, a word {env} becomes the torchrun variables as KEY=VALUE
+    /// words. E.g. 'ip netns exec {node}' or 'ssh {node} env {env}'.
+    #[arg(long, value_name = "TEMPLATE")]
+    pub node_launch: Option<String>,
+    /// Address of the first node, for the rendezvous (MASTER_ADDR) when --nodes is given.
+    #[arg(long)]
+    pub master_addr: Option<String>,
+    /// The dataset's directory: emptied from the page cache for R2 and read into it for R3.
+    /// Without it R2 is not run and R3 uses the cache as it is.
+    #[arg(long, value_name = "DIR")]
+    pub dataset_dir: Option<PathBuf>,
+    /// How the cold-cache run empties the cache.
+    #[arg(long, value_enum, default_value = "drop")]
+    pub cold_cache: crate::experiment::cache::ColdCache,
+    /// Iterations per process counted in each configuration.
+    #[arg(long, default_value_t = 20)]
+    pub iters: u32,
+    /// Iterations per process left out at the start of each configuration.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+    /// Only these configurations (comma-separated: R0, R1, R1n, R2, R3).
+    #[arg(long, value_delimiter = ',')]
+    pub configs: Option<Vec<String>>,
+    /// Where to write the result (default: stallscope-experiment-<time>.stallscope); each
+    /// configuration's profile goes beside it as NAME.R0.stallscope, ….
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Also write the result as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Sampling rate of the fast sources, Hz.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// No live status line.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The training command and its arguments (started once per process, without a launcher).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// Processes per node.
+    #[arg(long, default_value_t = 1)]
+    pub nproc_per_node: u32,
+    /// Nodes (comma-separated names, given to --node-launch as {node}); default: this one.
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// Command prefix that runs a process on a node (see `stallscope experiment --help`).
+    #[arg(long, value_name = "TEMPLATE", default_value = "")]
+    pub node_launch: String,
+    /// Address of the first node (MASTER_ADDR); default 127.0.0.1 on one node.
+    #[arg(long)]
+    pub master_addr: Option<String>,
+    /// Rendezvous port (MASTER_PORT); default: a free port.
+    #[arg(long)]
+    pub master_port: Option<u16>,
+    /// The command each process runs.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<String>,
 }

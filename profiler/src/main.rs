@@ -2,6 +2,8 @@
 
 mod child;
 mod cli;
+mod experiment;
+mod launch;
 mod python_env;
 mod recorder;
 mod run;
@@ -15,6 +17,8 @@ fn main() {
     let result = match cli.command {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Summary(args) => summary_cmd::summary(args),
+        cli::Command::Experiment(args) => experiment::experiment(args),
+        cli::Command::Launch(args) => launch::launch(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -15,6 +15,10 @@ const PACKAGE: &[(&str, &str)] = &[
         "stallscope/_torch_hook.py",
         include_str!("../python/stallscope/_torch_hook.py"),
     ),
+    (
+        "stallscope/_experiment.py",
+        include_str!("../python/stallscope/_experiment.py"),
+    ),
 ];
 const SITECUSTOMIZE: &str = include_str!("../python/sitecustomize.py");
 
@@ -47,4 +51,24 @@ pub fn install(dir: &Path, auto: bool) -> std::io::Result<String> {
         }
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_module_of_the_package_is_embedded() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/stallscope");
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            if name.ends_with(".py") {
+                let rel = format!("stallscope/{name}");
+                assert!(
+                    PACKAGE.iter().any(|(p, _)| *p == rel),
+                    "{rel} is not embedded in python_env.rs: the hook would fail to import it"
+                );
+            }
+        }
+    }
 }

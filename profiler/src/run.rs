@@ -126,6 +126,28 @@ fn run_dir() -> anyhow::Result<tempfile::TempDir> {
 /// Runs the command under stallscope and returns the exit code to leave with (unless the
 /// command died of a signal, in which case stallscope dies of the same signal).
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let recorded = record(&args, &[])?;
+    eprint!("{}", render_text(&recorded.summary));
+    if let Some(path) = &args.summary_json {
+        write_json(path, &recorded.summary)?;
+    }
+    exit_like(&recorded.status)
+}
+
+/// A command run under stallscope.
+pub struct Recorded {
+    /// How the command ended.
+    pub status: std::process::ExitStatus,
+    /// The run's summary, as printed at the end of `stallscope run`.
+    pub summary: stallscope_analysis::summary::Summary,
+    /// Where the profile was written.
+    pub profile: PathBuf,
+}
+
+/// Runs the command under stallscope with `extra_env` added to its environment, writes the
+/// profile and returns the summary; prints nothing but the live status.
+pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<Recorded> {
+    let cpu_before = own_cpu_seconds();
     if !(args.rate > 0.0 && args.rate <= 10_000.0) {
         bail!("--rate must be between 0 and 10000 Hz, not {}", args.rate);
     }
@@ -169,6 +191,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     if args.no_auto {
         command.env("STALLSCOPE_AUTO", "0");
     }
+    command.envs(extra_env.iter().map(|(k, v)| (k, v)));
     if regex.is_some() {
         command.stdout(Stdio::piped());
         // Python buffers a piped stdout; lines must arrive when printed to time iterations.
@@ -202,7 +225,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
 
     let recorder = Recorder::new(
         writer,
-        header(&args),
+        header(args),
         StatusMode::for_stderr(args.quiet),
         args.iter_regex.is_some(),
     );
@@ -232,13 +255,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         .join()
         .map_err(|_| anyhow::anyhow!("the recorder thread panicked"))?;
     summary.profile = Some(profile_path.display().to_string());
-    summary.profiler_cpu_seconds = Some(own_cpu_seconds());
-    eprint!("{}", render_text(&summary));
-    if let Some(path) = &args.summary_json {
-        write_json(path, &summary)?;
-    }
+    summary.profiler_cpu_seconds = Some(own_cpu_seconds() - cpu_before);
     drop(dir);
-    exit_like(&status)
+    Ok(Recorded {
+        status,
+        summary,
+        profile: profile_path,
+    })
 }
 
 /// CPU time used by this process, all threads, s.

@@ -1,7 +1,9 @@
 //! `stallscope summary PROFILE`: replays a profile through the same timeline and attribution
-//! the live run used, and prints the same summary (or its JSON).
+//! the live run used, and prints the same summary (or its JSON). For the result of
+//! `stallscope experiment` it prints the stalls by difference instead.
 
 use anyhow::Context;
+use stallscope_analysis::frame::Frame;
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::summary::{render_text, summarize};
 use stallscope_collector::profile::read_profile;
@@ -18,6 +20,17 @@ pub fn summary(args: SummaryArgs) -> anyhow::Result<i32> {
             args.profile.display(),
             issue.describe()
         );
+    }
+    if let Some(report) = read.frames.iter().find_map(|f| match f {
+        Frame::Experiment(r) => Some(r),
+        _ => None,
+    }) {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(report)?);
+        } else {
+            print!("{}", stallscope_analysis::experiment::render_text(report));
+        }
+        return Ok(0);
     }
     let mut job = JobTimeline::default();
     for frame in &read.frames {

@@ -258,9 +258,10 @@ fn every_variant() -> Vec<Frame> {
             markers_dropped: 2,
             markers_rejected: 1,
         }),
+        Frame::Experiment(Box::new(sample_experiment())),
     ];
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 9];
+    let mut seen = [false; 10];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -272,9 +273,43 @@ fn every_variant() -> Vec<Frame> {
             Frame::Breakdown(_) => 6,
             Frame::Source(_) => 7,
             Frame::End(_) => 8,
+            Frame::Experiment(_) => 9,
         };
         seen[i] = true;
     }
     assert!(seen.iter().all(|s| *s));
     frames
+}
+
+#[cfg(test)]
+fn sample_experiment() -> stallscope_analysis::experiment::ExperimentReport {
+    use stallscope_analysis::experiment::*;
+    let runs: Vec<ConfigRun> = [(Config::Single, 0.1), (Config::Warm, 0.3)]
+        .into_iter()
+        .map(|(config, t)| ConfigRun {
+            config,
+            processes: 1,
+            nodes: 1,
+            iteration_seconds: vec![t, t + 0.01],
+            timing: Timing::of(&[t, t + 0.01]),
+            exit_code: 0,
+            profile: format!("job.{}.stallscope", config.label()),
+            online: None,
+        })
+        .collect();
+    ExperimentReport {
+        schema: SCHEMA.into(),
+        command: vec!["python3".into(), "train.py".into()],
+        iterations: 2,
+        warmup_iterations: 1,
+        differential: differential(&runs),
+        agreement: vec![],
+        what_if: Some(WhatIf::tabulate(WhatIfInputs {
+            samples_per_iteration: 16.0,
+            compute_samples_per_s: 160.0,
+            cpus: 2,
+            ..Default::default()
+        })),
+        runs,
+    }
 }

@@ -25,6 +25,7 @@ import time
 import weakref
 
 import stallscope
+from stallscope import _experiment
 
 _monotonic_ns = time.monotonic_ns
 _installed = False
@@ -108,6 +109,10 @@ def _patch_dataloader(torch):
         @functools.wraps(loader_iter)
         def __iter__(self):
             with data:
+                if _experiment.synthetic:
+                    replay = _experiment.replay(self, loader_iter, torch)
+                    if replay is not None:
+                        return replay
                 return loader_iter(self)
 
         loader_cls.__iter__ = _mark(__iter__)
@@ -136,14 +141,24 @@ def _patch_dataloader(torch):
 def _loader_meta(loader):
     """Sends the loader's configuration, once per distinct configuration."""
     try:
+        try:
+            samples = len(loader.dataset)
+        except Exception:
+            samples = None
         config = (
             int(getattr(loader, "num_workers", 0) or 0),
             getattr(loader, "batch_size", None),
             int(bool(getattr(loader, "pin_memory", False))),
+            samples,
         )
         if config not in _loader_configs:
             _loader_configs.add(config)
-            stallscope.meta(workers=config[0], batch_size=config[1], pin_memory=config[2])
+            stallscope.meta(
+                workers=config[0],
+                batch_size=config[1],
+                pin_memory=config[2],
+                dataset_samples=samples,
+            )
     except Exception:
         pass
 
@@ -215,6 +230,7 @@ def _wrap_step(cls):
         finally:
             _step_guard.active = False
         stallscope.step()
+        _experiment.after_step()
         return result
 
     cls.step = _mark(wrapper)

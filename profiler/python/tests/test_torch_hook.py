@@ -92,6 +92,27 @@ USER_HOOK = """
 """
 
 
+EXPERIMENT = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+
+    dist.init_process_group("gloo")
+    x = torch.arange(64, dtype=torch.float32).reshape(32, 2)
+    data = TensorDataset(x, torch.zeros(32, dtype=torch.long))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(3):
+        for i, (x, y) in enumerate(DataLoader(data, batch_size=4, num_workers=1)):
+            print("batch", epoch, i, float(x.sum()), flush=True)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    print("finished", flush=True)
+"""
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -192,8 +213,9 @@ class TorchHookTest(unittest.TestCase):
         self.assertTrue(metas[0]["framework"].startswith("torch-"))
         self.assertEqual(metas[0]["role"], "trainer")
         self.assertIn({"world_size": "1", "backend": "gloo", "local_rank": "0"}, metas)
-        self.assertIn({"workers": "0", "batch_size": "8", "pin_memory": "0"}, metas)
-        self.assertIn({"workers": "2", "batch_size": "8", "pin_memory": "0"}, metas)
+        loader_meta = {"batch_size": "8", "pin_memory": "0", "dataset_samples": "40"}
+        self.assertIn({"workers": "0", **loader_meta}, metas)
+        self.assertIn({"workers": "2", **loader_meta}, metas)
 
         loaders = [m for m in markers if m.pid != main_pid]
         self.assertEqual(len({m.pid for m in loaders}), 2)
@@ -214,6 +236,25 @@ class TorchHookTest(unittest.TestCase):
         # A spawned loader worker imports torch afresh and is instrumented too.
         loader = [m for m in markers if m.event == "M" and m.fields.get("role") == "loader"]
         self.assertEqual([m.fields["parent"] for m in loader], [str(steps[0].pid)])
+
+    def batches(self, stdout):
+        return [line.split()[1:] for line in stdout.splitlines() if line.startswith("batch ")]
+
+    def test_synthetic_data_replays_the_first_batch_up_to_the_iteration_limit(self):
+        env = {"STALLSCOPE_SYNTHETIC": "1", "STALLSCOPE_MAX_ITERS": "10"}
+        stdout, _, markers = self.run_script(EXPERIMENT, extra_env=env)
+        batches = self.batches(stdout)
+        # 8 batches per epoch as the real loader has, the first batch each time, 10 in all.
+        self.assertEqual([b[:2] for b in batches], [["0", str(i)] for i in range(8)] + [["1", "0"], ["1", "1"]])
+        self.assertEqual({b[2] for b in batches}, {"28.0"})
+        self.assertNotIn("finished", stdout)
+        self.assertEqual(len([m for m in markers if m.event == "S"]), 10)
+
+    def test_the_iteration_limit_alone_keeps_the_real_data(self):
+        stdout, _, _ = self.run_script(EXPERIMENT, extra_env={"STALLSCOPE_MAX_ITERS": "5"})
+        sums = [b[2] for b in self.batches(stdout)]
+        self.assertEqual(sums, ["28.0", "92.0", "156.0", "220.0", "284.0"])
+        self.assertNotIn("finished", stdout)
 
     def test_behaviour_without_stallscope_is_the_same(self):
         stdout, _, markers = self.run_script(USER_HOOK, marked=False)

@@ -1,0 +1,103 @@
+//! What one configuration's profile says that the experiment needs: the wall time of each
+//! iteration, and the inputs of the what-if model (batch, loader CPU, dataset size).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::frame::{Frame, Role};
+use crate::marker::MarkerEvent;
+use crate::secs;
+use crate::series::names;
+
+/// Facts of one run, read from its frames.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunFacts {
+    /// s, per counted iteration index (warm-up left out), the mean wall time over ranks.
+    pub iteration_seconds: Vec<f64>,
+    /// Ranks that completed iterations.
+    pub ranks: u32,
+    /// Iterations each rank completed, warm-up included (the largest over ranks).
+    pub iterations_total: u64,
+    /// Per-process batch size, as the hook reported it.
+    pub batch_size: Option<u64>,
+    /// DataLoader workers per process, as the hook reported it.
+    pub workers: Option<u32>,
+    /// Samples in the dataset (`len(dataset)`), as the hook reported it.
+    pub dataset_samples: Option<u64>,
+    /// CPU seconds used by all data-loader worker processes over their lives, when any ran.
+    pub loader_cpu_seconds: Option<f64>,
+    /// Logical CPUs of the node.
+    pub cpus: u32,
+}
+
+impl RunFacts {
+    /// Batches the loaders prepared per rank: the iterations plus what they had prefetched
+    /// when the run ended (PyTorch's default `prefetch_factor` of 2 per worker).
+    pub fn batches_prepared_per_rank(&self) -> u64 {
+        self.iterations_total + 2 * self.workers.unwrap_or(0) as u64
+    }
+}
+
+/// Reads the facts from a run's frames; iterations below `warmup` are left out of the times.
+pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
+    let mut facts = RunFacts::default();
+    let mut walls: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    let mut ranks: HashSet<u32> = HashSet::new();
+    let mut loaders: HashSet<u32> = HashSet::new();
+    let mut cpu_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
+    let mut cpu_max: HashMap<u32, u64> = HashMap::new(); // pid → ns
+    for frame in frames {
+        match frame {
+            Frame::Header(h) => facts.cpus = h.cpus,
+            Frame::Breakdown(b) => {
+                ranks.insert(b.rank);
+                facts.iterations_total = facts.iterations_total.max(b.iter + 1);
+                if b.iter >= warmup as u64 {
+                    walls.entry(b.iter).or_default().push(secs(b.wall_ns()));
+                }
+            }
+            Frame::Process(p) if p.role == Role::Loader => {
+                loaders.insert(p.pid);
+            }
+            Frame::Series(d) if d.name == names::PROC_ALL_CPU_NS => {
+                if let Some(pid) = d.label("pid").and_then(|p| p.parse().ok()) {
+                    cpu_series.insert(d.id.0, pid);
+                }
+            }
+            Frame::Samples(batch) => {
+                for (id, v) in &batch.values {
+                    if let Some(pid) = cpu_series.get(&id.0) {
+                        let max = cpu_max.entry(*pid).or_default();
+                        *max = (*max).max(*v);
+                    }
+                }
+            }
+            Frame::Markers(markers) => {
+                for m in markers {
+                    if let MarkerEvent::Meta(kv) = &m.event {
+                        for (k, v) in kv {
+                            match k.as_str() {
+                                "batch_size" => facts.batch_size = v.parse().ok(),
+                                "workers" => facts.workers = v.parse().ok(),
+                                "dataset_samples" => facts.dataset_samples = v.parse().ok(),
+                                _ => {}
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    facts.ranks = ranks.len() as u32;
+    facts.iteration_seconds = walls
+        .values()
+        .map(|w| w.iter().sum::<f64>() / w.len() as f64)
+        .collect();
+    if !loaders.is_empty() {
+        let ns: u64 = loaders.iter().filter_map(|pid| cpu_max.get(pid)).sum();
+        if ns > 0 {
+            facts.loader_cpu_seconds = Some(secs(ns));
+        }
+    }
+    facts
+}

@@ -1,0 +1,88 @@
+//! `stallscope experiment` end to end: two configurations of the real example, the stall by
+//! difference, and the result read back by `stallscope summary`.
+
+mod common;
+
+use common::*;
+
+/// One process that prepares its data in the loop (no workers) with 40 ms of CPU per sample:
+/// the warm real-data run (R3) is slower than the synthetic one (R0) by the preparation,
+/// which the experiment reports as data_prep, as the online breakdown does.
+#[test]
+fn a_prep_bound_training_shows_prep_by_difference() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("e.json");
+    let profile = dir.path().join("e.stallscope");
+    let out = run_ok(
+        stallscope()
+            .args(["experiment", "-q", "--configs", "R0,R3", "--iters", "4"])
+            .args(["--warmup", "1", "-o"])
+            .arg(&profile)
+            .arg("--json")
+            .arg(&json)
+            .args(["--", &python(), &example()])
+            .args(["--workers", "0", "--batch", "4", "--images", "64"])
+            .args(["--data-delay-ms", "40", "--iters", "100"])
+            .args(["--data-dir", &data_dir()]),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The hook ended each run in its 1 + 4th optimizer step, not after the example's 100
+    // (rank 0 prints after each step: 4 lines per run).
+    let printed = stdout.lines().filter(|l| l.starts_with("iter ")).count();
+    assert_eq!(printed, 2 * 4, "{stdout}");
+    assert!(
+        stdout.contains("Stalls by difference"),
+        "{stdout}\n{stderr}"
+    );
+
+    let e = read_json(&json);
+    assert_eq!(e["schema"], "stallscope.experiment/1");
+    let runs = e["runs"].as_array().unwrap();
+    let labels: Vec<&str> = runs.iter().map(|r| r["config"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["Single", "Warm"], "{e:#}");
+    for r in runs {
+        assert_eq!(r["exit_code"], 0, "{e:#}");
+        assert_eq!(r["timing"]["iterations"], 4, "{e:#}");
+        assert!(std::path::Path::new(r["profile"].as_str().unwrap()).exists());
+    }
+    let diff = &e["differential"];
+    assert_eq!(diff["basis"], "Warm");
+    let prep = diff["data_prep"]["fraction"].as_f64().unwrap();
+    let compute = diff["compute"]["fraction"].as_f64().unwrap();
+    assert!(prep > 0.5, "prep by difference {prep}: {e:#}");
+    assert!((prep + compute - 1.0).abs() < 1e-6, "{e:#}");
+    assert!(diff["data_fetch"].is_null() && diff["interconnect"].is_null());
+    let online_prep = e["agreement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["category"] == "data_prep")
+        .unwrap()["online"]
+        .as_f64()
+        .unwrap();
+    assert!(online_prep > 0.5, "online data_prep {online_prep}: {e:#}");
+
+    // The result is a profile `stallscope summary` prints again, text and JSON.
+    let again = run_ok(stallscope().arg("summary").arg(&profile));
+    let text = String::from_utf8_lossy(&again.stdout);
+    assert!(text.contains("T(R3) - T(R0)"), "{text}");
+    let again = run_ok(stallscope().args(["summary", "--json"]).arg(&profile));
+    let replayed: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(replayed["differential"], e["differential"]);
+}
+
+/// A configuration that cannot run is refused before anything starts.
+#[test]
+fn a_cold_cache_run_without_a_dataset_is_refused() {
+    let out = stallscope()
+        .args(["experiment", "--configs", "R2", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("needs --dataset-dir"), "{stderr}");
+}
