@@ -44,7 +44,8 @@ pub struct Categories {
 }
 
 impl Categories {
-    fn from_split(split: &Split) -> Categories {
+    /// Seconds and fractions of a split.
+    pub fn from_split(split: &Split) -> Categories {
         let total = split.total();
         let share = |c: Category| Share {
             seconds: secs(split.get(c)),

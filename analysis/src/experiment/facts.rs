@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::category::{Category, Split};
 use crate::frame::{Frame, Role};
 use crate::marker::MarkerEvent;
 use crate::secs;
@@ -27,6 +28,12 @@ pub struct RunFacts {
     pub loader_cpu_seconds: Option<f64>,
     /// Logical CPUs of the node.
     pub cpus: u32,
+    /// The job's critical path: for each counted iteration, the breakdown of the rank that
+    /// waited least for its peers (the one the others waited for), summed. This is what the
+    /// job's iteration time is made of, so it is what a difference of iteration times
+    /// measures: a data stall on one rank shows here as that stall, not as the other ranks'
+    /// `peer_wait`.
+    pub critical_path: Split,
 }
 
 impl RunFacts {
@@ -41,6 +48,7 @@ impl RunFacts {
 pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
     let mut facts = RunFacts::default();
     let mut walls: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    let mut critical: BTreeMap<u64, Split> = BTreeMap::new();
     let mut ranks: HashSet<u32> = HashSet::new();
     let mut loaders: HashSet<u32> = HashSet::new();
     let mut cpu_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
@@ -53,6 +61,14 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
                 facts.iterations_total = facts.iterations_total.max(b.iter + 1);
                 if b.iter >= warmup as u64 {
                     walls.entry(b.iter).or_default().push(secs(b.wall_ns()));
+                    let waited = |s: &Split| s.get(Category::PeerWait);
+                    match critical.get_mut(&b.iter) {
+                        Some(c) if waited(c) <= waited(&b.split) => {}
+                        Some(c) => *c = b.split,
+                        None => {
+                            critical.insert(b.iter, b.split);
+                        }
+                    }
                 }
             }
             Frame::Process(p) if p.role == Role::Loader => {
@@ -89,6 +105,9 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
         }
     }
     facts.ranks = ranks.len() as u32;
+    for split in critical.values() {
+        facts.critical_path.add_split(split);
+    }
     facts.iteration_seconds = walls
         .values()
         .map(|w| w.iter().sum::<f64>() / w.len() as f64)

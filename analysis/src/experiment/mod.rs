@@ -146,7 +146,8 @@ pub struct ConfigRun {
     pub exit_code: i32,
     /// The run's own profile.
     pub profile: String,
-    /// The online breakdown of this run (job level), when iterations were attributed.
+    /// The online breakdown of this run along the job's critical path (see
+    /// [`RunFacts::critical_path`]), when iterations were attributed.
     pub online: Option<Categories>,
 }
 
@@ -302,7 +303,8 @@ pub struct ExperimentReport {
     pub runs: Vec<ConfigRun>,
     /// The stalls by difference.
     pub differential: Differential,
-    /// The online breakdown of the real-data run the fractions are of, next to the differential.
+    /// The online breakdown (critical path) of the run the fractions are of, next to the
+    /// differential.
     pub agreement: Vec<Agreement>,
     /// DS-Analyzer's what-if model, when its inputs were measured.
     pub what_if: Option<WhatIf>,

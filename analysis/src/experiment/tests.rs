@@ -275,3 +275,38 @@ fn the_text_names_each_stall_and_what_was_not_measured() {
         .lines()
         .any(|l| l.contains("network") && l.contains("not measured")));
 }
+
+#[test]
+fn the_critical_path_takes_the_rank_the_others_waited_for() {
+    let mk = |rank: u32, iter: u64, parts: &[(Category, u64)]| {
+        let mut split = Split::default();
+        for (c, ms) in parts {
+            split.add(*c, ms * 1_000_000);
+        }
+        Frame::Breakdown(IterationBreakdown {
+            rank,
+            pid: rank,
+            iter,
+            start_ns: 0,
+            end_ns: split.total(),
+            split,
+            evidence: vec![],
+            coverage: Coverage::default(),
+        })
+    };
+    use Category::*;
+    let frames = vec![
+        // rank 1 fetches for 60 ms while rank 0 waits for it
+        mk(0, 0, &[(Compute, 40), (PeerWait, 60)]),
+        mk(1, 0, &[(Compute, 40), (DataFetch, 60)]),
+        // next iteration rank 0 is the slow one
+        mk(0, 1, &[(Compute, 40), (DataPrep, 30)]),
+        mk(1, 1, &[(Compute, 40), (PeerWait, 30)]),
+    ];
+    let f = run_facts(&frames, 0);
+    let c = Categories::from_split(&f.critical_path);
+    assert!(close(c.data_fetch.seconds, 0.06));
+    assert!(close(c.data_prep.seconds, 0.03));
+    assert!(close(c.compute.seconds, 0.08));
+    assert!(close(c.peer_wait.seconds, 0.0));
+}

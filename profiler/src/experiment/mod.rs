@@ -17,6 +17,7 @@ use stallscope_analysis::experiment::{
     Timing, WhatIf, WhatIfInputs, SCHEMA,
 };
 use stallscope_analysis::frame::{Frame, RunEnd, RunHeader};
+use stallscope_analysis::summary::Categories;
 use stallscope_collector::profile::{read_profile, ProfileWriter};
 
 use crate::child::exit_code;
@@ -349,8 +350,7 @@ pub fn experiment(args: ExperimentArgs) -> anyhow::Result<i32> {
             timing,
             exit_code: code,
             profile: recorded.profile.display().to_string(),
-            online: (recorded.summary.job.iterations > 0)
-                .then_some(recorded.summary.job.categories),
+            online: (f.critical_path.total() > 0).then(|| Categories::from_split(&f.critical_path)),
         });
         facts.push((config, f));
         if interrupted(code) {

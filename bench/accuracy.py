@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Accuracy of the online breakdown against the differential ground truth.
+
+Runs a matrix of real PyTorch DDP scenarios (examples/pytorch_ddp/train.py) with
+`stallscope experiment`, which runs each configuration under `stallscope run`: the online
+breakdown of the real-data run is held against the stalls measured by difference. For each
+scenario and category it prints the online share, the differential share and the absolute
+difference in percentage points, as a Markdown table (docs/BENCHMARKS.md holds the last one).
+
+    sudo python3 bench/accuracy.py [--python /usr/bin/python3] [--only prep,fetch,...]
+        [--iters 12] [--out DIR]
+
+Scenarios (CPU training, 2 processes):
+  prep     2 ranks, no loader workers, 25 ms of CPU per sample: preparation-bound
+  fetch    2 ranks, cold cache, dataset reads throttled by a blkio cgroup (read_bps_device)
+  network  2 nodes in network namespaces, 1 rank each, eth0 shaped by tbf
+  mixed    2 nodes, shaped, and 12 ms of CPU per sample
+  balanced 2 ranks on one node, light preparation, nothing dominating
+Needs root (namespaces, cgroups); what needs root and is not available is skipped with a reason.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(REPO, "examples/pytorch_ddp/train.py")
+NETNS = os.path.join(REPO, "scripts/netns.sh")
+BLKIO = "/sys/fs/cgroup/blkio"
+CATEGORIES = ["compute", "data_fetch", "data_prep", "interconnect", "network", "peer_wait", "other"]
+
+
+def sh(*cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
+
+
+def block_device_of(path):
+    """MAJ:MIN of the whole disk holding ``path`` (blkio throttles whole devices)."""
+    dev = os.stat(path).st_dev
+    major, minor = os.major(dev), os.minor(dev)
+    sys_path = os.path.realpath("/sys/dev/block/{}:{}".format(major, minor))
+    if os.path.exists(os.path.join(sys_path, "partition")):
+        with open(os.path.join(os.path.dirname(sys_path), "dev")) as f:
+            return f.read().strip()
+    return "{}:{}".format(major, minor)
+
+
+class Throttle:
+    """A blkio cgroup limiting reads of the dataset's disk; the experiment runs inside it."""
+
+    def __init__(self, path, bytes_per_s):
+        self.dir = os.path.join(BLKIO, "stallscope-bench-{}".format(os.getpid()))
+        os.makedirs(self.dir, exist_ok=True)
+        with open(os.path.join(self.dir, "blkio.throttle.read_bps_device"), "w") as f:
+            f.write("{} {}\n".format(block_device_of(path), bytes_per_s))
+
+    def wrap(self, cmd):
+        # The shell joins the cgroup, then becomes the experiment: all its children inherit it.
+        procs = os.path.join(self.dir, "cgroup.procs")
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs] + cmd
+
+    def close(self):
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+class Cluster:
+    """Two nodes in network namespaces, eth0 shaped to ``rate``."""
+
+    def __init__(self, prefix, rate, net):
+        self.prefix = prefix
+        out = sh("bash", NETNS, "up", prefix, rate, "--net", str(net))
+        self.nodes = [line.split() for line in out.splitlines() if line.strip()]
+
+    def close(self):
+        subprocess.run(["bash", NETNS, "down", self.prefix], capture_output=True)
+
+
+def make_dataset(python, root, images, size):
+    code = (
+        "import sys; sys.argv=['train.py']; sys.path.insert(0, {!r}); import train; "
+        "print(train.ensure_dataset({!r}, {}, {}, 0))"
+    ).format(os.path.dirname(TRAIN), root, images, size)
+    return sh(python, "-c", code).strip()
+
+
+def experiment(args, name, stallscope, train_flags, nproc=2, dataset=None, cluster=None,
+               throttle=None, configs=None):
+    out_dir = os.path.join(args.out, name)
+    os.makedirs(out_dir, exist_ok=True)
+    result = os.path.join(out_dir, "result.json")
+    cmd = [stallscope, "experiment", "-q", "--nproc", str(nproc), "--iters", str(args.iters),
+           "--warmup", "3", "-o", os.path.join(out_dir, "e.stallscope"), "--json", result]
+    if configs:
+        cmd += ["--configs", configs]
+    if dataset:
+        cmd += ["--dataset-dir", dataset, "--cold-cache", "fadvise"]
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    if cluster:
+        (a, addr_a), (b, _) = cluster.nodes[:2]
+        cmd += ["--nodes", "{},{}".format(a, b), "--master-addr", addr_a,
+                "--node-launch", "ip netns exec {node} env GLOO_SOCKET_IFNAME=eth0"]
+    cmd += ["--", args.python, TRAIN, "--iters", "1000"] + train_flags
+    if cluster:
+        # stallscope runs on the first node: its NIC counters see the job's traffic.
+        cmd = ["ip", "netns", "exec", cluster.nodes[0][0]] + cmd
+    if throttle:
+        cmd = throttle.wrap(cmd)
+    print("## {}: {}".format(name, " ".join(cmd)), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    with open(os.path.join(out_dir, "stdout.txt"), "w") as f:
+        f.write(proc.stdout)
+    with open(os.path.join(out_dir, "stderr.txt"), "w") as f:
+        f.write(proc.stderr)
+    if proc.returncode != 0 or not os.path.exists(result):
+        print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+        raise RuntimeError("{}: experiment exited with {}".format(name, proc.returncode))
+    print(proc.stdout, file=sys.stderr, flush=True)
+    with open(result) as f:
+        return json.load(f)
+
+
+def table(results):
+    lines = [
+        "| scenario | category | online | differential | difference (points) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    summary = []
+    for name, e in results:
+        worst = 0.0
+        basis = e["differential"]["basis"]
+        for a in e["agreement"]:
+            d = a["differential"]
+            if d is None and a["online"] < 0.005:
+                continue
+            err = None if d is None else abs(a["online"] - d) * 100
+            if err is not None:
+                worst = max(worst, err)
+            lines.append("| {} ({}) | {} | {:.1f}% | {} | {} |".format(
+                name, basis, a["category"], a["online"] * 100,
+                "-" if d is None else "{:.1f}%".format(d * 100),
+                "-" if err is None else "{:.1f}".format(err)))
+        summary.append((name, worst))
+    lines.append("")
+    lines.append("| scenario | largest difference (points) |")
+    lines.append("|---|---:|")
+    for name, worst in summary:
+        lines.append("| {} | {:.1f} |".format(name, worst))
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--python", default="/usr/bin/python3")
+    ap.add_argument("--stallscope", default=os.path.join(REPO, "target/release/stallscope"))
+    ap.add_argument("--iters", type=int, default=12)
+    ap.add_argument("--only", default="prep,fetch,network,mixed,balanced")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--fetch-bps", type=int, default=400_000, help="blkio read limit, bytes/s")
+    ap.add_argument("--rate", default="100mbit", help="tbf rate of the network scenarios")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench/accuracy.py needs root (network namespaces, blkio cgroups)")
+    if args.stallscope == os.path.join(REPO, "target/release/stallscope"):
+        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "stallscope"],
+                       cwd=REPO, check=True)
+    args.out = args.out or tempfile.mkdtemp(prefix="stallscope-accuracy-")
+    data_root = os.path.join(args.out, "data")
+    wanted = args.only.split(",")
+    results = []
+    small = make_dataset(args.python, data_root, 512, 64)
+    common = ["--workers", "0", "--batch", "8", "--data-dir", data_root, "--images", "512"]
+    if "prep" in wanted:
+        results.append(("prep", experiment(args, "prep", args.stallscope,
+                                           common + ["--data-delay-ms", "25"], dataset=small)))
+    if "fetch" in wanted:
+        big = make_dataset(args.python, data_root, 2048, 64)
+        throttle = Throttle(big, args.fetch_bps)
+        try:
+            flags = ["--workers", "0", "--batch", "8", "--data-dir", data_root, "--images", "2048"]
+            results.append(("fetch", experiment(args, "fetch", args.stallscope, flags,
+                                                dataset=big, throttle=throttle)))
+        finally:
+            throttle.close()
+    for name, delay in (("network", "0"), ("mixed", "12")):
+        if name not in wanted:
+            continue
+        cluster = Cluster("ssacc", args.rate, 91)
+        try:
+            flags = common + ["--width", "32", "--data-delay-ms", delay]
+            results.append((name, experiment(args, name, args.stallscope, flags, dataset=small,
+                                             cluster=cluster)))
+        finally:
+            cluster.close()
+    if "balanced" in wanted:
+        results.append(("balanced", experiment(args, "balanced", args.stallscope,
+                                               common + ["--data-delay-ms", "4"], dataset=small)))
+    print(table(results))
+    print("\n(results and profiles in {})".format(args.out))
+    if not args.out.startswith(REPO):
+        shutil.rmtree(data_root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
