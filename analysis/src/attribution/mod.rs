@@ -42,6 +42,17 @@ pub enum Basis {
     CounterLoader,
     /// Nothing seen explains it.
     Unexplained,
+    /// The rank's GPU ran kernels (no marker, or while the loop waited for data: the wait
+    /// cost nothing while the GPU still worked through queued work).
+    GpuBusy,
+    /// `comm` marker after every rank had arrived, bytes on the rank's GPU's NVLinks or on its
+    /// PCIe link beyond what the NICs carried.
+    CommGpuLinkBytes,
+    /// No marker: the rank and its GPU idle while the GPU's NVLink/PCIe bytes flowed.
+    CounterGpuLink,
+    /// Host-to-device copy: PCIe bytes into the GPU while the loop waited for data or was in
+    /// `h2d`, for their estimated transfer time.
+    H2dPcieBytes,
 }
 
 /// How much of one category one rule decided.
@@ -94,7 +105,7 @@ impl IterationBreakdown {
 
 mod iteration;
 
-pub use iteration::{attribute, IterationInput, Links, RankSeries, ThreadSeries};
+pub use iteration::{attribute, GpuSeries, IterationInput, Links, RankSeries, ThreadSeries};
 
 #[cfg(test)]
 mod tests;
