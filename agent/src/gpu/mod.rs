@@ -279,3 +279,40 @@ impl Source for GpuSlowSource {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+
+    use super::fake::{Activity, ScriptedGpu};
+    use super::*;
+    use crate::sources::fake::Round;
+
+    #[test]
+    fn an_unsupported_reading_is_absent_not_zero() {
+        let clock = Arc::new(AtomicU64::new(0));
+        let mut gpu = ScriptedGpu::h100_node(2, clock.clone());
+        gpu.unsupported(1, Metric::NvlinkTx, "no NVLink on this device");
+        gpu.unsupported(1, Metric::NvlinkRx, "no NVLink on this device");
+        gpu.set(0, 0, Activity::h100_allreduce_nvlink());
+        let (mut fast, mut slow) = sources(Box::new(gpu));
+        let mut reg = Registry::default();
+        let watched = Watched::default();
+        clock.store(20_000_000, std::sync::atomic::Ordering::Relaxed);
+        fast.sample(&watched, &mut reg).unwrap();
+        slow.sample(&watched, &mut reg).unwrap();
+        let round = Round::take(&mut reg);
+        let nvlink0 = round.get(names::GPU_NVLINK_TX_BYTES, (LABEL_GPU, "0"));
+        assert!(nvlink0.is_some_and(|v| v > 0));
+        assert_eq!(
+            round.get(names::GPU_NVLINK_TX_BYTES, (LABEL_GPU, "1")),
+            None
+        );
+        assert_eq!(
+            round.get(names::GPU_POWER_MW, (LABEL_GPU, "1")),
+            Some(145_000)
+        );
+        assert!(round.get(names::GPU_UTIL_PCT, (LABEL_GPU, "0")).is_some());
+        assert!(fast.describe().contains("2 GPU(s)"), "{}", fast.describe());
+    }
+}

@@ -329,6 +329,14 @@ fn attribute_comm(
     let gpu_local = gpu.map_or(0.0, |g| {
         gpu_transfer_weight(store, links, g, transfer_from, b)
     });
+    // With GPU evidence, a NIC that only trickled (ssh, metrics) while the GPU's own links
+    // moved the collective did not hold it up; its bytes over its low peak would weigh as
+    // much as the real transfer.
+    let nic = if gpu_local > 0.0 && quiet(store, &links.nic, (transfer_from, b)) {
+        0.0
+    } else {
+        nic
+    };
     parts.apportion(
         b - transfer_from,
         &[
@@ -340,6 +348,11 @@ fn attribute_comm(
     );
 }
 
+/// Whether the links `ids` moved less than [`QUIET_LINK_BYTES_PER_S`] over `[a, b]`.
+fn quiet(store: &SeriesStore, ids: &[SeriesId], (a, b): (Nanos, Nanos)) -> bool {
+    link_bytes(store, ids, a, b) / ((b - a) as f64 / 1e9) <= QUIET_LINK_BYTES_PER_S
+}
+
 fn attribute_data(
     parts: &mut Parts,
     store: &SeriesStore,
@@ -348,12 +361,11 @@ fn attribute_data(
     (a, b): (Nanos, Nanos),
 ) {
     let mut waited = b - a;
+    // The loop waited: a data stall even if the GPU still drained queued kernels (NVML's
+    // utilisation averages over 1/6 s or more, too coarse to carve this span up). Only the
+    // host-to-device copy inside it is told apart.
     if let Some(gpu) = &rank.gpu {
-        // While the GPU still works through queued kernels, waiting for data costs nothing.
-        let busy = gpu_busy(store, gpu, a, b).map_or(0, |f| (f * waited as f64) as u64);
-        parts.put(Category::Compute, Basis::GpuBusy, busy);
-        waited -= busy;
-        let copy = h2d_ns(store, links, gpu, a, b).min(waited);
+        let copy = h2d_ns(store, links, gpu, a, b);
         parts.put(Category::Interconnect, Basis::H2dPcieBytes, copy);
         waited -= copy;
     }

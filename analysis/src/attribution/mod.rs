@@ -42,8 +42,7 @@ pub enum Basis {
     CounterLoader,
     /// Nothing seen explains it.
     Unexplained,
-    /// The rank's GPU ran kernels (no marker, or while the loop waited for data: the wait
-    /// cost nothing while the GPU still worked through queued work).
+    /// No marker: the rank's GPU ran kernels while its CPU thread did not.
     GpuBusy,
     /// `comm` marker after every rank had arrived, bytes on the rank's GPU's NVLinks or on its
     /// PCIe link beyond what the NICs carried.
