@@ -2,6 +2,8 @@
 
 mod child;
 mod cli;
+mod doctor;
+mod nvml_bench;
 mod python_env;
 mod recorder;
 mod run;
@@ -15,6 +17,8 @@ fn main() {
     let result = match cli.command {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Summary(args) => summary_cmd::summary(args),
+        cli::Command::Doctor(args) => doctor::doctor(args),
+        cli::Command::NvmlBench(args) => nvml_bench::nvml_bench(args),
     };
     match result {
         Ok(code) => std::process::exit(code),
