@@ -190,7 +190,7 @@ impl JobTimeline {
             return d.label(LABEL_GPU).map(str::to_string);
         }
         if let Some(device) = get("cuda_device").and_then(|d| d.parse::<usize>().ok()) {
-            let visible = get("cuda_visible").map(|v| v.split(',').nth(device));
+            let visible = get("cuda_visible").map(|v| v.split(':').nth(device));
             match visible {
                 Some(Some(entry)) if entry.starts_with("GPU-") => return by_uuid(entry),
                 Some(Some(entry)) => return exists(entry.trim()),

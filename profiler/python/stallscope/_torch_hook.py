@@ -25,6 +25,7 @@ import time
 import weakref
 
 import stallscope
+from stallscope import _cuda_timing
 
 _monotonic_ns = time.monotonic_ns
 _installed = False
@@ -214,7 +215,9 @@ def _wrap_step(cls):
             result = step(*args, **kwargs)
         finally:
             _step_guard.active = False
+        iteration = stallscope._iter
         stallscope.step()
+        _cuda_timing.on_step(iteration)
         return result
 
     cls.step = _mark(wrapper)
@@ -241,6 +244,7 @@ class _Relay:
 def _relay_hook(state, bucket):
     global _last_bucket_ns
     _last_bucket_ns = _monotonic_ns()
+    _cuda_timing.on_bucket()
     return state.hook(state.state, bucket)
 
 
@@ -368,6 +372,7 @@ def _patch_backward(torch):
             if ready >= start:
                 stallscope.begin("comm", ready)
                 stallscope.end("comm")
+                _cuda_timing.on_backward_end()
 
     autograd.backward = _mark(wrapper)
 
