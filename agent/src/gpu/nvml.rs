@@ -126,7 +126,9 @@ fn field_u64(f: &sys::nvmlFieldValue_t) -> Option<u64> {
                 (d.is_finite() && d >= 0.0).then_some(d as u64)
             }
             sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT => Some(u64::from(f.value.uiVal)),
-            sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG => Some(f.value.ulVal as u64),
+            // c_ulong is u64 on 64-bit Linux but u32 elsewhere: the conversion is not useless.
+            #[allow(clippy::useless_conversion)]
+            sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG => Some(u64::from(f.value.ulVal)),
             sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG => Some(f.value.ullVal),
             sys::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG => {
                 u64::try_from(f.value.sllVal).ok()
