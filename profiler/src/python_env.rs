@@ -15,6 +15,10 @@ const PACKAGE: &[(&str, &str)] = &[
         "stallscope/_torch_hook.py",
         include_str!("../python/stallscope/_torch_hook.py"),
     ),
+    (
+        "stallscope/_cuda_timing.py",
+        include_str!("../python/stallscope/_cuda_timing.py"),
+    ),
 ];
 const SITECUSTOMIZE: &str = include_str!("../python/sitecustomize.py");
 
