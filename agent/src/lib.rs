@@ -6,6 +6,7 @@
 //! What they produce is handed on as [`stallscope_analysis::frame::Frame`]s.
 
 pub mod clock;
+pub mod gpu;
 pub mod markers;
 pub mod proctree;
 pub mod sampler;

@@ -13,7 +13,7 @@
 //! them, and allocates only the batch it sends.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -49,6 +49,27 @@ pub struct SamplerConfig {
     pub slow_interval: Duration,
     /// Between two process discoveries. Default 1 s.
     pub discovery_interval: Duration,
+    /// The job's pids: published here after each discovery, or, with
+    /// [`Pids::Follow`], taken from here instead of scanning /proc (the GPU thread follows the
+    /// CPU sampler's discovery and reports no processes itself).
+    pub pids: Pids,
+    /// The thread's name.
+    pub thread_name: String,
+}
+
+/// The job's pids as last discovered, shared between samplers.
+pub type SharedPids = Arc<Mutex<Vec<u32>>>;
+
+/// Where a sampler gets the job's pids.
+#[derive(Clone, Debug, Default)]
+pub enum Pids {
+    /// Discovers them itself and reports them.
+    #[default]
+    Discover,
+    /// Discovers them, reports them, and publishes them for followers.
+    DiscoverAndPublish(SharedPids),
+    /// Takes them from another sampler's discovery; reports none.
+    Follow(SharedPids),
 }
 
 impl SamplerConfig {
@@ -60,6 +81,8 @@ impl SamplerConfig {
             root_pid,
             slow_interval: Duration::from_millis(100),
             discovery_interval: Duration::from_secs(1),
+            pids: Pids::Discover,
+            thread_name: "stallscope-sampler".into(),
         }
     }
 }
@@ -165,7 +188,7 @@ fn spawn_with_retry(
         config,
     };
     let thread = thread::Builder::new()
-        .name("stallscope-sampler".into())
+        .name(sampler.config.thread_name.clone())
         .spawn(move || sampler.run(stopped))
         .expect("the OS refused to start the sampler thread");
     SamplerHandle {
@@ -294,6 +317,12 @@ impl Sampler {
 
     /// Finds the job's processes, hands them to the sources, and reports them.
     fn discover(&mut self) -> Result<(), Stopped> {
+        if let Pids::Follow(shared) = &self.config.pids {
+            if let Ok(pids) = shared.lock() {
+                self.watched.pids.clone_from(&pids);
+            }
+            return Ok(());
+        }
         let t_ns = monotonic_ns();
         let live = match self.discovery.refresh() {
             Ok(live) => live,
@@ -332,6 +361,11 @@ impl Sampler {
             .collect();
         self.watched.pids.clear();
         self.watched.pids.extend(live.iter().map(|e| e.pid));
+        if let Pids::DiscoverAndPublish(shared) = &self.config.pids {
+            if let Ok(mut pids) = shared.lock() {
+                pids.clone_from(&self.watched.pids);
+            }
+        }
         self.live.clone_from(&live);
         send(
             self.tx.as_ref(),

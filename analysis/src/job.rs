@@ -9,12 +9,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::attribution::{
-    attribute, IterationBreakdown, IterationInput, Links, RankSeries, ThreadSeries,
+    attribute, GpuSeries, IterationBreakdown, IterationInput, Links, RankSeries, ThreadSeries,
 };
 use crate::category::Category;
 use crate::frame::{Frame, ProcessInfo, RunEnd, RunHeader, SourceStatus};
 use crate::loops::MarkerLog;
-use crate::series::{names, LINK_LOOPBACK, LINK_NIC};
+use crate::series::{names, LABEL_GPU, LABEL_UUID, LINK_LOOPBACK, LINK_NIC};
 use crate::timeline::SeriesStore;
 use crate::Nanos;
 
@@ -143,12 +143,92 @@ impl JobTimeline {
         let peaks = self.series.link_peaks();
         links.nic_bytes_per_s = peaks.nic;
         links.local_bytes_per_s = peaks.loopback;
+        links.nvlink_bytes_per_s = peaks.nvlink;
+        links.pcie_bytes_per_s = peaks.pcie;
         links.comm_fallback = if peaks.nic_bytes_total > 0 {
             Category::Network
         } else {
             Category::Interconnect
         };
         links
+    }
+
+    /// The NVML index (label `gpu`) of the GPU that loop `pid` drives, from the first of: the
+    /// `gpu_uuid` it sent; NVML's per-process utilisation naming its pid; the `cuda_device` it
+    /// sent, through the `cuda_visible` list (`CUDA_VISIBLE_DEVICES`) when it sent one; its
+    /// `local_rank`; the only GPU of the node.
+    pub fn gpu_of(&self, pid: u32) -> Option<String> {
+        let mut gpus: Vec<(&str, Option<&str>)> = self
+            .series
+            .named(names::GPU_PCIE_RX_BYTES)
+            .chain(self.series.named(names::GPU_UTIL_PCT))
+            .chain(self.series.named(names::GPU_POWER_MW))
+            .filter_map(|d| Some((d.label(LABEL_GPU)?, d.label(LABEL_UUID))))
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup_by(|a, b| a.0 == b.0);
+        if gpus.is_empty() {
+            return None;
+        }
+        let exists = |index: &str| gpus.iter().any(|g| g.0 == index).then(|| index.to_string());
+        let by_uuid = |uuid: &str| {
+            gpus.iter()
+                .find(|g| g.1.is_some_and(|u| u.starts_with(uuid)))
+                .map(|g| g.0.to_string())
+        };
+        let meta = self.markers.procs.get(&pid).map(|m| &m.meta);
+        let get = |key: &str| meta.and_then(|m| m.get(key)).map(String::as_str);
+        if let Some(found) = get("gpu_uuid").and_then(by_uuid) {
+            return Some(found);
+        }
+        let pid_label = pid.to_string();
+        if let Some(d) = self
+            .series
+            .named(names::GPU_PROC_SM_PCT)
+            .find(|d| d.label("pid") == Some(&pid_label))
+        {
+            return d.label(LABEL_GPU).map(str::to_string);
+        }
+        if let Some(device) = get("cuda_device").and_then(|d| d.parse::<usize>().ok()) {
+            let visible = get("cuda_visible").map(|v| v.split(':').nth(device));
+            match visible {
+                Some(Some(entry)) if entry.starts_with("GPU-") => return by_uuid(entry),
+                Some(Some(entry)) => return exists(entry.trim()),
+                Some(None) => {}
+                None => return exists(&device.to_string()),
+            }
+        }
+        if let Some(found) = get("local_rank").and_then(exists) {
+            return Some(found);
+        }
+        (gpus.len() == 1).then(|| gpus[0].0.to_string())
+    }
+
+    fn gpu_series(&self, pid: u32) -> Option<GpuSeries> {
+        let gpu = self.gpu_of(pid)?;
+        let on_gpu = |name: &'static str| {
+            self.series
+                .named(name)
+                .find(|d| d.label(LABEL_GPU) == Some(gpu.as_str()) && d.label("pid").is_none())
+                .map(|d| d.id)
+        };
+        let pid_label = pid.to_string();
+        let own_sm = self
+            .series
+            .named(names::GPU_PROC_SM_PCT)
+            .find(|d| {
+                d.label(LABEL_GPU) == Some(gpu.as_str()) && d.label("pid") == Some(&pid_label)
+            })
+            .map(|d| d.id);
+        Some(GpuSeries {
+            busy_pct: on_gpu(names::GPU_UTIL_PCT).or(own_sm),
+            pcie_rx: on_gpu(names::GPU_PCIE_RX_BYTES),
+            pcie_tx: on_gpu(names::GPU_PCIE_TX_BYTES),
+            nvlink: [names::GPU_NVLINK_RX_BYTES, names::GPU_NVLINK_TX_BYTES]
+                .into_iter()
+                .filter_map(on_gpu)
+                .collect(),
+        })
     }
 
     fn ready(&self, pid: u32, iter: u64, end: Nanos, now: Nanos, finishing: bool) -> bool {
@@ -223,6 +303,7 @@ impl JobTimeline {
                         .into_iter()
                         .map(|p| self.thread_series(p))
                         .collect(),
+                    gpu: self.gpu_series(*pid),
                 };
                 out.push(attribute(&input, &self.series, &rank_series, &links));
                 iter += 1;

@@ -92,7 +92,56 @@ pub mod names {
     pub const PSI_SOME_US: &str = "psi.some_us";
     /// us, counter: PSI `full` total.
     pub const PSI_FULL_US: &str = "psi.full_us";
+
+    // GPU series (NVML), labels `gpu` (NVML index) and `uuid`; absent when the device does
+    // not support the field, never 0 in its place.
+
+    /// bytes, counter: sent by the GPU over PCIe (NVML field 197, `PCIE_COUNT_TX_BYTES`).
+    pub const GPU_PCIE_TX_BYTES: &str = "gpu.pcie.tx_bytes";
+    /// bytes, counter: received by the GPU over PCIe (field 198); host-to-device copies land here.
+    pub const GPU_PCIE_RX_BYTES: &str = "gpu.pcie.rx_bytes";
+    /// bytes, counter: data sent over all NVLinks (field 138 × 1024, scope all links).
+    pub const GPU_NVLINK_TX_BYTES: &str = "gpu.nvlink.tx_bytes";
+    /// bytes, counter: data received over all NVLinks (field 139 × 1024, scope all links).
+    pub const GPU_NVLINK_RX_BYTES: &str = "gpu.nvlink.rx_bytes";
+    /// mW, gauge: instant board power (field 186, `POWER_INSTANT`).
+    pub const GPU_POWER_MW: &str = "gpu.power_mw";
+    /// mJ, counter: energy since the driver loaded (field 83, `TOTAL_ENERGY_CONSUMPTION`).
+    pub const GPU_ENERGY_MJ: &str = "gpu.energy_mj";
+    /// MHz, gauge: SM clock.
+    pub const GPU_SM_CLOCK_MHZ: &str = "gpu.clock.sm_mhz";
+    /// MHz, gauge: memory clock.
+    pub const GPU_MEM_CLOCK_MHZ: &str = "gpu.clock.mem_mhz";
+    /// bitmask, gauge: NVML clock-throttle (event) reasons; 0 = running at full clocks.
+    pub const GPU_THROTTLE_REASONS: &str = "gpu.throttle_reasons";
+    /// bytes, gauge: device memory in use.
+    pub const GPU_MEMORY_USED_BYTES: &str = "gpu.memory.used_bytes";
+    /// %, gauge: share of the last sample period (1/6 s to 1 s) in which a kernel ran.
+    pub const GPU_UTIL_PCT: &str = "gpu.util_pct";
+    /// %, gauge: share of the last sample period in which device memory was read or written.
+    pub const GPU_MEM_UTIL_PCT: &str = "gpu.mem_util_pct";
+    /// %, gauge: SM utilisation of one process (label `pid`) on this GPU.
+    pub const GPU_PROC_SM_PCT: &str = "gpu.proc.sm_pct";
+    /// permille, gauge: GPM SM activity (share of SMs busy, time-averaged).
+    pub const GPU_GPM_SM_ACTIVITY: &str = "gpu.gpm.sm_activity_permille";
+    /// permille, gauge: GPM tensor-core activity (any tensor pipe).
+    pub const GPU_GPM_TENSOR_ACTIVITY: &str = "gpu.gpm.tensor_activity_permille";
+    /// permille, gauge: GPM DRAM bandwidth used, of the peak.
+    pub const GPU_GPM_DRAM_BW: &str = "gpu.gpm.dram_bw_permille";
+    /// bytes/s, gauge: GPM PCIe rate sent.
+    pub const GPU_GPM_PCIE_TX_RATE: &str = "gpu.gpm.pcie_tx_bytes_per_s";
+    /// bytes/s, gauge: GPM PCIe rate received.
+    pub const GPU_GPM_PCIE_RX_RATE: &str = "gpu.gpm.pcie_rx_bytes_per_s";
+    /// bytes/s, gauge: GPM NVLink rate sent, all links.
+    pub const GPU_GPM_NVLINK_TX_RATE: &str = "gpu.gpm.nvlink_tx_bytes_per_s";
+    /// bytes/s, gauge: GPM NVLink rate received, all links.
+    pub const GPU_GPM_NVLINK_RX_RATE: &str = "gpu.gpm.nvlink_rx_bytes_per_s";
 }
+
+/// Label holding a GPU's NVML index.
+pub const LABEL_GPU: &str = "gpu";
+/// Label holding a GPU's UUID (`GPU-…`).
+pub const LABEL_UUID: &str = "uuid";
 
 /// Label value of `link` for the loopback interface.
 pub const LINK_LOOPBACK: &str = "loopback";

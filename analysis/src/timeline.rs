@@ -28,6 +28,8 @@ pub struct SeriesStore {
     first: Option<Nanos>,
     peaks: LinkPeaks,
     last_link_totals: Option<(Nanos, u64, u64)>,
+    /// Per GPU (label `gpu`): when, and the NVLink and PCIe byte totals then.
+    last_gpu_totals: HashMap<String, (Nanos, u64, u64)>,
 }
 
 /// The highest byte rates seen per link class, bytes/s (rx + tx over every interface).
@@ -39,6 +41,10 @@ pub struct LinkPeaks {
     pub loopback: f64,
     /// bytes moved over the NICs since the start, for "has this node a network at all".
     pub nic_bytes_total: u64,
+    /// bytes/s over the NVLinks of one GPU (rx + tx, all links), the highest of any GPU.
+    pub nvlink: f64,
+    /// bytes/s over the PCIe link of one GPU (rx + tx), the highest of any GPU.
+    pub pcie: f64,
 }
 
 impl SeriesStore {
@@ -67,6 +73,7 @@ impl SeriesStore {
         self.watermark = Some(at);
         self.first.get_or_insert(at);
         self.update_link_peaks(at, batch);
+        self.update_gpu_peaks(at, batch);
     }
 
     /// Appends a batch even if it is older than the newest one (tests build series one at a
@@ -114,6 +121,55 @@ impl SeriesStore {
             }
         } else {
             self.last_link_totals = Some((at, nic, lo));
+        }
+    }
+
+    fn update_gpu_peaks(&mut self, at: Nanos, batch: &SampleBatch) {
+        use crate::series::names::{
+            GPU_NVLINK_RX_BYTES, GPU_NVLINK_TX_BYTES, GPU_PCIE_RX_BYTES, GPU_PCIE_TX_BYTES,
+        };
+        let mut totals: Vec<(&str, u64, u64)> = Vec::new();
+        for (id, v) in &batch.values {
+            let Some(d) = self.decls.get(id) else {
+                continue;
+            };
+            let nvlink = d.name == GPU_NVLINK_RX_BYTES || d.name == GPU_NVLINK_TX_BYTES;
+            let pcie = d.name == GPU_PCIE_RX_BYTES || d.name == GPU_PCIE_TX_BYTES;
+            if !nvlink && !pcie {
+                continue;
+            }
+            let gpu = d.label(crate::series::LABEL_GPU).unwrap_or("");
+            let slot = match totals.iter().position(|t| t.0 == gpu) {
+                Some(i) => &mut totals[i],
+                None => {
+                    totals.push((gpu, 0, 0));
+                    totals.last_mut().expect("just pushed")
+                }
+            };
+            if nvlink {
+                slot.1 = slot.1.wrapping_add(*v);
+            } else {
+                slot.2 = slot.2.wrapping_add(*v);
+            }
+        }
+        for (gpu, nvlink, pcie) in totals {
+            match self.last_gpu_totals.get_mut(gpu) {
+                Some(last) => {
+                    let dt = at.saturating_sub(last.0);
+                    if dt >= MIN_RATE_WINDOW_NS {
+                        let secs = dt as f64 / 1e9;
+                        let nv_rate = nvlink.saturating_sub(last.1) as f64 / secs;
+                        let pcie_rate = pcie.saturating_sub(last.2) as f64 / secs;
+                        self.peaks.nvlink = self.peaks.nvlink.max(nv_rate);
+                        self.peaks.pcie = self.peaks.pcie.max(pcie_rate);
+                        *last = (at, nvlink, pcie);
+                    }
+                }
+                None => {
+                    self.last_gpu_totals
+                        .insert(gpu.to_string(), (at, nvlink, pcie));
+                }
+            }
         }
     }
 

@@ -26,6 +26,28 @@ pub enum Command {
     /// Start the processes of a data-parallel job with torchrun's environment (RANK,
     /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, …), on this node or on several.
     Launch(LaunchArgs),
+    /// Show what this machine lets stallscope see: each GPU and its readings, CPU, disk,
+    /// NIC, PSI and perf sources, present or missing and why.
+    Doctor(DoctorArgs),
+    /// Measure what each NVML call the GPU source makes costs on this machine.
+    NvmlBench(NvmlBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Root of procfs (for tests).
+    #[arg(long, default_value = "/proc", hide = true)]
+    pub proc_root: PathBuf,
+    /// Root of sysfs (for tests).
+    #[arg(long, default_value = "/sys", hide = true)]
+    pub sys_root: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct NvmlBenchArgs {
+    /// Calls timed per NVML function and GPU.
+    #[arg(long, default_value_t = 1000)]
+    pub rounds: u32,
 }
 
 #[derive(Debug, Args)]

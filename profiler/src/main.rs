@@ -2,8 +2,10 @@
 
 mod child;
 mod cli;
+mod doctor;
 mod experiment;
 mod launch;
+mod nvml_bench;
 mod python_env;
 mod recorder;
 mod run;
@@ -19,6 +21,8 @@ fn main() {
         cli::Command::Summary(args) => summary_cmd::summary(args),
         cli::Command::Experiment(args) => experiment::experiment(args),
         cli::Command::Launch(args) => launch::launch(args),
+        cli::Command::Doctor(args) => doctor::doctor(args),
+        cli::Command::NvmlBench(args) => nvml_bench::nvml_bench(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -19,6 +19,10 @@ const PACKAGE: &[(&str, &str)] = &[
         "stallscope/_experiment.py",
         include_str!("../python/stallscope/_experiment.py"),
     ),
+    (
+        "stallscope/_cuda_timing.py",
+        include_str!("../python/stallscope/_cuda_timing.py"),
+    ),
 ];
 const SITECUSTOMIZE: &str = include_str!("../python/sitecustomize.py");
 

@@ -15,8 +15,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use regex::bytes::Regex;
 use stallscope_agent::clock::monotonic_ns;
+use stallscope_agent::gpu::{self, nvml::NvmlBackend};
 use stallscope_agent::markers::MarkerListener;
-use stallscope_agent::sampler::{self, SamplerConfig};
+use stallscope_agent::sampler::{self, Pids, SamplerConfig, SamplerHandle, SharedPids};
+use stallscope_agent::sink::Sink;
 use stallscope_agent::sources::Roots;
 use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
@@ -209,12 +211,14 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         _ => None,
     };
 
+    let pids = SharedPids::default();
     let config = SamplerConfig {
         rate_hz: args.rate,
         roots: Roots {
             proc: args.proc_root.clone(),
             sys: args.sys_root.clone(),
         },
+        pids: Pids::DiscoverAndPublish(pids.clone()),
         ..SamplerConfig::new(pid)
     };
     let sampler = sampler::spawn(
@@ -222,6 +226,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         sampler::default_sources(&config.roots),
         inbox.clone(),
     );
+    let gpu_sampler = spawn_gpu(&config, pids, inbox.clone());
 
     let recorder = Recorder::new(
         writer,
@@ -240,6 +245,9 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
 
     let status = job.wait()?;
     sampler.stop();
+    if let Some(g) = gpu_sampler {
+        g.stop();
+    }
     let found: Vec<(u32, u64)> = descendants.lock().map(|d| d.clone()).unwrap_or_default();
     job.end_leftovers(&found);
     if let Some(l) = &listener {
@@ -262,6 +270,34 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         summary,
         profile: profile_path,
     })
+}
+
+/// Starts the NVML thread: the GPU sources on a sampler of their own (NVML calls block), at
+/// the same rate, following the CPU sampler's pids. Without an NVIDIA driver, says so once and
+/// returns `None`: the run goes on without GPU sources.
+fn spawn_gpu(
+    config: &SamplerConfig,
+    pids: SharedPids,
+    sink: impl Sink<sampler::SamplerEvent>,
+) -> Option<SamplerHandle> {
+    let backend = match NvmlBackend::open() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("stallscope: {e}; no GPU sources");
+            return None;
+        }
+    };
+    let (fast, slow) = gpu::sources(Box::new(backend));
+    let config = SamplerConfig {
+        pids: Pids::Follow(pids),
+        thread_name: "stallscope-nvml".into(),
+        ..config.clone()
+    };
+    Some(sampler::spawn(
+        config,
+        vec![Box::new(fast), Box::new(slow)],
+        sink,
+    ))
 }
 
 /// CPU time used by this process, all threads, s.

@@ -14,6 +14,7 @@ use stallscope_analysis::series::{SeriesDecl, SeriesId, SeriesKind};
 
 pub mod disk;
 pub mod net;
+pub mod perf;
 pub mod process;
 pub mod psi;
 

@@ -42,6 +42,16 @@ pub enum Basis {
     CounterLoader,
     /// Nothing seen explains it.
     Unexplained,
+    /// No marker: the rank's GPU ran kernels while its CPU thread did not.
+    GpuBusy,
+    /// `comm` marker after every rank had arrived, bytes on the rank's GPU's NVLinks or on its
+    /// PCIe link beyond what the NICs carried.
+    CommGpuLinkBytes,
+    /// No marker: the rank and its GPU idle while the GPU's NVLink/PCIe bytes flowed.
+    CounterGpuLink,
+    /// Host-to-device copy: PCIe bytes into the GPU while the loop waited for data or was in
+    /// `h2d`, for their estimated transfer time.
+    H2dPcieBytes,
 }
 
 /// How much of one category one rule decided.
@@ -94,7 +104,7 @@ impl IterationBreakdown {
 
 mod iteration;
 
-pub use iteration::{attribute, IterationInput, Links, RankSeries, ThreadSeries};
+pub use iteration::{attribute, GpuSeries, IterationInput, Links, RankSeries, ThreadSeries};
 
 #[cfg(test)]
 mod tests;

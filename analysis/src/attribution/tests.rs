@@ -114,6 +114,7 @@ fn data_wait_with_a_busy_loop_thread_is_prep() {
     let rank = RankSeries {
         main,
         loaders: vec![],
+        gpu: None,
     };
     let b = attribute(
         &input(0, 100, &[("data", 0, 60)]),
@@ -137,6 +138,7 @@ fn data_wait_while_workers_block_on_io_is_fetch_and_mixed_workers_split() {
     let only_io = RankSeries {
         main,
         loaders: vec![reader],
+        gpu: None,
     };
     let b = attribute(
         &input(0, 100, &[("data", 0, 50)]),
@@ -149,6 +151,7 @@ fn data_wait_while_workers_block_on_io_is_fetch_and_mixed_workers_split() {
     let mixed = RankSeries {
         main,
         loaders: vec![reader, decoder],
+        gpu: None,
     };
     let b = attribute(
         &input(0, 100, &[("data", 0, 50)]),
@@ -175,6 +178,7 @@ fn exposed_comm_goes_to_the_link_that_moved_the_bytes() {
     let rank = RankSeries {
         main,
         loaders: vec![],
+        gpu: None,
     };
     let links = Links {
         nic: vec![nic],
@@ -182,6 +186,7 @@ fn exposed_comm_goes_to_the_link_that_moved_the_bytes() {
         nic_bytes_per_s: 1e9,
         local_bytes_per_s: 1e10,
         comm_fallback: Interconnect,
+        ..Links::default()
     };
     let b = attribute(
         &input(0, 100, &[("comm", 70, 100)]),
@@ -218,6 +223,7 @@ fn comm_splits_by_estimated_transfer_time_not_bytes() {
         nic_bytes_per_s: 1e8,
         local_bytes_per_s: 1e10,
         comm_fallback: Network,
+        ..Links::default()
     };
     // Per second of comm: NIC takes 0.1e9/1e8 = 1 s-units, loopback 1e9/1e10 = 0.1.
     let b = attribute(
@@ -226,6 +232,7 @@ fn comm_splits_by_estimated_transfer_time_not_bytes() {
         &RankSeries {
             main,
             loaders: vec![],
+            gpu: None,
         },
         &links,
     );
@@ -255,6 +262,7 @@ fn waiting_for_the_last_rank_is_peer_wait() {
         &RankSeries {
             main,
             loaders: vec![],
+            gpu: None,
         },
         &links,
     );
@@ -285,6 +293,7 @@ fn without_markers_counters_decide_per_tick() {
         &RankSeries {
             main,
             loaders: vec![loader],
+            gpu: None,
         },
         &links,
     );
@@ -335,6 +344,7 @@ fn parts_always_sum_exactly_to_the_wall_time() {
     let rank = RankSeries {
         main,
         loaders: vec![loader],
+        gpu: None,
     };
     for _ in 0..200 {
         let a = next(500) * MS + next(MS);

@@ -25,7 +25,7 @@ import time
 import weakref
 
 import stallscope
-from stallscope import _experiment
+from stallscope import _cuda_timing, _experiment
 
 _monotonic_ns = time.monotonic_ns
 _installed = False
@@ -229,7 +229,9 @@ def _wrap_step(cls):
             result = step(*args, **kwargs)
         finally:
             _step_guard.active = False
+        iteration = stallscope._iter
         stallscope.step()
+        _cuda_timing.on_step(iteration)
         _experiment.after_step()
         return result
 
@@ -257,6 +259,7 @@ class _Relay:
 def _relay_hook(state, bucket):
     global _last_bucket_ns
     _last_bucket_ns = _monotonic_ns()
+    _cuda_timing.on_bucket()
     return state.hook(state.state, bucket)
 
 
@@ -384,6 +387,7 @@ def _patch_backward(torch):
             if ready >= start:
                 stallscope.begin("comm", ready)
                 stallscope.end("comm")
+                _cuda_timing.on_backward_end()
 
     autograd.backward = _mark(wrapper)
 

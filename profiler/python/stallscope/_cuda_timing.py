@@ -1,0 +1,165 @@
+"""GPU-side phase times from CUDA events, read back lazily: no synchronisation is added.
+
+On CUDA the training loop's CPU thread runs ahead of the GPU, so the CPU-side markers say when
+work was *queued*, not when it ran. This module records CUDA events on the current stream at
+the points the hook already sees (each DDP gradient bucket ready, ``backward()`` returning, the
+optimizer step), and reads them back only once ``event.query()`` says the GPU has passed them,
+a few iterations later. Nothing here waits on the GPU: an iteration whose events are not done
+stays pending, and after ``MAX_PENDING`` pending iterations the oldest is dropped and counted.
+
+Per completed iteration one ``M`` marker is sent with:
+
+* ``gpu_iter``: the iteration number (the one ``S`` carried);
+* ``gpu_iter_us``: µs on the GPU from the previous step's event to this one;
+* ``gpu_comm_us``: µs on the GPU from the last gradient bucket ready to ``backward()``
+  returning: the exposed gradient all-reduce as the GPU saw it (DDP makes the stream wait for
+  the all-reduce before backward returns); left out when the iteration had no DDP buckets.
+
+Once CUDA is initialised, one ``M`` marker also tells which device this process drives:
+``cuda_device`` (the CUDA index), ``cuda_visible`` (``CUDA_VISIBLE_DEVICES`` with ``:`` in place
+of commas) and ``gpu_uuid`` (``GPU-…`` where torch exposes it), so stallscope can find its
+NVML device. Every entry point catches everything: the trainer never sees an error from here.
+"""
+
+import os
+
+import stallscope
+
+MAX_PENDING = 16
+
+
+class LazyEventTimer:
+    """Per-iteration CUDA events, turned into times once the GPU has passed them.
+
+    ``new_event()`` returns an object with ``record()``, ``query()`` and
+    ``elapsed_time(other)`` (ms), as ``torch.cuda.Event(enable_timing=True)`` does; ``send``
+    takes the fields of one ``M`` marker.
+    """
+
+    def __init__(self, new_event, send, max_pending=MAX_PENDING):
+        self._new_event = new_event
+        self._send = send
+        self._max_pending = max_pending
+        self._free = []  # events whose times were read, for reuse
+        self._current = {}  # name -> event, for the iteration under way
+        self._pending = []  # (iteration, {name: event}), oldest first
+        self._previous_step = None  # the last step event read back, for gpu_iter_us
+        self.dropped = 0
+
+    def _event(self, name):
+        event = self._current.get(name)
+        if event is None:
+            event = self._free.pop() if self._free else self._new_event()
+            self._current[name] = event
+        return event
+
+    def mark(self, name):
+        """Records event ``name`` now on the current stream (again: the latest record wins)."""
+        self._event(name).record()
+
+    def step(self, iteration):
+        """Closes ``iteration`` with a step event and reads back whatever the GPU has passed."""
+        self.mark("step")
+        self._pending.append((iteration, self._current))
+        self._current = {}
+        while len(self._pending) > self._max_pending:
+            _, events = self._pending.pop(0)
+            self._recycle(events, keep_step=True)
+            self.dropped += 1
+        self.poll()
+
+    def poll(self):
+        """Sends the times of every pending iteration the GPU is done with, oldest first."""
+        while self._pending:
+            iteration, events = self._pending[0]
+            if not all(e.query() for e in events.values()):
+                return  # later iterations come later in stream order
+            self._pending.pop(0)
+            step = events["step"]
+            fields = {"gpu_iter": iteration}
+            if self._previous_step is not None:
+                fields["gpu_iter_us"] = int(self._previous_step.elapsed_time(step) * 1000)
+            bucket, done = events.get("bucket"), events.get("backward_end")
+            if bucket is not None and done is not None:
+                fields["gpu_comm_us"] = int(max(0.0, bucket.elapsed_time(done)) * 1000)
+            self._send(fields)
+            self._recycle(events, keep_step=True)
+
+    def _recycle(self, events, keep_step):
+        step = events.pop("step", None) if keep_step else None
+        self._free.extend(events.values())
+        if step is not None:
+            if self._previous_step is not None:
+                self._free.append(self._previous_step)
+            self._previous_step = step
+
+
+_timer = None  # None: not decided yet; False: no CUDA in this process
+
+
+def _timer_now():
+    """The process's timer once CUDA is initialised (never initialises CUDA itself)."""
+    global _timer
+    if _timer is not None:
+        return _timer or None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            _timer = False
+            return None
+        if not torch.cuda.is_initialized():
+            return None  # the program has not touched CUDA yet; ask again next time
+        _device_meta(torch)
+        _timer = LazyEventTimer(
+            lambda: torch.cuda.Event(enable_timing=True), lambda f: stallscope.meta(**f)
+        )
+        return _timer
+    except Exception:
+        _timer = False
+        return None
+
+
+def _device_meta(torch):
+    device = torch.cuda.current_device()
+    uuid = None
+    try:
+        uuid = "GPU-" + str(torch.cuda.get_device_properties(device).uuid)
+    except Exception:
+        pass  # torch < 2.1 has no uuid
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    stallscope.meta(
+        cuda_device=device,
+        cuda_visible=visible.replace(",", ":") if visible else None,
+        gpu_uuid=uuid,
+    )
+
+
+def on_bucket():
+    """A DDP gradient bucket is ready (the last one before backward returns counts)."""
+    try:
+        timer = _timer_now()
+        if timer is not None:
+            timer.mark("bucket")
+    except Exception:
+        pass
+
+
+def on_backward_end():
+    """``backward()`` returned after DDP buckets were ready."""
+    try:
+        timer = _timer_now()
+        if timer is not None:
+            timer.mark("backward_end")
+    except Exception:
+        pass
+
+
+def on_step(iteration):
+    """The optimizer step closed ``iteration``."""
+    try:
+        timer = _timer_now()
+        if timer is not None:
+            timer.step(iteration)
+    except Exception:
+        pass

@@ -1,0 +1,148 @@
+//! `stallscope doctor`: what this machine lets stallscope see, source by source — each GPU
+//! with its readings present or missing and why, and the CPU, disk, NIC, PSI and perf
+//! sources — so a missing figure in a profile can be explained before a run.
+
+use std::fmt::Write;
+
+use stallscope_agent::gpu::backend::{GpuBackend, GpuError, Metric};
+use stallscope_agent::gpu::nvml::NvmlBackend;
+use stallscope_agent::gpu::probe_all;
+use stallscope_agent::sampler::default_sources;
+use stallscope_agent::sources::perf::probe_software_event;
+use stallscope_agent::sources::{Registry, Roots, Watched};
+
+use crate::cli::DoctorArgs;
+
+/// Runs the checks and prints the report; exit code 0 (a missing source is information).
+pub fn doctor(args: DoctorArgs) -> anyhow::Result<i32> {
+    let roots = Roots {
+        proc: args.proc_root,
+        sys: args.sys_root,
+    };
+    let mut nvml = NvmlBackend::open();
+    let gpu = match &mut nvml {
+        Ok(b) => Ok(b as &mut dyn GpuBackend),
+        Err(e) => Err(&*e),
+    };
+    print!("{}", report(gpu, &roots));
+    Ok(0)
+}
+
+/// The report for a GPU backend (or why there is none) and the sources under `roots`.
+pub fn report(gpu: Result<&mut dyn GpuBackend, &GpuError>, roots: &Roots) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "GPU (NVML)");
+    match gpu {
+        Err(e) => {
+            let _ = writeln!(out, "  missing  {e}: GPU, PCIe and NVLink series are off");
+        }
+        Ok(backend) => {
+            let d = backend.driver();
+            let cuda = d.cuda_version.as_deref().unwrap_or("unknown");
+            let _ = writeln!(
+                out,
+                "  driver {} · NVML {} · CUDA {cuda}",
+                d.driver_version, d.nvml_version
+            );
+            let probed = probe_all(backend);
+            if probed.is_empty() {
+                let _ = writeln!(out, "  missing  the driver lists no GPU");
+            }
+            for (info, caps) in probed {
+                let links = info
+                    .nvlinks
+                    .map_or("unknown".to_string(), |n| n.to_string());
+                let _ = writeln!(
+                    out,
+                    "  GPU {} {} · {} · bus {} · NVLinks {links}",
+                    info.index, info.name, info.uuid, info.pci_bus_id
+                );
+                for m in Metric::ALL {
+                    let entry = caps.entries.iter().find(|(x, _)| *x == m);
+                    match entry.map(|e| &e.1) {
+                        Some(Ok(())) => {
+                            let _ = writeln!(out, "    present  {}", m.name());
+                        }
+                        Some(Err(why)) => {
+                            let _ = writeln!(out, "    missing  {}: {why}", m.name());
+                        }
+                        None => {
+                            let _ = writeln!(out, "    missing  {}: not probed", m.name());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let _ = writeln!(out, "Node sources");
+    let watched = Watched {
+        pids: vec![std::process::id()],
+    };
+    let mut registry = Registry::default();
+    for mut source in default_sources(roots) {
+        let label = match source.name() {
+            "process" => "cpu (process schedstat, state)",
+            "process_totals" => "cpu (process totals, io)",
+            "net" => "nic (interface byte counters)",
+            "disk" => "disk (diskstats)",
+            "psi" => "psi (pressure stall information)",
+            other => other,
+        };
+        match source.sample(&watched, &mut registry) {
+            Ok(()) => {
+                let _ = writeln!(out, "  present  {label}: {}", source.describe());
+            }
+            Err(e) => {
+                let _ = writeln!(out, "  missing  {label}: {e}");
+            }
+        }
+        registry.take_values();
+    }
+    match probe_software_event(&roots.proc) {
+        Ok(what) => {
+            let _ = writeln!(out, "  present  perf: {what}");
+        }
+        Err(why) => {
+            let _ = writeln!(out, "  missing  perf (optional): {why}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    use stallscope_agent::gpu::fake::ScriptedGpu;
+
+    use super::*;
+
+    #[test]
+    fn without_a_driver_the_gpu_is_missing_and_the_node_sources_are_listed() {
+        let text = report(
+            Err(&GpuError::NoDriver("libnvidia-ml.so.1: not found".into())),
+            &Roots::default(),
+        );
+        assert!(text.contains("missing  no NVIDIA driver found"), "{text}");
+        for source in ["cpu (process", "nic (", "disk (", "psi (", "perf"] {
+            assert!(text.contains(source), "{source} in {text}");
+        }
+        assert!(text.contains("present  cpu (process schedstat"), "{text}");
+    }
+
+    #[test]
+    fn each_gpu_lists_every_capability_with_the_reason_for_a_missing_one() {
+        let mut gpu = ScriptedGpu::h100_node(2, Arc::new(AtomicU64::new(0)));
+        gpu.unsupported(1, Metric::Gpm, "GPM needs a Hopper or newer GPU");
+        let text = report(Ok(&mut gpu), &Roots::default());
+        assert!(text.contains("driver 550.90.07"), "{text}");
+        assert!(text.contains("GPU 1 NVIDIA H100 80GB HBM3"), "{text}");
+        assert!(text.contains("NVLinks 18"), "{text}");
+        assert_eq!(text.matches("present  pcie_rx_bytes").count(), 2, "{text}");
+        assert!(
+            text.contains("missing  gpm (sm, tensor, dram, pcie, nvlink): GPM needs a Hopper"),
+            "{text}"
+        );
+    }
+}
