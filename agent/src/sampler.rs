@@ -13,7 +13,8 @@
 //! them, and allocates only the batch it sends.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -49,7 +50,13 @@ pub struct SamplerConfig {
     pub slow_interval: Duration,
     /// Between two process discoveries. Default 1 s.
     pub discovery_interval: Duration,
+    /// Further processes whose subtrees are the job, updated while running (an agent adds
+    /// every process that sends markers). `None`: only `root_pid`'s subtree.
+    pub extra_roots: Option<ExtraRoots>,
 }
+
+/// Pids whose subtrees the sampler watches besides its root, shared with whoever finds them.
+pub type ExtraRoots = Arc<Mutex<BTreeSet<u32>>>;
 
 impl SamplerConfig {
     /// 100 Hz, slow tier every 100 ms, discovery every second, on `/proc` and `/sys`.
@@ -60,6 +67,7 @@ impl SamplerConfig {
             root_pid,
             slow_interval: Duration::from_millis(100),
             discovery_interval: Duration::from_secs(1),
+            extra_roots: None,
         }
     }
 }
@@ -295,6 +303,10 @@ impl Sampler {
     /// Finds the job's processes, hands them to the sources, and reports them.
     fn discover(&mut self) -> Result<(), Stopped> {
         let t_ns = monotonic_ns();
+        if let Some(extra) = &self.config.extra_roots {
+            let roots: Vec<u32> = extra.lock().map(|r| r.iter().copied().collect()).unwrap_or_default();
+            self.discovery.set_extra_roots(roots);
+        }
         let live = match self.discovery.refresh() {
             Ok(live) => live,
             Err(e) => {

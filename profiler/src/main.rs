@@ -1,7 +1,10 @@
 //! `stallscope`: the command line that composes the agent, the analysis and the views.
 
+mod agent_cmd;
 mod child;
 mod cli;
+mod collector_bench;
+mod collector_cmd;
 mod python_env;
 mod recorder;
 mod run;
@@ -15,6 +18,9 @@ fn main() {
     let result = match cli.command {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Summary(args) => summary_cmd::summary(args),
+        cli::Command::Agent(args) => agent_cmd::agent(args),
+        cli::Command::Collector(args) => collector_cmd::collector(args),
+        cli::Command::CollectorBench(args) => collector_bench::bench(args),
     };
     match result {
         Ok(code) => std::process::exit(code),
