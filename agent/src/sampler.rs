@@ -12,8 +12,8 @@
 //! of ~6 processes), so a round reuses one [`Registry`], opens no files once the sources hold
 //! them, and allocates only the batch it sends.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -304,7 +304,10 @@ impl Sampler {
     fn discover(&mut self) -> Result<(), Stopped> {
         let t_ns = monotonic_ns();
         if let Some(extra) = &self.config.extra_roots {
-            let roots: Vec<u32> = extra.lock().map(|r| r.iter().copied().collect()).unwrap_or_default();
+            let roots: Vec<u32> = extra
+                .lock()
+                .map(|r| r.iter().copied().collect())
+                .unwrap_or_default();
             self.discovery.set_extra_roots(roots);
         }
         let live = match self.discovery.refresh() {

@@ -29,6 +29,10 @@ use crate::clock::monotonic_ns;
 /// Between two connection attempts while the collector is away.
 pub const RECONNECT_EVERY: Duration = Duration::from_millis(500);
 
+/// Between two attempts after the collector refused this agent (a wrong token does not fix
+/// itself; the collector's log should not fill with it).
+pub const REFUSED_RETRY: Duration = Duration::from_secs(10);
+
 /// How the shipper connects.
 #[derive(Clone, Debug)]
 pub struct ShipperConfig {
@@ -177,7 +181,17 @@ async fn ship(shared: Arc<Shared>, config: ShipperConfig) {
                 *last = Some(why);
             }
         }
-        let until = Instant::now() + RECONNECT_EVERY;
+        let refused = shared
+            .refused
+            .lock()
+            .map(|r| r.as_deref().is_some_and(|w| w.starts_with("refused")))
+            .unwrap_or(false);
+        let until = Instant::now()
+            + if refused {
+                REFUSED_RETRY
+            } else {
+                RECONNECT_EVERY
+            };
         while Instant::now() < until && !shared.stop.load(Ordering::Acquire) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

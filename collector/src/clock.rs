@@ -18,7 +18,13 @@ use stallscope_analysis::Nanos;
 pub const BUCKET: usize = 4;
 
 /// Kept exchanges the fit uses (the newest).
-const KEPT: usize = 32;
+const KEPT: usize = 64;
+
+/// ns, a round trip this much over the best still counts as near-best.
+const NEAR_BEST_NS: u64 = 100_000;
+
+/// ns, the span of near-best exchanges below which drift is not fitted.
+const MIN_DRIFT_SPAN_NS: u64 = 10_000_000_000;
 
 /// One exchange: offset and round trip, at the collector's time.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -77,9 +83,17 @@ impl ClockEstimator {
 
     /// The current estimate for `node`, once a bucket has closed.
     pub fn estimate(&self, node: &str) -> Option<NodeClock> {
-        let pts: Vec<Exchange> = self.kept.iter().copied().collect();
-        let best = pts.iter().min_by_key(|e| e.rtt)?;
-        let at = pts.last()?.at;
+        let best = *self.kept.iter().min_by_key(|e| e.rtt)?;
+        // Exchanges that queued (round trip well over the best) skew the offset by up to half
+        // their extra delay: only near-best ones are believed.
+        let limit = best.rtt.saturating_mul(2).max(best.rtt + NEAR_BEST_NS);
+        let pts: Vec<Exchange> = self
+            .kept
+            .iter()
+            .copied()
+            .filter(|e| e.rtt <= limit)
+            .collect();
+        let at = self.kept.back()?.at;
         let (offset, drift_ppm) = fit(&pts, at);
         Some(NodeClock {
             node: node.to_string(),
@@ -93,11 +107,11 @@ impl ClockEstimator {
 }
 
 /// Least-squares line through (at, offset): the offset at `at0` and the slope in ppm. With
-/// fewer than 3 points, or a span under a second, the slope is not trusted and the offset is
-/// the one of the quickest exchange.
+/// fewer than 3 points, or a span under [`MIN_DRIFT_SPAN_NS`], the slope is not trusted and
+/// the offset is the one of the quickest exchange.
 fn fit(pts: &[Exchange], at0: Nanos) -> (i64, f64) {
     let span = pts.last().map_or(0, |l| l.at) - pts.first().map_or(0, |f| f.at);
-    if pts.len() < 3 || span < 1_000_000_000 {
+    if pts.len() < 3 || span < MIN_DRIFT_SPAN_NS {
         let best = pts.iter().min_by_key(|e| e.rtt).expect("non-empty");
         return (best.offset, 0.0);
     }
@@ -132,8 +146,19 @@ mod tests {
         let mut c = ClockEstimator::default();
         for i in 0..16u64 {
             // Every exchange but one per bucket sat 5 ms in a queue on the way back.
-            let down = if i % BUCKET as u64 == 2 { 60_000 } else { 5 * MS };
-            exchange(&mut c, 1_000 * MS + i * 50 * MS, -50 * MS as i64, 0.0, 40_000, down);
+            let down = if i % BUCKET as u64 == 2 {
+                60_000
+            } else {
+                5 * MS
+            };
+            exchange(
+                &mut c,
+                1_000 * MS + i * 50 * MS,
+                -50 * MS as i64,
+                0.0,
+                40_000,
+                down,
+            );
         }
         let e = c.estimate("b").unwrap();
         let err = (e.offset_ns + 50 * MS as i64).abs();
@@ -145,9 +170,16 @@ mod tests {
     #[test]
     fn drift_is_followed() {
         let mut c = ClockEstimator::default();
-        // 20 ppm fast, exchanges every 100 ms for 8 s.
-        for i in 0..80u64 {
-            exchange(&mut c, 1_000 * MS + i * 100 * MS, 30 * MS as i64, 20e-6, 30_000, 30_000);
+        // 20 ppm fast, exchanges every 200 ms for 50 s.
+        for i in 0..250u64 {
+            exchange(
+                &mut c,
+                1_000 * MS + i * 200 * MS,
+                30 * MS as i64,
+                20e-6,
+                30_000,
+                30_000,
+            );
         }
         let e = c.estimate("a").unwrap();
         assert!((e.drift_ppm - 20.0).abs() < 0.5, "{e:?}");

@@ -107,7 +107,11 @@ impl JobTask {
                     _ => None,
                 };
                 self.emit(frame);
-                match self.unflushed.iter_mut().find(|(a, _)| Arc::ptr_eq(a, &ack)) {
+                match self
+                    .unflushed
+                    .iter_mut()
+                    .find(|(a, _)| Arc::ptr_eq(a, &ack))
+                {
                     Some(entry) => entry.1 = entry.1.max(seq),
                     None => self.unflushed.push((ack, seq)),
                 }

@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stallscope_analysis::frame::{Frame, NodeClock};
-use stallscope_analysis::wire::{
-    self, AgentMsg, CollectorMsg, Hello, WireError, PROTOCOL_VERSION,
-};
+use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, WireError, PROTOCOL_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -94,10 +92,7 @@ impl From<WireError> for ConnError {
 }
 
 /// Reads one message's payload.
-async fn read_payload<R: AsyncRead + Unpin>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-) -> Result<(), ConnError> {
+async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Result<(), ConnError> {
     let mut prefix = [0u8; 4];
     r.read_exact(&mut prefix).await?;
     let len = wire::payload_len(prefix)?;
@@ -192,12 +187,14 @@ async fn connection(
     let mut r = BufReader::with_capacity(64 * 1024, r);
     let mut node = None;
     let result = async {
-        let (hello, clock) = tokio::time::timeout(
-            config.handshake_timeout,
-            handshake(&mut r, &mut w, &config),
-        )
-        .await
-        .map_err(|_| ConnError::Refused("no Hello and clock answers within the handshake time".into()))??;
+        let (hello, clock) =
+            tokio::time::timeout(config.handshake_timeout, handshake(&mut r, &mut w, &config))
+                .await
+                .map_err(|_| {
+                    ConnError::Refused(
+                        "no Hello and clock answers within the handshake time".into(),
+                    )
+                })??;
         node = Some(hello.node.clone());
         send(
             &mut w,
@@ -244,7 +241,13 @@ where
     let hello = match hello {
         Ok(h) => h,
         Err(ConnError::Refused(reason)) => {
-            let _ = send(w, &CollectorMsg::Refused { reason: reason.clone() }).await;
+            let _ = send(
+                w,
+                &CollectorMsg::Refused {
+                    reason: reason.clone(),
+                },
+            )
+            .await;
             return Err(ConnError::Refused(reason));
         }
         Err(e) => return Err(e),
@@ -347,7 +350,13 @@ where
     };
     reader.abort();
     if let Err(ConnError::Refused(reason)) = &result {
-        let _ = send(&mut w, &CollectorMsg::Refused { reason: reason.clone() }).await;
+        let _ = send(
+            &mut w,
+            &CollectorMsg::Refused {
+                reason: reason.clone(),
+            },
+        )
+        .await;
     }
     // Whatever was acknowledged at the end still reaches the agent.
     let last = ack.load(Ordering::Acquire);

@@ -151,8 +151,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     };
     let socket = agent_socket(args.socket.as_deref());
     if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let shipper = Arc::new(
         Shipper::spawn(ShipperConfig {

@@ -64,7 +64,9 @@ impl ProfileWriter {
             let mut f = File::open(&path).map_err(io)?;
             f.read(&mut head).map_err(io)?
         };
-        if n < FILE_HEADER_LEN || head[..MAGIC.len()] != MAGIC || head[MAGIC.len()] != FORMAT_VERSION
+        if n < FILE_HEADER_LEN
+            || head[..MAGIC.len()] != MAGIC
+            || head[MAGIC.len()] != FORMAT_VERSION
         {
             return Err(ProfileError::NotAProfile {
                 path: path.clone(),
