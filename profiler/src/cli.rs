@@ -25,9 +25,6 @@ pub enum Command {
     /// Job collector of a multi-node job: takes the agents' streams, aligns their clocks,
     /// joins the ranks' iterations, names stragglers, and writes the job profile.
     Collector(CollectorArgs),
-    /// Load benchmark of the collector: many simulated agents in one process.
-    #[command(hide = true)]
-    CollectorBench(CollectorBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -83,22 +80,6 @@ pub struct CollectorArgs {
     /// No live status lines (node events are still said).
     #[arg(short, long)]
     pub quiet: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct CollectorBenchArgs {
-    /// Simulated agents (one rank each).
-    #[arg(long, default_value_t = 1000)]
-    pub agents: usize,
-    /// Records per second per agent.
-    #[arg(long, default_value_t = 100.0)]
-    pub rate: f64,
-    /// How long to measure, s.
-    #[arg(long, default_value_t = 20.0)]
-    pub seconds: f64,
-    /// Collector to load (default: one started in this process on a loopback port).
-    #[arg(long)]
-    pub collector: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -3,7 +3,6 @@
 mod agent_cmd;
 mod child;
 mod cli;
-mod collector_bench;
 mod collector_cmd;
 mod python_env;
 mod recorder;
@@ -20,7 +19,6 @@ fn main() {
         cli::Command::Summary(args) => summary_cmd::summary(args),
         cli::Command::Agent(args) => agent_cmd::agent(args),
         cli::Command::Collector(args) => collector_cmd::collector(args),
-        cli::Command::CollectorBench(args) => collector_bench::bench(args),
     };
     match result {
         Ok(code) => std::process::exit(code),
