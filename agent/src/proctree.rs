@@ -72,6 +72,8 @@ pub fn cmdline(proc_root: &Path, pid: u32) -> Option<Vec<String>> {
 pub struct Discovery {
     proc_root: PathBuf,
     root_pid: u32,
+    /// Further roots whose subtrees belong to the job too (an agent's marker senders).
+    extra_roots: Vec<u32>,
     /// Every process the last pass saw, by pid.
     known: HashMap<u32, ProcEntry>,
     /// The pids of the subtree the last pass found.
@@ -86,11 +88,17 @@ impl Discovery {
         Discovery {
             proc_root: proc_root.into(),
             root_pid,
+            extra_roots: Vec::new(),
             known: HashMap::new(),
             members: HashSet::new(),
             passes: 0,
             buf: Vec::with_capacity(512),
         }
+    }
+
+    /// Sets further roots whose subtrees are part of the job (replacing earlier ones).
+    pub fn set_extra_roots(&mut self, roots: Vec<u32>) {
+        self.extra_roots = roots;
     }
 
     /// The subtree now, root first (empty once the root is gone), as [`descendants`] of a
@@ -109,7 +117,17 @@ impl Discovery {
             }
         }
         self.known = known;
-        let tree = subtree(self.known.values(), self.root_pid);
+        let mut tree = subtree(self.known.values(), self.root_pid);
+        for root in &self.extra_roots {
+            if !tree.iter().any(|e| e.pid == *root) {
+                let more = subtree(self.known.values(), *root);
+                let fresh: Vec<ProcEntry> = more
+                    .into_iter()
+                    .filter(|e| !tree.iter().any(|t| t.pid == e.pid))
+                    .collect();
+                tree.extend(fresh);
+            }
+        }
         self.members.clear();
         self.members.extend(tree.iter().map(|e| e.pid));
         Ok(tree)

@@ -12,6 +12,7 @@
 //! of ~6 processes), so a round reuses one [`Registry`], opens no files once the sources hold
 //! them, and allocates only the batch it sends.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -55,6 +56,9 @@ pub struct SamplerConfig {
     pub pids: Pids,
     /// The thread's name.
     pub thread_name: String,
+    /// Further processes whose subtrees are the job, updated while running (an agent adds
+    /// every process that sends markers). `None`: only `root_pid`'s subtree.
+    pub extra_roots: Option<ExtraRoots>,
 }
 
 /// The job's pids as last discovered, shared between samplers.
@@ -72,6 +76,9 @@ pub enum Pids {
     Follow(SharedPids),
 }
 
+/// Pids whose subtrees the sampler watches besides its root, shared with whoever finds them.
+pub type ExtraRoots = Arc<Mutex<BTreeSet<u32>>>;
+
 impl SamplerConfig {
     /// 100 Hz, slow tier every 100 ms, discovery every second, on `/proc` and `/sys`.
     pub fn new(root_pid: u32) -> Self {
@@ -83,6 +90,7 @@ impl SamplerConfig {
             discovery_interval: Duration::from_secs(1),
             pids: Pids::Discover,
             thread_name: "stallscope-sampler".into(),
+            extra_roots: None,
         }
     }
 }
@@ -324,6 +332,13 @@ impl Sampler {
             return Ok(());
         }
         let t_ns = monotonic_ns();
+        if let Some(extra) = &self.config.extra_roots {
+            let roots: Vec<u32> = extra
+                .lock()
+                .map(|r| r.iter().copied().collect())
+                .unwrap_or_default();
+            self.discovery.set_extra_roots(roots);
+        }
         let live = match self.discovery.refresh() {
             Ok(live) => live,
             Err(e) => {

@@ -1,4 +1,4 @@
-//! Frames: the unit of the profile file (and, later, of the agent→collector stream).
+//! Frames: the unit of the profile file and of the agent→collector stream.
 //!
 //! A frame is a postcard-encoded [`Frame`]. Variants are only ever appended, never reordered
 //! or changed, so an older profile stays readable; [`FORMAT_VERSION`] is bumped when a change
@@ -91,6 +91,70 @@ pub struct RunEnd {
     pub markers_rejected: u64,
 }
 
+/// A communication span (`comm` phase) of one iteration, ns on the node's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommSpan {
+    /// ns, when the rank began waiting on the collective.
+    pub begin: Nanos,
+    /// ns, when the wait ended.
+    pub end: Nanos,
+}
+
+/// One rank's iteration as attributed on its node, with what the cross-node join needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeIteration {
+    /// The node's name (set by the collector from the agent's handshake).
+    pub node: String,
+    /// The breakdown as the node attributed it (peer wait among the node's own ranks only),
+    /// times on the node's clock.
+    pub breakdown: IterationBreakdown,
+    /// The `comm` spans that began in the iteration, in order, on the node's clock.
+    pub comm: Vec<CommSpan>,
+    /// World size the rank announced, when it did.
+    pub world_size: Option<u32>,
+}
+
+/// A node's clock against the collector's: `node_ns = collector_ns + offset_ns + drift`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeClock {
+    /// The node's name.
+    pub node: String,
+    /// ns, the node's clock minus the collector's at `at_ns`.
+    pub offset_ns: i64,
+    /// ppm, how fast the offset grows (ns of offset per ms of collector time, × 1000).
+    pub drift_ppm: f64,
+    /// ns, on the collector's clock, where `offset_ns` holds.
+    pub at_ns: Nanos,
+    /// ns, half the round trip of the best exchanges: the offset is right within this.
+    pub uncertainty_ns: u64,
+    /// Exchanges the estimate rests on.
+    pub samples: u32,
+}
+
+impl NodeClock {
+    /// The collector's time of a node time, ns.
+    pub fn to_collector(&self, node_ns: Nanos) -> Nanos {
+        let approx = node_ns as i128 - self.offset_ns as i128;
+        let drift = self.drift_ppm * 1e-6 * (approx - self.at_ns as i128) as f64;
+        (approx - drift as i128).clamp(0, u64::MAX as i128) as Nanos
+    }
+}
+
+/// What a node's agent lost or could not read, as of its last report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeHealth {
+    /// The node's name.
+    pub node: String,
+    /// Records dropped from the agent's buffer while the collector was away.
+    pub records_dropped: u64,
+    /// Marker datagrams known lost on the node (sequence gaps).
+    pub markers_dropped: u64,
+    /// Marker datagrams rejected as malformed on the node.
+    pub markers_rejected: u64,
+    /// Sources down on the node.
+    pub sources_down: Vec<SourceStatus>,
+}
+
 /// One record of the profile.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Frame {
@@ -117,6 +181,12 @@ pub enum Frame {
     Source(SourceStatus),
     /// Last frame of a complete profile.
     End(RunEnd),
+    /// A node's clock as the collector estimated it (multi-node job profiles).
+    NodeClock(NodeClock),
+    /// One rank's attributed iteration as its node's agent shipped it, in the agent's clock.
+    NodeIteration(NodeIteration),
+    /// What a node's agent lost or could not read.
+    NodeHealth(NodeHealth),
     /// The result of `stallscope experiment`: the configurations run and the stalls by
     /// difference.
     Experiment(Box<crate::experiment::ExperimentReport>),

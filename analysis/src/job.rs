@@ -12,6 +12,7 @@ use crate::attribution::{
     attribute, GpuSeries, IterationBreakdown, IterationInput, Links, RankSeries, ThreadSeries,
 };
 use crate::category::Category;
+use crate::crossnode::CrossNode;
 use crate::frame::{Frame, ProcessInfo, RunEnd, RunHeader, SourceStatus};
 use crate::loops::MarkerLog;
 use crate::series::{names, LABEL_GPU, LABEL_UUID, LINK_LOOPBACK, LINK_NIC};
@@ -49,6 +50,8 @@ pub struct JobTimeline {
     next_iter: BTreeMap<u32, u64>,
     /// Marker datagrams rejected as malformed, as counted by the live side.
     pub markers_rejected: u64,
+    /// Ranks of other nodes, as their agents attributed them (a collector's job profile).
+    pub nodes: CrossNode,
 }
 
 impl JobTimeline {
@@ -74,6 +77,9 @@ impl JobTimeline {
                 self.markers_rejected = e.markers_rejected;
                 self.end = Some(e.clone());
             }
+            Frame::NodeClock(c) => self.nodes.clock(c),
+            Frame::NodeIteration(it) => self.nodes.report(it),
+            Frame::NodeHealth(h) => self.nodes.health(h),
         }
     }
 
@@ -265,8 +271,9 @@ impl JobTimeline {
             .collect()
     }
 
-    /// Attributes every iteration that is ready at `now` (ns, the node clock). With
-    /// `finishing`, attributes everything whose bounds are known. Returns the new ones.
+    /// Attributes every iteration that is ready at `now` (ns, the node clock), and joins the
+    /// other nodes' iterations that are ready. With `finishing`, attributes everything whose
+    /// bounds are known. Returns the new ones.
     pub fn attribute_ready(&mut self, now: Nanos, finishing: bool) -> Vec<IterationBreakdown> {
         let ranks = self.markers.ranks();
         let links = self.links();
@@ -310,6 +317,7 @@ impl JobTimeline {
             }
             self.next_iter.insert(*pid, iter);
         }
+        out.extend(self.nodes.join_ready(now, finishing));
         out.sort_by_key(|b| (b.end_ns, b.rank));
         self.breakdowns.extend(out.iter().cloned());
         out

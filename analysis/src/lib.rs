@@ -11,6 +11,7 @@
 
 pub mod attribution;
 pub mod category;
+pub mod crossnode;
 pub mod experiment;
 pub mod finding;
 pub mod frame;
@@ -20,6 +21,7 @@ pub mod marker;
 pub mod series;
 pub mod summary;
 pub mod timeline;
+pub mod wire;
 
 /// Nanoseconds on the node's `CLOCK_MONOTONIC`.
 pub type Nanos = u64;

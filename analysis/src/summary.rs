@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::attribution::IterationBreakdown;
 use crate::category::{Category, Split};
+use crate::crossnode::StragglerWindow;
 use crate::finding::{find, Finding, FindingInput};
 use crate::job::JobTimeline;
 use crate::secs;
@@ -111,6 +112,9 @@ pub struct RankSummary {
     pub rank: u32,
     /// The loop's process id.
     pub pid: u32,
+    /// The rank's node, in a multi-node job profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Figures.
     #[serde(flatten)]
     pub figures: Figures,
@@ -166,6 +170,27 @@ pub struct Summary {
     /// CPU time stallscope itself used during the run, s (all its threads; `null` when
     /// summarising a profile afterwards).
     pub profiler_cpu_seconds: Option<f64>,
+    /// Multi-node job: each node that reported, with its ranks and clock. Empty otherwise.
+    #[serde(default)]
+    pub nodes: Vec<NodeSummary>,
+    /// Multi-node job: every window of iterations in which one rank held the others up.
+    #[serde(default)]
+    pub stragglers: Vec<StragglerWindow>,
+}
+
+/// One node of a multi-node job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    /// The node's name.
+    pub node: String,
+    /// Its ranks.
+    pub ranks: Vec<u32>,
+    /// ms, its clock minus the collector's, as estimated.
+    pub clock_offset_ms: Option<f64>,
+    /// ms, the estimate is right within this.
+    pub clock_uncertainty_ms: Option<f64>,
+    /// Records its agent dropped while the collector was away.
+    pub records_dropped: u64,
 }
 
 fn figures(its: &[&IterationBreakdown]) -> Figures {
@@ -232,6 +257,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         .map(|(rank, pid, its)| RankSummary {
             rank: *rank,
             pid: *pid,
+            node: job.nodes.rank_nodes.get(rank).cloned(),
             figures: figures(its),
         })
         .collect();
@@ -270,8 +296,20 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         ranks,
         finding,
         markers: MarkerHealth {
-            dropped: job.markers.dropped(),
-            rejected: job.markers_rejected,
+            dropped: job.markers.dropped()
+                + job
+                    .nodes
+                    .health
+                    .values()
+                    .map(|h| h.markers_dropped)
+                    .sum::<u64>(),
+            rejected: job.markers_rejected
+                + job
+                    .nodes
+                    .health
+                    .values()
+                    .map(|h| h.markers_rejected)
+                    .sum::<u64>(),
         },
         sources_down: job
             .sources
@@ -281,10 +319,54 @@ pub fn summarize(job: &JobTimeline) -> Summary {
                 source: s.source.clone(),
                 message: s.message.clone(),
             })
+            .chain(job.nodes.health.values().flat_map(|h| {
+                h.sources_down.iter().map(|s| SourceDown {
+                    source: format!("{} on {}", s.source, h.node),
+                    message: s.message.clone(),
+                })
+            }))
             .collect(),
         profile: None,
         profiler_cpu_seconds: None,
+        nodes: node_summaries(job),
+        stragglers: job.nodes.stragglers(warmup as u64),
     }
+}
+
+fn node_summaries(job: &JobTimeline) -> Vec<NodeSummary> {
+    let mut names: Vec<&String> = job.nodes.rank_nodes.values().collect();
+    names.extend(job.nodes.clocks.keys());
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|node| {
+            let clock = job.nodes.clocks.get(node);
+            NodeSummary {
+                node: node.clone(),
+                ranks: job
+                    .nodes
+                    .rank_nodes
+                    .iter()
+                    .filter(|(_, n)| *n == node)
+                    .map(|(r, _)| *r)
+                    .collect(),
+                clock_offset_ms: clock.map(|c| c.offset_ns as f64 / 1e6),
+                clock_uncertainty_ms: clock.map(|c| c.uncertainty_ns as f64 / 1e6),
+                records_dropped: job.nodes.health.get(node).map_or(0, |h| h.records_dropped),
+            }
+        })
+        .collect()
+}
+
+/// The rank named straggler in most windows, with how many of the windows named it.
+pub fn main_straggler(s: &Summary) -> Option<(&StragglerWindow, usize)> {
+    let mut counts: std::collections::BTreeMap<u32, usize> = Default::default();
+    for w in &s.stragglers {
+        *counts.entry(w.rank).or_default() += 1;
+    }
+    let (rank, n) = counts.into_iter().max_by_key(|(_, n)| *n)?;
+    s.stragglers.iter().find(|w| w.rank == rank).map(|w| (w, n))
 }
 
 /// Ranks shown as columns of the text table; more are summarised by the job column.
@@ -354,6 +436,41 @@ pub fn render_text(s: &Summary) -> String {
             s.job.coverage.marked * 100.0,
             s.job.coverage.sampled * 100.0
         );
+    }
+    for n in &s.nodes {
+        let ranks: Vec<String> = n.ranks.iter().map(u32::to_string).collect();
+        let _ = write!(out, "node {}: rank {}", n.node, ranks.join(", "));
+        if let (Some(o), Some(u)) = (n.clock_offset_ms, n.clock_uncertainty_ms) {
+            let _ = write!(out, "; clock {o:+.3} ms ± {u:.3} ms");
+        }
+        if n.records_dropped > 0 {
+            let _ = write!(
+                out,
+                "; {} records dropped while the collector was away",
+                n.records_dropped
+            );
+        }
+        let _ = writeln!(out);
+    }
+    if let Some((w, n)) = main_straggler(s) {
+        let windows = s
+            .job
+            .iterations
+            .div_ceil(crate::crossnode::WINDOW_ITERS * s.ranks.len().max(1) as u64);
+        let _ = writeln!(
+            out,
+            "straggler: rank {} on node {} held the others up in {} of {} windows of {} iterations (in iterations {}–{} the others waited {:.0}% of their time)",
+            w.rank,
+            w.node,
+            n,
+            windows.max(n as u64),
+            crate::crossnode::WINDOW_ITERS,
+            w.first_iter,
+            w.last_iter,
+            w.others_wait_fraction * 100.0
+        );
+    } else if !s.nodes.is_empty() {
+        let _ = writeln!(out, "straggler: none (no rank kept the others waiting)");
     }
     let _ = writeln!(out, "finding: {}", s.finding.sentence);
     if !s.finding.suggestion.is_empty() {

@@ -17,7 +17,8 @@ pub struct Cli {
 pub enum Command {
     /// Run a training command and split every iteration of every rank into stalls.
     Run(RunArgs),
-    /// Print the summary of a profile written by `stallscope run` or `stallscope experiment`.
+    /// Print the summary of a profile written by `stallscope run`, `stallscope collector`
+    /// or `stallscope experiment`.
     Summary(SummaryArgs),
     /// Measure the stalls by difference between controlled runs of the training (Stash,
     /// DS-Analyzer): 1 process and all processes on synthetic data, over the nodes, real
@@ -31,6 +32,12 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Measure what each NVML call the GPU source makes costs on this machine.
     NvmlBench(NvmlBenchArgs),
+    /// Node agent of a multi-node job: receives the node's markers, samples and attributes
+    /// its ranks, and streams their iterations to the collector.
+    Agent(AgentArgs),
+    /// Job collector of a multi-node job: takes the agents' streams, aligns their clocks,
+    /// joins the ranks' iterations, names stragglers, and writes the job profile.
+    Collector(CollectorArgs),
 }
 
 #[derive(Debug, Args)]
@@ -44,10 +51,65 @@ pub struct DoctorArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The collector, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub collector: String,
+    /// File holding the shared token the collector expects (first line).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Unix socket to receive markers on (default: $STALLSCOPE_SOCKET, else
+    /// /tmp/stallscope/agent.sock).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// This node's name in the job (default: the host name).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Sampling rate of the fast sources, Hz.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// Records kept for the collector while it is away; beyond, the oldest are dropped and
+    /// counted.
+    #[arg(long, default_value_t = 100_000)]
+    pub buffer: usize,
+    /// ms added to every time this agent reports (tests: a clock offset to recover).
+    #[arg(long, default_value_t = 0, hide = true, allow_hyphen_values = true)]
+    pub clock_offset_ms: i64,
+    /// Root of procfs (for tests).
+    #[arg(long, default_value = "/proc", hide = true)]
+    pub proc_root: PathBuf,
+    /// Root of sysfs (for tests).
+    #[arg(long, default_value = "/sys", hide = true)]
+    pub sys_root: PathBuf,
+}
+
+#[derive(Debug, Args)]
 pub struct NvmlBenchArgs {
     /// Calls timed per NVML function and GPU.
     #[arg(long, default_value_t = 1000)]
     pub rounds: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct CollectorArgs {
+    /// Address to listen on for agents. Anything but loopback requires --token-file.
+    #[arg(long, default_value = "127.0.0.1:7571", value_name = "ADDR")]
+    pub listen: String,
+    /// File holding the shared token agents must present (first line).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The job profile (appended to when it exists, so a restarted collector continues it).
+    #[arg(long, short, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Also write the job summary JSON here at the end.
+    #[arg(long)]
+    pub summary_json: Option<PathBuf>,
+    /// Iterations per rank left out of the summary.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// No live status lines (node events are still said).
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1,7 +1,9 @@
 //! `stallscope`: the command line that composes the agent, the analysis and the views.
 
+mod agent_cmd;
 mod child;
 mod cli;
+mod collector_cmd;
 mod doctor;
 mod experiment;
 mod launch;
@@ -23,6 +25,8 @@ fn main() {
         cli::Command::Launch(args) => launch::launch(args),
         cli::Command::Doctor(args) => doctor::doctor(args),
         cli::Command::NvmlBench(args) => nvml_bench::nvml_bench(args),
+        cli::Command::Agent(args) => agent_cmd::agent(args),
+        cli::Command::Collector(args) => collector_cmd::collector(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

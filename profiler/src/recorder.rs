@@ -16,6 +16,7 @@ use stallscope_agent::markers::MarkerEvent as Received;
 use stallscope_agent::proctree::ProcEntry;
 use stallscope_agent::sampler::SamplerEvent;
 use stallscope_agent::sink::{Mailbox, Sink};
+use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::frame::{Frame, ProcessInfo, Role, RunEnd, RunHeader, SourceStatus};
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
@@ -97,7 +98,13 @@ pub struct Recorder {
     emitted: BTreeMap<u32, ProcessInfo>,
     /// Every process of the job seen, with its start time, for cleanup.
     pub descendants: Arc<Mutex<Vec<(u32, u64)>>>,
+    /// Called after every attribution round with the timeline and the new breakdowns (the
+    /// agent ships them from here).
+    tap: Option<Tap>,
 }
+
+/// See [`Recorder::with_tap`].
+pub type Tap = Box<dyn FnMut(&JobTimeline, &[IterationBreakdown]) + Send>;
 
 impl Recorder {
     /// A recorder writing to `writer` (when there is one) that starts with `header`.
@@ -118,9 +125,36 @@ impl Recorder {
             regex_steps,
             emitted: BTreeMap::new(),
             descendants: Arc::default(),
+            tap: None,
         };
         r.emit(Frame::Header(header));
         r
+    }
+
+    /// A recorder that writes no profile (an agent: its records go to the collector).
+    pub fn unwritten(header: RunHeader) -> Recorder {
+        let mut r = Recorder {
+            writer: None,
+            write_error: None,
+            job: JobTimeline::default(),
+            status: StatusModel::default(),
+            status_mode: StatusMode::Off,
+            pinned: None,
+            pending_markers: Vec::new(),
+            regex_steps: false,
+            emitted: BTreeMap::new(),
+            descendants: Arc::default(),
+            tap: None,
+        };
+        r.emit(Frame::Header(header));
+        r
+    }
+
+    /// Calls `tap` after every attribution round (every 100 ms), before the timeline forgets
+    /// what no pending iteration needs, with the iterations attributed in that round.
+    pub fn with_tap(mut self, tap: Tap) -> Recorder {
+        self.tap = Some(tap);
+        self
     }
 
     /// Writes a frame to the profile and gives it to the timeline. A profile that cannot be
@@ -257,6 +291,9 @@ impl Recorder {
             }
         }
         self.status.update(&new);
+        if let Some(tap) = self.tap.as_mut() {
+            tap(&self.job, &new);
+        }
         self.job.prune();
     }
 

@@ -31,7 +31,7 @@ use crate::python_env;
 use crate::recorder::{Event, Inbox, Recorder, StatusMode};
 
 /// The default profile name: `stallscope-YYYYMMDD-HHMMSS.stallscope` in local time.
-fn default_profile_path() -> PathBuf {
+pub fn default_profile_path() -> PathBuf {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as libc::time_t)
@@ -53,24 +53,30 @@ fn default_profile_path() -> PathBuf {
     ))
 }
 
-fn host_name() -> String {
+/// The node's host name (`/proc/sys/kernel/hostname`), empty when unreadable.
+pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
 
 fn header(args: &RunArgs) -> RunHeader {
+    header_for(&args.command, args.rate, args.warmup)
+}
+
+/// The run header of a recorder started now.
+pub fn header_for(command: &[String], rate_hz: f64, warmup_iters: u32) -> RunHeader {
     RunHeader {
         stallscope_version: env!("CARGO_PKG_VERSION").to_string(),
         host: host_name(),
-        command: args.command.clone(),
+        command: command.to_vec(),
         started_unix_ns: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0),
         started_mono_ns: monotonic_ns(),
-        rate_hz: args.rate,
-        warmup_iters: args.warmup,
+        rate_hz,
+        warmup_iters,
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
     }
 }
@@ -128,6 +134,12 @@ fn run_dir() -> anyhow::Result<tempfile::TempDir> {
 /// Runs the command under stallscope and returns the exit code to leave with (unless the
 /// command died of a signal, in which case stallscope dies of the same signal).
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    if !(args.rate > 0.0 && args.rate <= 10_000.0) {
+        bail!("--rate must be between 0 and 10000 Hz, not {}", args.rate);
+    }
+    if let Some(socket) = answering_agent() {
+        return join_agent(&args, &socket);
+    }
     let recorded = record(&args, &[])?;
     eprint!("{}", render_text(&recorded.summary));
     if let Some(path) = &args.summary_json {
@@ -298,6 +310,48 @@ fn spawn_gpu(
         vec![Box::new(fast), Box::new(slow)],
         sink,
     ))
+}
+
+/// The node agent's marker socket, when an agent answers on it (`$STALLSCOPE_SOCKET`, else
+/// the well-known path). A datagram `connect` succeeds only where a socket is bound.
+fn answering_agent() -> Option<PathBuf> {
+    let path = crate::agent_cmd::agent_socket(None);
+    let probe = std::os::unix::net::UnixDatagram::unbound().ok()?;
+    probe.connect(&path).ok().map(|_| path)
+}
+
+/// `stallscope run` on a node with an agent: the command's markers go to the agent (which
+/// samples, attributes and ships them to the collector); this process only runs the command
+/// with the hook and passes its exit through.
+fn join_agent(args: &RunArgs, socket: &Path) -> anyhow::Result<i32> {
+    eprintln!(
+        "stallscope: joined the node's agent at {}; the job's collector summarises this run",
+        socket.display()
+    );
+    if args.iter_regex.is_some() || args.output.is_some() || args.summary_json.is_some() {
+        eprintln!("stallscope: --iter-regex, --output and --summary-json are the agent's and collector's business here, and are ignored");
+    }
+    let dir = run_dir()?;
+    let mut command = Command::new(&args.command[0]);
+    command.args(&args.command[1..]);
+    command.env("STALLSCOPE_SOCKET", socket);
+    match python_env::install(dir.path(), !args.no_auto) {
+        Ok(pythonpath) => {
+            command.env("PYTHONPATH", pythonpath);
+        }
+        Err(e) => eprintln!(
+            "stallscope: cannot write the Python hook ({e}); PyTorch will not be instrumented"
+        ),
+    }
+    if args.no_auto {
+        command.env("STALLSCOPE_AUTO", "0");
+    }
+    let mut job =
+        Job::spawn(command).with_context(|| format!("cannot run {:?}", args.command[0]))?;
+    let status = job.wait()?;
+    job.end_leftovers(&[]);
+    drop(dir);
+    exit_like(&status)
 }
 
 /// CPU time used by this process, all threads, s.

@@ -145,7 +145,7 @@ fn every_variant() -> Vec<Frame> {
     use stallscope_analysis::marker::{Marker, MarkerEvent};
     use stallscope_analysis::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind};
 
-    let frames = vec![
+    let mut frames = vec![
         Frame::Header(RunHeader {
             stallscope_version: "0.1.0".into(),
             host: "node-a".into(),
@@ -258,10 +258,38 @@ fn every_variant() -> Vec<Frame> {
             markers_dropped: 2,
             markers_rejected: 1,
         }),
+        Frame::NodeClock(stallscope_analysis::frame::NodeClock {
+            node: "b".into(),
+            offset_ns: -50_000_000,
+            drift_ppm: 1.5,
+            at_ns: 9,
+            uncertainty_ns: 40_000,
+            samples: 8,
+        }),
+        Frame::NodeHealth(stallscope_analysis::frame::NodeHealth {
+            node: "b".into(),
+            records_dropped: 3,
+            ..Default::default()
+        }),
         Frame::Experiment(Box::new(sample_experiment())),
     ];
+    let breakdown = frames
+        .iter()
+        .find_map(|f| match f {
+            Frame::Breakdown(b) => Some(b.clone()),
+            _ => None,
+        })
+        .expect("a breakdown above");
+    frames.push(Frame::NodeIteration(
+        stallscope_analysis::frame::NodeIteration {
+            node: "b".into(),
+            breakdown,
+            comm: vec![stallscope_analysis::frame::CommSpan { begin: 1, end: 2 }],
+            world_size: Some(2),
+        },
+    ));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 10];
+    let mut seen = [false; 13];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -273,7 +301,10 @@ fn every_variant() -> Vec<Frame> {
             Frame::Breakdown(_) => 6,
             Frame::Source(_) => 7,
             Frame::End(_) => 8,
-            Frame::Experiment(_) => 9,
+            Frame::NodeClock(_) => 9,
+            Frame::NodeIteration(_) => 10,
+            Frame::NodeHealth(_) => 11,
+            Frame::Experiment(_) => 12,
         };
         seen[i] = true;
     }

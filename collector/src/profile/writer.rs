@@ -45,6 +45,47 @@ impl ProfileWriter {
         })
     }
 
+    /// Opens `path` to add frames after the ones it holds (a collector restarted on the same
+    /// job), or creates it when it does not exist or is empty. A file that is not a profile of
+    /// this format is refused, never overwritten.
+    pub fn append(path: impl AsRef<Path>) -> Result<Self, ProfileError> {
+        let path = path.as_ref().to_path_buf();
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        if len == 0 {
+            return Self::create(&path);
+        }
+        let io = |source| ProfileError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut head = [0u8; FILE_HEADER_LEN];
+        let n = {
+            use std::io::Read;
+            let mut f = File::open(&path).map_err(io)?;
+            f.read(&mut head).map_err(io)?
+        };
+        if n < FILE_HEADER_LEN
+            || head[..MAGIC.len()] != MAGIC
+            || head[MAGIC.len()] != FORMAT_VERSION
+        {
+            return Err(ProfileError::NotAProfile {
+                path: path.clone(),
+                detail: format!(
+                    "it does not begin with a format-{FORMAT_VERSION} profile header; not appending"
+                ),
+            });
+        }
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(io)?;
+        Ok(ProfileWriter {
+            out: BufWriter::with_capacity(BUFFER, file),
+            path,
+            scratch: Vec::new(),
+        })
+    }
+
     /// The file being written.
     pub fn path(&self) -> &Path {
         &self.path

@@ -9,7 +9,8 @@ named by ``$STALLSCOPE_SOCKET``, in the wire format that ``analysis/src/marker.r
 
 Profiling must never slow down or break the trainer, so a send never blocks and never raises:
 a missing, stale or full socket costs one failed system call and is counted by ``dropped()``.
-Without ``$STALLSCOPE_SOCKET`` every call returns at once. The module uses the standard library
+Without ``$STALLSCOPE_SOCKET`` events go to a node agent's well-known socket
+(``/tmp/stallscope/agent.sock``) when one exists, else every call returns at once. The module uses the standard library
 only, so it loads in any environment the training script runs in.
 
 Usage::
@@ -42,8 +43,14 @@ _monotonic_ns = time.monotonic_ns
 _getpid = os.getpid
 
 
+#: Where a node's ``stallscope agent`` listens when ``$STALLSCOPE_SOCKET`` is not set.
+AGENT_SOCKET = "/tmp/stallscope/agent.sock"
+
+
 def _open_socket():
     path = os.environ.get("STALLSCOPE_SOCKET")
+    if not path and os.path.exists(AGENT_SOCKET):
+        path = AGENT_SOCKET
     if not path:
         return None, None
     try:

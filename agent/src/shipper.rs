@@ -1,0 +1,316 @@
+//! The shipper: streams the node's records to the collector, and keeps them until the
+//! collector says they are in its profile.
+//!
+//! Records are numbered and held in a bounded queue. Once connected and welcomed, the
+//! shipper sends what the collector has not acknowledged; an [`CollectorMsg::Ack`] frees
+//! records up to its number. When the collector is away (not started, restarted, network
+//! down) records pile up and the shipper reconnects every [`RECONNECT_EVERY`]; after a
+//! reconnect it sends everything still unacknowledged, so nothing the queue held is lost.
+//! When the queue is full the oldest record is dropped and counted ([`Shipper::dropped`]),
+//! and the count reaches the collector in the node's health reports. The training never
+//! waits on any of this: [`Shipper::push`] only takes a lock and appends.
+//!
+//! It runs on its own thread with a single-threaded tokio runtime.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use stallscope_analysis::frame::Frame;
+use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, Notify};
+
+use crate::clock::monotonic_ns;
+
+/// Between two connection attempts while the collector is away.
+pub const RECONNECT_EVERY: Duration = Duration::from_millis(500);
+
+/// Between two attempts after the collector refused this agent (a wrong token does not fix
+/// itself; the collector's log should not fill with it).
+pub const REFUSED_RETRY: Duration = Duration::from_secs(10);
+
+/// How the shipper connects.
+#[derive(Clone, Debug)]
+pub struct ShipperConfig {
+    /// The collector, `HOST:PORT`.
+    pub collector: String,
+    /// The shared token (empty for none).
+    pub token: String,
+    /// This node's name.
+    pub node: String,
+    /// Records held at most while unacknowledged.
+    pub buffer_records: usize,
+    /// ns added to every time this agent reports (tests inject a clock offset with it).
+    pub clock_offset_ns: i64,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// (sequence number, encoded [`AgentMsg::Record`]), oldest first.
+    records: VecDeque<(u64, Vec<u8>)>,
+    next_seq: u64,
+    dropped: u64,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    more: Notify,
+    stop: AtomicBool,
+    connected: AtomicBool,
+    /// The collector's last refusal, said once per distinct reason.
+    refused: Mutex<Option<String>>,
+}
+
+/// A running shipper.
+pub struct Shipper {
+    shared: Arc<Shared>,
+    config: ShipperConfig,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Shipper {
+    /// Starts the shipper thread; it connects in the background.
+    pub fn spawn(config: ShipperConfig) -> std::io::Result<Shipper> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::default(),
+            more: Notify::new(),
+            stop: AtomicBool::new(false),
+            connected: AtomicBool::new(false),
+            refused: Mutex::default(),
+        });
+        let thread = {
+            let (shared, config) = (shared.clone(), config.clone());
+            std::thread::Builder::new()
+                .name("stallscope-shipper".into())
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("a tokio runtime starts");
+                    rt.block_on(ship(shared, config));
+                })?
+        };
+        Ok(Shipper {
+            shared,
+            config,
+            thread: Some(thread),
+        })
+    }
+
+    /// ns on this agent's reported clock (the node's clock plus any injected offset).
+    pub fn now(&self) -> u64 {
+        shift(monotonic_ns(), self.config.clock_offset_ns)
+    }
+
+    /// ns added to every time this agent reports.
+    pub fn clock_offset_ns(&self) -> i64 {
+        self.config.clock_offset_ns
+    }
+
+    /// Queues a frame for the collector; drops the oldest when the queue is full.
+    pub fn push(&self, frame: Frame) {
+        let Ok(mut q) = self.shared.queue.lock() else {
+            return;
+        };
+        let seq = q.next_seq;
+        q.next_seq += 1;
+        q.records
+            .push_back((seq, wire::encode(&AgentMsg::Record { seq, frame })));
+        while q.records.len() > self.config.buffer_records {
+            q.records.pop_front();
+            q.dropped += 1;
+        }
+        drop(q);
+        self.shared.more.notify_one();
+    }
+
+    /// Records dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.shared.queue.lock().map_or(0, |q| q.dropped)
+    }
+
+    /// Records not yet acknowledged.
+    pub fn unacked(&self) -> usize {
+        self.shared.queue.lock().map_or(0, |q| q.records.len())
+    }
+
+    /// Whether the collector has welcomed this agent on the current connection.
+    pub fn connected(&self) -> bool {
+        self.shared.connected.load(Ordering::Acquire)
+    }
+
+    /// Waits up to `within` for every record to be acknowledged, then says goodbye and stops.
+    /// Returns the records left unacknowledged.
+    pub fn finish(mut self, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        while self.unacked() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.more.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.unacked()
+    }
+}
+
+impl Drop for Shipper {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.more.notify_one();
+    }
+}
+
+fn shift(t: u64, by: i64) -> u64 {
+    (t as i64).saturating_add(by).max(0) as u64
+}
+
+async fn ship(shared: Arc<Shared>, config: ShipperConfig) {
+    while !shared.stop.load(Ordering::Acquire) {
+        let result = connection(&shared, &config).await;
+        shared.connected.store(false, Ordering::Release);
+        if let Err(why) = result {
+            let mut last = shared.refused.lock().unwrap_or_else(|e| e.into_inner());
+            if last.as_deref() != Some(why.as_str()) {
+                eprintln!("stallscope agent: collector {}: {why}", config.collector);
+                *last = Some(why);
+            }
+        }
+        let refused = shared
+            .refused
+            .lock()
+            .map(|r| r.as_deref().is_some_and(|w| w.starts_with("refused")))
+            .unwrap_or(false);
+        let until = Instant::now()
+            + if refused {
+                REFUSED_RETRY
+            } else {
+                RECONNECT_EVERY
+            };
+        while Instant::now() < until && !shared.stop.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// One connection, until it breaks or the shipper stops. `Err` says why, for the user.
+async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), String> {
+    let stream = tokio::time::timeout(
+        Duration::from_secs(2),
+        TcpStream::connect(&config.collector),
+    )
+    .await
+    .map_err(|_| "no answer within 2 s; retrying".to_string())?
+    .map_err(|e| format!("cannot connect ({e}); retrying, records are kept meanwhile"))?;
+    let _ = stream.set_nodelay(true);
+    let (r, mut w) = stream.into_split();
+    let hello = AgentMsg::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        token: config.token.clone(),
+        node: config.node.clone(),
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+    });
+    let io = |e: std::io::Error| format!("connection lost ({e})");
+    w.write_all(&wire::encode(&hello)).await.map_err(io)?;
+
+    // Reads run on their own task (not cancel-safe); pings are stamped on arrival.
+    let (tx, mut rx) = mpsc::channel::<Result<(CollectorMsg, u64), String>>(256);
+    let offset = config.clock_offset_ns;
+    let reader = tokio::spawn(async move {
+        let mut r = BufReader::new(r);
+        let mut buf = Vec::new();
+        loop {
+            let mut prefix = [0u8; 4];
+            let item = match r.read_exact(&mut prefix).await {
+                Err(e) => Err(format!("connection lost ({e})")),
+                Ok(_) => match wire::payload_len(prefix) {
+                    Err(e) => Err(format!("the collector sent {e}")),
+                    Ok(len) => {
+                        buf.resize(len, 0);
+                        match r.read_exact(&mut buf).await {
+                            Err(e) => Err(format!("connection lost ({e})")),
+                            Ok(_) => wire::decode::<CollectorMsg>(&buf)
+                                .map(|m| (m, shift(monotonic_ns(), offset)))
+                                .map_err(|e| format!("the collector sent {e}")),
+                        }
+                    }
+                },
+            };
+            let stop = item.is_err();
+            if tx.send(item).await.is_err() || stop {
+                break;
+            }
+        }
+    });
+    let result = async {
+        let mut welcomed = false;
+        let mut sent_upto: Option<u64> = None;
+        let mut poll = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            if shared.stop.load(Ordering::Acquire) {
+                let _ = w.write_all(&wire::encode(&AgentMsg::Bye)).await;
+                return Ok(());
+            }
+            tokio::select! {
+                msg = rx.recv() => {
+                    let Some(msg) = msg else { return Err("connection lost".into()) };
+                    match msg? {
+                        (CollectorMsg::Ping { t1 }, t2) => {
+                            let pong = AgentMsg::Pong { t1, t2, t3: shift(monotonic_ns(), offset) };
+                            w.write_all(&wire::encode(&pong)).await.map_err(io)?;
+                        }
+                        (CollectorMsg::Welcome { .. }, _) => {
+                            welcomed = true;
+                            shared.connected.store(true, Ordering::Release);
+                            if let Ok(mut last) = shared.refused.lock() {
+                                if last.take().is_some() {
+                                    eprintln!("stallscope agent: connected to collector {}", config.collector);
+                                }
+                            }
+                        }
+                        (CollectorMsg::Ack { upto }, _) => {
+                            if let Ok(mut q) = shared.queue.lock() {
+                                while q.records.front().is_some_and(|(s, _)| *s <= upto) {
+                                    q.records.pop_front();
+                                }
+                            }
+                        }
+                        (CollectorMsg::Refused { reason }, _) => {
+                            return Err(format!("refused this agent: {reason}"));
+                        }
+                    }
+                }
+                _ = shared.more.notified() => {}
+                _ = poll.tick() => {}
+            }
+            if welcomed {
+                let batch: Vec<u8> = {
+                    let Ok(q) = shared.queue.lock() else { continue };
+                    let mut out = Vec::new();
+                    for (seq, bytes) in q.records.iter() {
+                        if sent_upto.is_some_and(|s| *seq <= s) {
+                            continue;
+                        }
+                        out.extend_from_slice(bytes);
+                        sent_upto = Some(*seq);
+                        if out.len() > 256 * 1024 {
+                            break;
+                        }
+                    }
+                    out
+                };
+                if !batch.is_empty() {
+                    w.write_all(&batch).await.map_err(io)?;
+                }
+            }
+        }
+    }
+    .await;
+    reader.abort();
+    result
+}

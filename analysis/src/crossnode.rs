@@ -1,0 +1,470 @@
+//! The cross-node join: ranks on different nodes, one job.
+//!
+//! Each node's agent attributes its own ranks' iterations (it has the samples; the collector
+//! does not) and ships them as [`NodeIteration`]s, on the node's clock, with the begin and end
+//! of each exposed collective. A node only knows when *its own* ranks arrived at a
+//! collective, so its `peer_wait` stops at the node's last local arrival. Here, once every rank
+//! of the job has reported an iteration, all arrivals are mapped onto the collector's clock
+//! with each node's estimated offset ([`NodeClock`]) and the exposed communication of each
+//! rank is split again: waiting until the last rank of the whole job began the same collective
+//! is `peer_wait`, the rest is the transfer, divided between network and interconnect in the
+//! proportion the node measured. The other categories are the node's and are kept as they are.
+//!
+//! The rank that arrived last at a collective held the others up by the time between its
+//! arrival and the one before it; per window of [`WINDOW_ITERS`] iterations, the rank that held
+//! the others up longest is that window's straggler, provided the others spent a noticeable
+//! share of their time waiting ([`STRAGGLER_MIN_WAIT`]).
+//!
+//! The live collector and the replay of a job profile feed the same frames through this code.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::attribution::{Basis, Evidence, IterationBreakdown};
+use crate::category::{apportion, Category, Split};
+use crate::frame::{NodeClock, NodeHealth, NodeIteration};
+use crate::Nanos;
+
+/// Iterations per straggler window.
+pub const WINDOW_ITERS: u64 = 10;
+
+/// Share of the other ranks' wall time spent in `peer_wait` above which a window names a
+/// straggler, 0–1.
+pub const STRAGGLER_MIN_WAIT: f64 = 0.05;
+
+/// How long an iteration reported by some ranks waits for the others before it is joined
+/// without them, ns (on the collector's clock, from the first report's end).
+const JOIN_PATIENCE_NS: Nanos = 15_000_000_000;
+
+/// One window's straggler.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StragglerWindow {
+    /// First iteration of the window.
+    pub first_iter: u64,
+    /// Last iteration of the window.
+    pub last_iter: u64,
+    /// The rank that held the others up longest.
+    pub rank: u32,
+    /// Its node.
+    pub node: String,
+    /// s, how long it held the next-to-last rank up, summed over the window.
+    pub held_seconds: f64,
+    /// Share of the other ranks' wall time they spent in `peer_wait` in the window, 0–1.
+    pub others_wait_fraction: f64,
+}
+
+/// What one joined iteration says about who arrived last.
+#[derive(Clone, Debug, Default)]
+struct IterationArrivals {
+    /// ns each rank held the next-to-last one up, by rank.
+    held: BTreeMap<u32, u64>,
+    /// Per rank: (peer_wait ns, wall ns).
+    waits: BTreeMap<u32, (u64, u64)>,
+}
+
+/// Everything the join knows.
+#[derive(Debug, Default)]
+pub struct CrossNode {
+    /// Latest clock estimate per node.
+    pub clocks: BTreeMap<String, NodeClock>,
+    /// Latest health report per node.
+    pub health: BTreeMap<String, NodeHealth>,
+    /// The node of each rank seen.
+    pub rank_nodes: BTreeMap<u32, String>,
+    /// Largest world size any rank announced.
+    world_size: Option<u32>,
+    /// Reports waiting for the other ranks, by iteration, then rank.
+    pending: BTreeMap<u64, BTreeMap<u32, NodeIteration>>,
+    /// (rank, iteration) already joined: a report sent again after a reconnect is dropped.
+    joined: HashSet<(u32, u64)>,
+    /// Arrivals of every joined iteration, by iteration.
+    arrivals: BTreeMap<u64, IterationArrivals>,
+}
+
+impl CrossNode {
+    /// Whether any node has reported (the profile is a multi-node job profile).
+    pub fn is_active(&self) -> bool {
+        !self.rank_nodes.is_empty() || !self.clocks.is_empty()
+    }
+
+    /// Takes a node's clock estimate.
+    pub fn clock(&mut self, c: &NodeClock) {
+        self.clocks.insert(c.node.clone(), c.clone());
+    }
+
+    /// Takes a node's health report.
+    pub fn health(&mut self, h: &NodeHealth) {
+        self.health.insert(h.node.clone(), h.clone());
+    }
+
+    /// Takes one rank's iteration. Repeats of a report already taken are dropped.
+    pub fn report(&mut self, it: &NodeIteration) {
+        let key = (it.breakdown.rank, it.breakdown.iter);
+        if self.joined.contains(&key) {
+            return;
+        }
+        self.rank_nodes.insert(it.breakdown.rank, it.node.clone());
+        if let Some(w) = it.world_size {
+            self.world_size = Some(self.world_size.map_or(w, |o| o.max(w)));
+        }
+        self.pending
+            .entry(it.breakdown.iter)
+            .or_default()
+            .entry(it.breakdown.rank)
+            .or_insert_with(|| it.clone());
+    }
+
+    fn to_collector(&self, node: &str, t: Nanos) -> Nanos {
+        self.clocks.get(node).map_or(t, |c| c.to_collector(t))
+    }
+
+    fn expected_ranks(&self) -> usize {
+        self.rank_nodes
+            .len()
+            .max(self.world_size.unwrap_or(0) as usize)
+    }
+
+    /// Joins every iteration that all ranks have reported, or that waited longer than the
+    /// patience at `now` (ns, collector clock), or every one with `finishing`. Returns the
+    /// split-again breakdowns, times on the collector's clock.
+    pub fn join_ready(&mut self, now: Nanos, finishing: bool) -> Vec<IterationBreakdown> {
+        let expected = self.expected_ranks();
+        let ready: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, reports)| {
+                finishing
+                    || reports.len() >= expected
+                    || reports.values().any(|r| {
+                        let end = self.to_collector(&r.node, r.breakdown.end_ns);
+                        now.saturating_sub(end) > JOIN_PATIENCE_NS
+                    })
+            })
+            .map(|(iter, _)| *iter)
+            .collect();
+        let mut out = Vec::new();
+        for iter in ready {
+            let Some(reports) = self.pending.remove(&iter) else {
+                continue;
+            };
+            out.extend(self.join(iter, reports));
+        }
+        out.sort_by_key(|b| (b.end_ns, b.rank));
+        out
+    }
+
+    fn join(
+        &mut self,
+        iter: u64,
+        reports: BTreeMap<u32, NodeIteration>,
+    ) -> Vec<IterationBreakdown> {
+        // Every rank's collectives on the collector's clock.
+        let spans: BTreeMap<u32, Vec<(Nanos, Nanos)>> = reports
+            .iter()
+            .map(|(rank, r)| {
+                let mapped = r
+                    .comm
+                    .iter()
+                    .map(|s| {
+                        (
+                            self.to_collector(&r.node, s.begin),
+                            self.to_collector(&r.node, s.end),
+                        )
+                    })
+                    .collect();
+                (*rank, mapped)
+            })
+            .collect();
+        let collectives = spans.values().map(Vec::len).max().unwrap_or(0);
+        let mut arrivals = IterationArrivals::default();
+        let mut latest = Vec::with_capacity(collectives);
+        for k in 0..collectives {
+            let mut begins: Vec<(Nanos, u32)> = spans
+                .iter()
+                .filter_map(|(rank, s)| s.get(k).map(|x| (x.0, *rank)))
+                .collect();
+            begins.sort_unstable();
+            let last = begins.last().copied();
+            latest.push(last.map(|l| l.0));
+            if let (Some((t_last, rank)), Some((t_before, _))) =
+                (last, begins.len().checked_sub(2).map(|i| begins[i]))
+            {
+                *arrivals.held.entry(rank).or_default() += t_last - t_before;
+            }
+        }
+        let nodes: HashSet<&str> = reports.values().map(|r| r.node.as_str()).collect();
+        let across_nodes = nodes.len() > 1;
+        let mut out = Vec::with_capacity(reports.len());
+        for (rank, r) in &reports {
+            let mut b = resplit(&r.breakdown, &spans[rank], &latest, across_nodes);
+            b.start_ns = self.to_collector(&r.node, r.breakdown.start_ns);
+            b.end_ns = b.start_ns + r.breakdown.wall_ns();
+            arrivals
+                .waits
+                .insert(*rank, (b.split.get(Category::PeerWait), b.wall_ns()));
+            self.joined.insert((*rank, iter));
+            out.push(b);
+        }
+        self.arrivals.insert(iter, arrivals);
+        out
+    }
+
+    /// The straggler of each window of [`WINDOW_ITERS`] iterations from `first_iter` on that
+    /// had one.
+    pub fn stragglers(&self, first_iter: u64) -> Vec<StragglerWindow> {
+        let mut windows: BTreeMap<u64, Vec<&IterationArrivals>> = BTreeMap::new();
+        for (iter, a) in self.arrivals.range(first_iter..) {
+            windows
+                .entry((iter - first_iter) / WINDOW_ITERS)
+                .or_default()
+                .push(a);
+        }
+        let mut out = Vec::new();
+        for (w, its) in windows {
+            let mut held: BTreeMap<u32, u64> = BTreeMap::new();
+            for a in &its {
+                for (rank, ns) in &a.held {
+                    *held.entry(*rank).or_default() += ns;
+                }
+            }
+            let Some((&rank, &held_ns)) = held.iter().max_by_key(|(_, ns)| **ns) else {
+                continue;
+            };
+            let (wait, wall) = its
+                .iter()
+                .flat_map(|a| a.waits.iter())
+                .filter(|(r, _)| **r != rank)
+                .fold((0u64, 0u64), |acc, (_, (w, t))| (acc.0 + w, acc.1 + t));
+            let share = if wall == 0 {
+                0.0
+            } else {
+                wait as f64 / wall as f64
+            };
+            if share < STRAGGLER_MIN_WAIT {
+                continue;
+            }
+            let first = first_iter + w * WINDOW_ITERS;
+            out.push(StragglerWindow {
+                first_iter: first,
+                last_iter: first + WINDOW_ITERS - 1,
+                rank,
+                node: self.rank_nodes.get(&rank).cloned().unwrap_or_default(),
+                held_seconds: crate::secs(held_ns),
+                others_wait_fraction: share,
+            });
+        }
+        out
+    }
+}
+
+fn is_comm(basis: Basis) -> bool {
+    matches!(
+        basis,
+        Basis::PeerArrival | Basis::CommNicBytes | Basis::CommLocalBytes | Basis::CommNoBytes
+    )
+}
+
+/// Splits the exposed communication of one breakdown again, given its collectives
+/// (`own`, collector clock) and when the last rank of the job began each (`latest`).
+/// The other categories are kept; the parts still sum to the wall time.
+pub fn resplit(
+    b: &IterationBreakdown,
+    own: &[(Nanos, Nanos)],
+    latest: &[Option<Nanos>],
+    across_nodes: bool,
+) -> IterationBreakdown {
+    let exposed: u64 = b
+        .evidence
+        .iter()
+        .filter(|e| is_comm(e.basis))
+        .map(|e| e.ns)
+        .sum();
+    if exposed == 0 {
+        return b.clone();
+    }
+    let waited: u64 = own
+        .iter()
+        .zip(latest)
+        .map(|((begin, end), last)| match last {
+            Some(l) if l > begin => (l.min(end)) - begin,
+            _ => 0,
+        })
+        .sum::<u64>()
+        .min(exposed);
+    let on = |pred: &dyn Fn(&Evidence) -> bool| -> f64 {
+        b.evidence
+            .iter()
+            .filter(|e| pred(e))
+            .map(|e| e.ns as f64)
+            .sum()
+    };
+    let nic = on(&|e| {
+        e.basis == Basis::CommNicBytes
+            || (e.basis == Basis::CommNoBytes && e.category == Category::Network)
+    });
+    let local = on(&|e| {
+        e.basis == Basis::CommLocalBytes
+            || (e.basis == Basis::CommNoBytes && e.category == Category::Interconnect)
+    });
+    let transfer = exposed - waited;
+    let (net_ns, local_ns) = match apportion(transfer, &[nic, local]) {
+        Some(v) => (v[0], v[1]),
+        None if across_nodes => (transfer, 0),
+        None => (0, transfer),
+    };
+    let mut evidence: Vec<Evidence> = b
+        .evidence
+        .iter()
+        .filter(|e| !is_comm(e.basis))
+        .copied()
+        .collect();
+    for (category, basis, ns) in [
+        (Category::PeerWait, Basis::PeerArrival, waited),
+        (Category::Network, Basis::CommNicBytes, net_ns),
+        (Category::Interconnect, Basis::CommLocalBytes, local_ns),
+    ] {
+        if ns > 0 {
+            evidence.push(Evidence {
+                category,
+                basis,
+                ns,
+            });
+        }
+    }
+    let mut split = Split::default();
+    for e in &evidence {
+        split.add(e.category, e.ns);
+    }
+    IterationBreakdown {
+        split,
+        evidence,
+        ..b.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attribution::Coverage;
+    use crate::frame::CommSpan;
+
+    const MS: u64 = 1_000_000;
+
+    /// A 100 ms iteration ending at `end` (node clock) of which the last `comm` ms were an
+    /// exposed collective the node counted as network, and the rest compute.
+    fn report(node: &str, rank: u32, iter: u64, end: Nanos, comm: u64) -> NodeIteration {
+        let start = end - 100 * MS;
+        let mut split = Split::default();
+        split.add(Category::Compute, (100 - comm) * MS);
+        split.add(Category::Network, comm * MS);
+        NodeIteration {
+            node: node.into(),
+            breakdown: IterationBreakdown {
+                rank,
+                pid: 100 + rank,
+                iter,
+                start_ns: start,
+                end_ns: end,
+                split,
+                evidence: vec![
+                    Evidence {
+                        category: Category::Compute,
+                        basis: Basis::CounterBusy,
+                        ns: (100 - comm) * MS,
+                    },
+                    Evidence {
+                        category: Category::Network,
+                        basis: Basis::CommNicBytes,
+                        ns: comm * MS,
+                    },
+                ],
+                coverage: Coverage::default(),
+            },
+            comm: vec![CommSpan {
+                begin: end - comm * MS,
+                end,
+            }],
+            world_size: Some(2),
+        }
+    }
+
+    fn clock(node: &str, offset_ms: i64) -> NodeClock {
+        NodeClock {
+            node: node.into(),
+            offset_ns: offset_ms * MS as i64,
+            uncertainty_ns: 100_000,
+            samples: 8,
+            ..NodeClock::default()
+        }
+    }
+
+    #[test]
+    fn the_early_rank_waits_for_the_late_one_across_nodes_despite_clock_offsets() {
+        let mut j = CrossNode::default();
+        // Node b's clock runs 50 ms ahead of the collector's; a's agrees with it.
+        j.clock(&clock("a", 0));
+        j.clock(&clock("b", 50));
+        // Both end the collective at collector time 1000 ms; rank 0 (node a) began it 60 ms
+        // before, rank 1 (node b) 10 ms before: rank 0 waited 50 ms for rank 1.
+        j.report(&report("a", 0, 5, 1000 * MS, 60));
+        assert!(j.join_ready(0, false).is_empty(), "rank 1 has not reported");
+        j.report(&report("b", 1, 5, 1050 * MS, 10));
+        let out = j.join_ready(0, false);
+        assert_eq!(out.len(), 2);
+        let r0 = out.iter().find(|b| b.rank == 0).unwrap();
+        let r1 = out.iter().find(|b| b.rank == 1).unwrap();
+        assert_eq!(r0.split.get(Category::PeerWait), 50 * MS);
+        assert_eq!(r0.split.get(Category::Network), 10 * MS);
+        assert_eq!(r0.split.total(), 100 * MS);
+        assert_eq!(r1.split.get(Category::PeerWait), 0);
+        assert_eq!(r1.split.get(Category::Network), 10 * MS);
+        assert_eq!(r1.end_ns, 1000 * MS, "times are on the collector's clock");
+    }
+
+    #[test]
+    fn a_report_sent_again_after_a_reconnect_is_not_counted_twice() {
+        let mut j = CrossNode::default();
+        j.report(&report("a", 0, 1, 1000 * MS, 10));
+        j.report(&report("b", 1, 1, 1000 * MS, 10));
+        assert_eq!(j.join_ready(0, false).len(), 2);
+        j.report(&report("a", 0, 1, 1000 * MS, 10));
+        assert!(j.join_ready(u64::MAX, true).is_empty());
+    }
+
+    #[test]
+    fn the_rank_that_keeps_the_others_waiting_is_named_per_window() {
+        let mut j = CrossNode::default();
+        for iter in 0..20 {
+            let end = (iter + 1) * 200 * MS;
+            // In the first window rank 1 arrives 40 ms late; in the second nobody is late.
+            let (c0, c1) = if iter < 10 { (50, 10) } else { (10, 10) };
+            j.report(&report("a", 0, iter, end, c0));
+            j.report(&report("b", 1, iter, end, c1));
+        }
+        j.join_ready(0, true);
+        let s = j.stragglers(0);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!((s[0].rank, s[0].node.as_str()), (1, "b"));
+        assert_eq!((s[0].first_iter, s[0].last_iter), (0, 9));
+        assert!((s[0].held_seconds - 0.4).abs() < 1e-9, "{s:?}");
+        assert!((s[0].others_wait_fraction - 0.4).abs() < 1e-9, "{s:?}");
+    }
+
+    #[test]
+    fn a_rank_that_never_reports_does_not_hold_the_join_forever() {
+        let mut j = CrossNode::default();
+        j.report(&report("a", 0, 3, 1000 * MS, 10));
+        j.report(&report("b", 1, 2, 800 * MS, 10));
+        assert!(
+            j.join_ready(2000 * MS, false).is_empty(),
+            "within the patience"
+        );
+        let late = j.join_ready(1000 * MS + JOIN_PATIENCE_NS + 1, false);
+        assert_eq!(
+            late.len(),
+            2,
+            "both iterations, each without the missing rank"
+        );
+    }
+}

@@ -1,0 +1,188 @@
+//! The agent ↔ collector protocol: messages, and their framing on a TCP stream.
+//!
+//! Every message is a big-endian `u32` length followed by that many bytes of postcard. The
+//! length is bounded ([`MAX_MESSAGE`]) so a hostile or broken peer cannot make the collector
+//! allocate more than that; a message that does not decode ends that one connection with a
+//! [`CollectorMsg::Refused`] that says why, and nothing else.
+//!
+//! A connection goes: the agent's [`Hello`] (protocol version, token, node name) → the
+//! collector's clock exchanges ([`CollectorMsg::Ping`] / [`AgentMsg::Pong`], NTP's four
+//! timestamps) → [`CollectorMsg::Welcome`] or [`CollectorMsg::Refused`] → records, each with
+//! the agent's sequence number, acknowledged by [`CollectorMsg::Ack`] once the collector has
+//! written them to its profile; pings go on every few seconds to follow drift. The agent keeps
+//! every record until it is acknowledged and sends the unacknowledged ones again after a
+//! reconnect, so a collector that dies loses nothing the agent's buffer still holds; the
+//! collector drops records it has already seen (by node, rank and iteration).
+//!
+//! The Hello puts the protocol version first, so a collector can name the version of an agent
+//! it cannot otherwise understand.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::frame::Frame;
+use crate::Nanos;
+
+/// Version of this protocol; both sides must speak the same one.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// bytes, the largest message either side accepts (1 MiB).
+pub const MAX_MESSAGE: u32 = 1 << 20;
+
+/// TCP port the collector listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7571;
+
+/// An agent introduces itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// [`PROTOCOL_VERSION`] of the agent. First, so that it decodes whatever follows.
+    pub protocol: u16,
+    /// The shared token (empty when the agent has none).
+    pub token: String,
+    /// The node's name (host name unless given).
+    pub node: String,
+    /// stallscope version of the agent.
+    pub agent_version: String,
+}
+
+/// What an agent sends.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum AgentMsg {
+    /// First message of a connection.
+    Hello(Hello),
+    /// Answer to a ping: `t1` echoed, `t2` when the ping arrived and `t3` when the pong left,
+    /// both ns on the agent's clock.
+    Pong {
+        /// ns, the collector's clock, from the ping.
+        t1: Nanos,
+        /// ns, the agent's clock.
+        t2: Nanos,
+        /// ns, the agent's clock.
+        t3: Nanos,
+    },
+    /// A frame for the job, numbered from 0 by the agent over its whole life.
+    Record {
+        /// Sequence number, one more than the previous record's.
+        seq: u64,
+        /// [`Frame::NodeIteration`], [`Frame::NodeHealth`] or [`Frame::Source`].
+        frame: Frame,
+    },
+    /// The agent is shutting down after sending everything.
+    Bye,
+}
+
+/// What the collector sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CollectorMsg {
+    /// The agent may send records.
+    Welcome {
+        /// stallscope version of the collector.
+        collector_version: String,
+    },
+    /// The connection is refused, and why; the collector closes it.
+    Refused {
+        /// For the agent's user.
+        reason: String,
+    },
+    /// A clock exchange: `t1` is ns on the collector's clock.
+    Ping {
+        /// ns.
+        t1: Nanos,
+    },
+    /// Every record up to and including `upto` is in the collector's profile.
+    Ack {
+        /// Sequence number.
+        upto: u64,
+    },
+}
+
+/// Why a message could not be framed or read.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The length prefix is over [`MAX_MESSAGE`].
+    #[error("a message of {0} bytes is over the {MAX_MESSAGE}-byte limit")]
+    TooLarge(u32),
+    /// The payload is not a message of this protocol.
+    #[error("malformed message ({0})")]
+    Malformed(#[from] postcard::Error),
+}
+
+/// The bytes to write for one message: length prefix and payload.
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    let mut out = vec![0u8; 4];
+    let payload = postcard::to_extend(msg, Vec::new()).expect("messages always encode");
+    out[..4].copy_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// The payload length a prefix announces, refused when over [`MAX_MESSAGE`].
+pub fn payload_len(prefix: [u8; 4]) -> Result<usize, WireError> {
+    let len = u32::from_be_bytes(prefix);
+    if len > MAX_MESSAGE {
+        return Err(WireError::TooLarge(len));
+    }
+    Ok(len as usize)
+}
+
+/// Decodes one payload.
+pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, WireError> {
+    Ok(postcard::from_bytes(payload)?)
+}
+
+/// The protocol version a first message announces, if it is a Hello at all (its variant tag
+/// and version decode), whatever follows.
+pub fn hello_version(payload: &[u8]) -> Option<u16> {
+    let (tag, rest) = postcard::take_from_bytes::<u32>(payload).ok()?;
+    if tag != 0 {
+        return None;
+    }
+    postcard::take_from_bytes::<u16>(rest).ok().map(|(v, _)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(protocol: u16) -> AgentMsg {
+        AgentMsg::Hello(Hello {
+            protocol,
+            token: "t".into(),
+            node: "n".into(),
+            agent_version: "0".into(),
+        })
+    }
+
+    #[test]
+    fn a_message_round_trips_through_its_framing() {
+        let bytes = encode(&hello(PROTOCOL_VERSION));
+        let len = payload_len(bytes[..4].try_into().unwrap()).unwrap();
+        assert_eq!(len, bytes.len() - 4);
+        let back: AgentMsg = decode(&bytes[4..]).unwrap();
+        assert_eq!(back, hello(PROTOCOL_VERSION));
+    }
+
+    #[test]
+    fn an_oversized_length_is_refused_before_any_allocation() {
+        let err = payload_len((MAX_MESSAGE + 1).to_be_bytes()).unwrap_err();
+        assert!(err.to_string().contains("over the"), "{err}");
+    }
+
+    #[test]
+    fn garbage_is_malformed_not_a_panic() {
+        let r: Result<AgentMsg, _> = decode(&[0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+        assert!(matches!(r, Err(WireError::Malformed(_))));
+    }
+
+    #[test]
+    fn the_version_of_a_future_hello_can_be_named() {
+        let bytes = encode(&hello(7));
+        assert_eq!(hello_version(&bytes[4..]), Some(7));
+        let pong = encode(&AgentMsg::Pong {
+            t1: 1,
+            t2: 2,
+            t3: 3,
+        });
+        assert_eq!(hello_version(&pong[4..]), None);
+    }
+}

@@ -1,0 +1,58 @@
+//! The live feed: what the collector learns, as it learns it, for the terminal status, the
+//! dashboard and `/metrics`. An in-process broadcast; a subscriber that falls behind misses
+//! updates (it is told how many) rather than slowing the collector.
+
+use std::net::SocketAddr;
+
+use stallscope_analysis::attribution::IterationBreakdown;
+use stallscope_analysis::category::Split;
+use stallscope_analysis::frame::NodeClock;
+use stallscope_analysis::Nanos;
+
+/// Updates kept for a slow subscriber before it starts missing them.
+pub const FEED_CAPACITY: usize = 65_536;
+
+/// One thing the collector learned.
+#[derive(Clone, Debug)]
+pub enum JobUpdate {
+    /// An agent was welcomed.
+    NodeUp {
+        /// Its node name.
+        node: String,
+        /// Its address.
+        peer: SocketAddr,
+    },
+    /// An agent's connection ended; `reason` says why when it was refused or broken.
+    NodeDown {
+        /// Its node name, if it said Hello.
+        node: Option<String>,
+        /// Its address.
+        peer: SocketAddr,
+        /// Why, when not a clean goodbye.
+        reason: Option<String>,
+    },
+    /// A node's clock estimate changed.
+    Clock(NodeClock),
+    /// A rank's iteration arrived from its node (before the cross-node join).
+    Iteration {
+        /// Its node.
+        node: String,
+        /// Global rank.
+        rank: u32,
+        /// Iteration index.
+        iter: u64,
+        /// ns, collector clock, when the iteration ended.
+        end_ns: Nanos,
+        /// The node's split (peer wait among its own ranks only).
+        split: Split,
+    },
+    /// Iterations joined across nodes, split again.
+    Joined(Vec<IterationBreakdown>),
+    /// Records from one node dropped by its agent while the collector was away (new total).
+    Dropped {
+        /// The node.
+        node: String,
+        /// Records, in total.
+        records: u64,
+    },
+}

@@ -1,0 +1,184 @@
+//! The job task: everything the connections receive goes through here, in one place.
+//!
+//! Each record is written to the job profile and given to the [`JobTimeline`] — the same
+//! code `stallscope summary` replays the profile through — and every [`TICK`] the task joins
+//! the iterations that are ready across nodes, flushes the profile, and only then acknowledges
+//! the records to their agents: an acknowledged record is in the file, so an agent may forget
+//! it. Updates go out on the live feed as they happen.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stallscope_analysis::frame::{Frame, RunEnd, RunHeader};
+use stallscope_analysis::job::JobTimeline;
+use stallscope_analysis::summary::{summarize, Summary};
+use tokio::sync::{broadcast, mpsc, watch};
+
+use crate::feed::JobUpdate;
+use crate::monotonic_ns;
+use crate::profile::ProfileWriter;
+use crate::server::Ingest;
+
+/// Between two joins, flushes and acknowledgements.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// The job task's state.
+pub struct JobTask {
+    writer: Option<ProfileWriter>,
+    /// Why the profile stopped being written, if it did.
+    pub write_error: Option<String>,
+    job: JobTimeline,
+    feed: broadcast::Sender<JobUpdate>,
+    /// Per connection, the highest sequence number written since the last flush.
+    unflushed: Vec<(Arc<AtomicU64>, u64)>,
+    dropped: BTreeMap<String, u64>,
+}
+
+impl JobTask {
+    /// A task writing to `writer`, starting the profile with `header`.
+    pub fn new(
+        writer: ProfileWriter,
+        header: RunHeader,
+        feed: broadcast::Sender<JobUpdate>,
+    ) -> JobTask {
+        let mut t = JobTask {
+            writer: Some(writer),
+            write_error: None,
+            job: JobTimeline::default(),
+            feed,
+            unflushed: Vec::new(),
+            dropped: BTreeMap::new(),
+        };
+        t.emit(Frame::Header(header));
+        t
+    }
+
+    fn emit(&mut self, frame: Frame) {
+        if let Some(w) = self.writer.as_mut() {
+            if let Err(e) = w.write(&frame) {
+                self.write_error = Some(e.to_string());
+                self.writer = None;
+            }
+        }
+        self.job.ingest(&frame);
+    }
+
+    fn publish(&self, u: JobUpdate) {
+        let _ = self.feed.send(u);
+    }
+
+    /// Takes one message from a connection.
+    pub fn on_ingest(&mut self, msg: Ingest) {
+        match msg {
+            Ingest::NodeUp { node, peer } => self.publish(JobUpdate::NodeUp { node, peer }),
+            Ingest::NodeDown { node, peer, reason } => {
+                self.publish(JobUpdate::NodeDown { node, peer, reason })
+            }
+            Ingest::Clock(c) => {
+                self.emit(Frame::NodeClock(c.clone()));
+                self.publish(JobUpdate::Clock(c));
+            }
+            Ingest::Record { seq, frame, ack } => {
+                let update = match &frame {
+                    Frame::NodeIteration(it) => {
+                        let end_ns = self
+                            .job
+                            .nodes
+                            .clocks
+                            .get(&it.node)
+                            .map_or(it.breakdown.end_ns, |c| c.to_collector(it.breakdown.end_ns));
+                        Some(JobUpdate::Iteration {
+                            node: it.node.clone(),
+                            rank: it.breakdown.rank,
+                            iter: it.breakdown.iter,
+                            end_ns,
+                            split: it.breakdown.split,
+                        })
+                    }
+                    Frame::NodeHealth(h) => {
+                        let before = self.dropped.insert(h.node.clone(), h.records_dropped);
+                        (before.unwrap_or(0) != h.records_dropped).then(|| JobUpdate::Dropped {
+                            node: h.node.clone(),
+                            records: h.records_dropped,
+                        })
+                    }
+                    _ => None,
+                };
+                self.emit(frame);
+                match self
+                    .unflushed
+                    .iter_mut()
+                    .find(|(a, _)| Arc::ptr_eq(a, &ack))
+                {
+                    Some(entry) => entry.1 = entry.1.max(seq),
+                    None => self.unflushed.push((ack, seq)),
+                }
+                if let Some(u) = update {
+                    self.publish(u);
+                }
+            }
+        }
+    }
+
+    /// Joins what is ready, flushes, acknowledges.
+    pub fn tick(&mut self, finishing: bool) {
+        let joined = self.job.attribute_ready(monotonic_ns(), finishing);
+        if let Some(w) = self.writer.as_mut() {
+            if let Err(e) = w.flush() {
+                self.write_error = Some(e.to_string());
+                self.writer = None;
+            }
+        }
+        if self.writer.is_some() {
+            for (ack, seq) in self.unflushed.drain(..) {
+                ack.store(seq, Ordering::Release);
+            }
+        }
+        if !joined.is_empty() {
+            self.publish(JobUpdate::Joined(joined));
+        }
+    }
+
+    /// Writes the end of the profile and returns the job summary.
+    pub fn finish(mut self) -> (Summary, Option<String>) {
+        self.tick(true);
+        self.emit(Frame::End(RunEnd {
+            ended_mono_ns: monotonic_ns(),
+            exit_code: 0,
+            markers_dropped: 0,
+            markers_rejected: 0,
+        }));
+        if let Some(w) = self.writer.take() {
+            if let Err(e) = w.finish() {
+                self.write_error = Some(e.to_string());
+            }
+        }
+        (summarize(&self.job), self.write_error)
+    }
+}
+
+/// Runs the job task until `shutdown` turns true (or every connection's sender is gone), then
+/// takes what is still queued, writes the end and returns the summary and any write error.
+pub async fn run(
+    mut task: JobTask,
+    mut rx: mpsc::Receiver<Ingest>,
+    mut shutdown: watch::Receiver<bool>,
+) -> (Summary, Option<String>) {
+    let mut tick = tokio::time::interval(TICK);
+    loop {
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(m) => task.on_ingest(m),
+                None => break,
+            },
+            _ = tick.tick() => task.tick(false),
+            _ = shutdown.changed() => break,
+        }
+    }
+    while let Ok(m) = rx.try_recv() {
+        task.on_ingest(m);
+    }
+    task.finish()
+}

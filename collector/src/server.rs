@@ -1,0 +1,391 @@
+//! The ingest server: one task per agent connection.
+//!
+//! A connection is on its own: a bad token, a malformed or oversized message, a wrong
+//! protocol version or a dead peer end that connection with a [`CollectorMsg::Refused`] that
+//! says why (and an [`Ingest::NodeDown`] for the job), and never touches another. Records go to
+//! the job task through a bounded channel, so a collector that falls behind slows its agents
+//! down through TCP instead of growing without bound; the agents buffer meanwhile.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stallscope_analysis::frame::{Frame, NodeClock};
+use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, WireError, PROTOCOL_VERSION};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+
+use crate::clock::{ClockEstimator, BUCKET};
+use crate::monotonic_ns;
+
+/// How the server behaves.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The token agents must present; `None` accepts any (loopback only).
+    pub token: Option<String>,
+    /// Clock exchanges before the Welcome.
+    pub sync_exchanges: usize,
+    /// Between two clock exchanges once welcomed.
+    pub ping_every: Duration,
+    /// How long an agent has to say Hello and answer the first pings.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            token: None,
+            sync_exchanges: 2 * BUCKET,
+            ping_every: Duration::from_millis(500),
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What connections hand to the job task.
+#[derive(Debug)]
+pub enum Ingest {
+    /// An agent was welcomed.
+    NodeUp {
+        /// Its node name.
+        node: String,
+        /// Its address.
+        peer: SocketAddr,
+    },
+    /// A new clock estimate.
+    Clock(NodeClock),
+    /// A frame from a node; `ack` is raised to `seq` once it is in the profile.
+    Record {
+        /// Agent's sequence number.
+        seq: u64,
+        /// The frame, its node set from the handshake.
+        frame: Frame,
+        /// The connection's acknowledged sequence number.
+        ack: Arc<AtomicU64>,
+    },
+    /// A connection ended (`node` is `None` when it never said who it was).
+    NodeDown {
+        /// Its node name, if it said Hello.
+        node: Option<String>,
+        /// Its address.
+        peer: SocketAddr,
+        /// Why, when it was not a clean goodbye.
+        reason: Option<String>,
+    },
+}
+
+/// Why a connection ends.
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("connection lost ({0})")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<WireError> for ConnError {
+    fn from(e: WireError) -> Self {
+        ConnError::Refused(e.to_string())
+    }
+}
+
+/// Reads one message's payload.
+async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Result<(), ConnError> {
+    let mut prefix = [0u8; 4];
+    r.read_exact(&mut prefix).await?;
+    let len = wire::payload_len(prefix)?;
+    buf.resize(len, 0);
+    r.read_exact(buf).await?;
+    Ok(())
+}
+
+async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &CollectorMsg) -> std::io::Result<()> {
+    w.write_all(&wire::encode(msg)).await
+}
+
+/// Checks an agent's first message.
+fn check_hello(payload: &[u8], token: Option<&str>) -> Result<Hello, ConnError> {
+    let hello = match wire::decode::<AgentMsg>(payload) {
+        Ok(AgentMsg::Hello(h)) => h,
+        Ok(_) | Err(_) => {
+            return Err(ConnError::Refused(match wire::hello_version(payload) {
+                Some(v) if v != PROTOCOL_VERSION => format!(
+                    "the agent speaks protocol version {v}, this collector speaks {PROTOCOL_VERSION}: run the same stallscope version on both"
+                ),
+                _ => "the first message was not a stallscope Hello (is this a stallscope agent?)".into(),
+            }))
+        }
+    };
+    if hello.protocol != PROTOCOL_VERSION {
+        return Err(ConnError::Refused(format!(
+            "the agent speaks protocol version {}, this collector speaks {PROTOCOL_VERSION}: run the same stallscope version on both",
+            hello.protocol
+        )));
+    }
+    if let Some(expected) = token {
+        if hello.token.is_empty() {
+            return Err(ConnError::Refused(
+                "this collector requires a token: give the agent --token-file".into(),
+            ));
+        }
+        if !constant_time_eq(hello.token.as_bytes(), expected.as_bytes()) {
+            return Err(ConnError::Refused(
+                "wrong token: the agent's --token-file does not match the collector's".into(),
+            ));
+        }
+    }
+    let name_ok = !hello.node.is_empty()
+        && hello.node.len() <= 64
+        && hello
+            .node
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-:".contains(c));
+    if !name_ok {
+        return Err(ConnError::Refused(format!(
+            "node name {:?} is not 1-64 characters of [A-Za-z0-9._:-]",
+            hello.node
+        )));
+    }
+    Ok(hello)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Accepts agents until `shutdown` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    config: ServerConfig,
+    tx: mpsc::Sender<Ingest>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let config = Arc::new(config);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, peer)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let (config, tx, shutdown) = (config.clone(), tx.clone(), shutdown.clone());
+                tokio::spawn(async move { connection(stream, peer, config, tx, shutdown).await });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    config: Arc<ServerConfig>,
+    tx: mpsc::Sender<Ingest>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::with_capacity(64 * 1024, r);
+    let mut node = None;
+    let result = async {
+        let (hello, clock) =
+            tokio::time::timeout(config.handshake_timeout, handshake(&mut r, &mut w, &config))
+                .await
+                .map_err(|_| {
+                    ConnError::Refused(
+                        "no Hello and clock answers within the handshake time".into(),
+                    )
+                })??;
+        node = Some(hello.node.clone());
+        send(
+            &mut w,
+            &CollectorMsg::Welcome {
+                collector_version: env!("CARGO_PKG_VERSION").into(),
+            },
+        )
+        .await?;
+        let _ = tx
+            .send(Ingest::NodeUp {
+                node: hello.node.clone(),
+                peer,
+            })
+            .await;
+        if let Some(c) = clock.estimate(&hello.node) {
+            let _ = tx.send(Ingest::Clock(c)).await;
+        }
+        welcomed(r, w, &hello.node, clock, &config, &tx, shutdown).await
+    }
+    .await;
+    let reason = match result {
+        Ok(()) => None,
+        Err(e) => Some(e.to_string()),
+    };
+    let _ = tx.send(Ingest::NodeDown { node, peer, reason }).await;
+}
+
+/// Hello, then the first clock exchanges, one at a time.
+async fn handshake<R, W>(
+    r: &mut R,
+    w: &mut W,
+    config: &ServerConfig,
+) -> Result<(Hello, ClockEstimator), ConnError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = Vec::new();
+    let first = read_payload(r, &mut buf).await;
+    let hello = match first {
+        Ok(()) => check_hello(&buf, config.token.as_deref()),
+        Err(e) => Err(e),
+    };
+    let hello = match hello {
+        Ok(h) => h,
+        Err(ConnError::Refused(reason)) => {
+            let _ = send(
+                w,
+                &CollectorMsg::Refused {
+                    reason: reason.clone(),
+                },
+            )
+            .await;
+            return Err(ConnError::Refused(reason));
+        }
+        Err(e) => return Err(e),
+    };
+    let mut clock = ClockEstimator::default();
+    for _ in 0..config.sync_exchanges {
+        let t1 = monotonic_ns();
+        send(w, &CollectorMsg::Ping { t1 }).await?;
+        read_payload(r, &mut buf).await?;
+        let t4 = monotonic_ns();
+        match wire::decode::<AgentMsg>(&buf)? {
+            AgentMsg::Pong { t1: echo, t2, t3 } if echo == t1 => clock.add(t1, t2, t3, t4),
+            _ => {
+                return Err(ConnError::Refused(
+                    "expected a clock answer during the handshake".into(),
+                ))
+            }
+        }
+    }
+    Ok((hello, clock))
+}
+
+/// After the Welcome: records in; pings and acks out.
+async fn welcomed<R, W>(
+    mut r: R,
+    mut w: W,
+    node: &str,
+    mut clock: ClockEstimator,
+    config: &ServerConfig,
+    tx: &mpsc::Sender<Ingest>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let ack = Arc::new(AtomicU64::new(u64::MAX));
+    // Reading is not cancel-safe, so it runs on its own task and hands on what it read.
+    let (msg_tx, mut msgs) = mpsc::channel::<Result<(AgentMsg, u64), ConnError>>(1024);
+    let reader = tokio::spawn(async move {
+        let mut buf = Vec::with_capacity(4096);
+        loop {
+            let item = match read_payload(&mut r, &mut buf).await {
+                Ok(()) => wire::decode::<AgentMsg>(&buf)
+                    .map(|m| (m, monotonic_ns()))
+                    .map_err(ConnError::from),
+                Err(e) => Err(e),
+            };
+            let stop = item.is_err();
+            if msg_tx.send(item).await.is_err() || stop {
+                break;
+            }
+        }
+    });
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut last_ping = tokio::time::Instant::now();
+    let mut acked = u64::MAX;
+    let result = loop {
+        tokio::select! {
+            item = msgs.recv() => {
+                let Some(item) = item else { break Ok(()) };
+                match item {
+                    Ok((AgentMsg::Record { seq, frame }, _)) => {
+                        let frame = match tag(frame, node) {
+                            Ok(f) => f,
+                            Err(e) => break Err(e),
+                        };
+                        if tx.send(Ingest::Record { seq, frame, ack: ack.clone() }).await.is_err() {
+                            break Ok(());
+                        }
+                    }
+                    Ok((AgentMsg::Pong { t1, t2, t3 }, t4)) => {
+                        clock.add(t1, t2, t3, t4);
+                        if clock.exchanges() % BUCKET as u32 == 0 {
+                            if let Some(c) = clock.estimate(node) {
+                                let _ = tx.send(Ingest::Clock(c)).await;
+                            }
+                        }
+                    }
+                    Ok((AgentMsg::Bye, _)) => break Ok(()),
+                    Ok((AgentMsg::Hello(_), _)) => {
+                        break Err(ConnError::Refused("a second Hello on one connection".into()))
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
+            _ = tick.tick() => {
+                let now_acked = ack.load(Ordering::Acquire);
+                if now_acked != u64::MAX && now_acked != acked {
+                    acked = now_acked;
+                    send(&mut w, &CollectorMsg::Ack { upto: acked }).await?;
+                }
+                if last_ping.elapsed() >= config.ping_every {
+                    last_ping = tokio::time::Instant::now();
+                    send(&mut w, &CollectorMsg::Ping { t1: monotonic_ns() }).await?;
+                }
+            }
+            _ = shutdown.changed() => break Ok(()),
+        }
+    };
+    reader.abort();
+    if let Err(ConnError::Refused(reason)) = &result {
+        let _ = send(
+            &mut w,
+            &CollectorMsg::Refused {
+                reason: reason.clone(),
+            },
+        )
+        .await;
+    }
+    // Whatever was acknowledged at the end still reaches the agent.
+    let last = ack.load(Ordering::Acquire);
+    if last != u64::MAX && last != acked {
+        let _ = send(&mut w, &CollectorMsg::Ack { upto: last }).await;
+    }
+    let _ = w.shutdown().await;
+    result
+}
+
+/// Puts the connection's node name on a record, refusing frames an agent may not send.
+fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
+    match frame {
+        Frame::NodeIteration(mut it) => {
+            it.node = node.to_string();
+            Ok(Frame::NodeIteration(it))
+        }
+        Frame::NodeHealth(mut h) => {
+            h.node = node.to_string();
+            Ok(Frame::NodeHealth(h))
+        }
+        other => Err(ConnError::Refused(format!(
+            "agents send iterations and health reports, not {}",
+            match other {
+                Frame::Header(_) => "run headers",
+                Frame::End(_) => "run ends",
+                Frame::NodeClock(_) => "clock estimates",
+                _ => "raw samples, markers or processes",
+            }
+        ))),
+    }
+}

@@ -1,0 +1,185 @@
+//! `stallscope collector`: the job side of a multi-node job.
+//!
+//! Composes the collector crate's ingest server and job task on a small tokio runtime, says
+//! on stderr what happens to agents (joined, refused and why, gone, records dropped), prints a
+//! live status every few seconds from the live feed, and at SIGINT/SIGTERM writes the end of
+//! the job profile and prints the job summary.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use stallscope_analysis::frame::RunHeader;
+use stallscope_analysis::summary::render_text;
+use stallscope_collector::feed::{JobUpdate, FEED_CAPACITY};
+use stallscope_collector::job::{self, JobTask};
+use stallscope_collector::profile::ProfileWriter;
+use stallscope_collector::server::{self, ServerConfig};
+use stallscope_dashboards::status::StatusModel;
+use tokio::sync::{broadcast, mpsc, watch};
+
+use crate::cli::CollectorArgs;
+
+/// Between two live status lines.
+const STATUS_EVERY: Duration = Duration::from_secs(5);
+
+/// Records queued between the connections and the job task.
+const INGEST_QUEUE: usize = 65_536;
+
+/// The address to listen on, refusing a non-loopback one without a token.
+pub fn listen_addr(listen: &str, has_token: bool) -> anyhow::Result<SocketAddr> {
+    let addr = listen
+        .to_socket_addrs()
+        .with_context(|| format!("--listen {listen:?} is not an address (HOST:PORT)"))?
+        .next()
+        .with_context(|| format!("--listen {listen:?} resolves to no address"))?;
+    if !addr.ip().is_loopback() && !has_token {
+        bail!(
+            "listening on {addr} (not loopback) requires --token-file: anyone who can reach it could send records into the job"
+        );
+    }
+    Ok(addr)
+}
+
+fn say(update: &JobUpdate, status: &mut StatusModel, clocks: &mut Vec<(String, f64, f64)>) {
+    match update {
+        JobUpdate::NodeUp { node, peer } => {
+            eprintln!("stallscope collector: node {node} joined from {peer}")
+        }
+        JobUpdate::NodeDown {
+            node,
+            peer,
+            reason: Some(why),
+        } => eprintln!(
+            "stallscope collector: refused {} ({peer}): {why}",
+            node.as_deref().unwrap_or("an agent")
+        ),
+        JobUpdate::NodeDown {
+            node: Some(node),
+            reason: None,
+            ..
+        } => eprintln!("stallscope collector: node {node} left"),
+        JobUpdate::NodeDown { .. } => {}
+        JobUpdate::Clock(c) => {
+            let entry = (
+                c.node.clone(),
+                c.offset_ns as f64 / 1e6,
+                c.uncertainty_ns as f64 / 1e6,
+            );
+            match clocks.iter_mut().find(|x| x.0 == c.node) {
+                Some(x) => *x = entry,
+                None => clocks.push(entry),
+            }
+        }
+        JobUpdate::Dropped { node, records } => eprintln!(
+            "stallscope collector: node {node} dropped {records} records while the collector was away (its buffer was full)"
+        ),
+        JobUpdate::Joined(b) => status.update(b),
+        JobUpdate::Iteration { .. } => {}
+    }
+}
+
+async fn print_feed(mut feed: broadcast::Receiver<JobUpdate>, quiet: bool) {
+    let mut status = StatusModel::default();
+    let mut clocks: Vec<(String, f64, f64)> = Vec::new();
+    let mut last = Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), feed.recv()).await {
+            Ok(Ok(u)) => say(&u, &mut status, &mut clocks),
+            Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
+            Ok(Err(broadcast::error::RecvError::Closed)) => break,
+            Err(_) => {}
+        }
+        if !quiet && last.elapsed() >= STATUS_EVERY {
+            last = Instant::now();
+            let nodes: Vec<String> = clocks
+                .iter()
+                .map(|(n, o, u)| format!("{n} {o:+.3}±{u:.3} ms"))
+                .collect();
+            eprintln!(
+                "stallscope collector: nodes [{}] · {}",
+                nodes.join(", "),
+                status.render()
+            );
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Runs the collector until SIGINT or SIGTERM; exit code 0.
+pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
+    let token = match &args.token_file {
+        Some(p) => Some(crate::agent_cmd::read_token(p)?),
+        None => None,
+    };
+    let addr = listen_addr(&args.listen, token.is_some())?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        let p = crate::run::default_profile_path();
+        p.with_file_name(format!("job-{}", p.display()))
+    });
+    let writer = ProfileWriter::append(&out)
+        .with_context(|| format!("cannot write the job profile {}", out.display()))?;
+    let header = RunHeader {
+        command: vec!["stallscope".into(), "collector".into()],
+        started_mono_ns: stallscope_collector::monotonic_ns(),
+        ..crate::run::header_for(&[], 0.0, args.warmup)
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the collector's runtime")?;
+    let (summary, write_error) = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        eprintln!(
+            "stallscope collector: listening on {addr} ({}), writing {}",
+            if token.is_some() {
+                "token required"
+            } else {
+                "loopback only, no token"
+            },
+            out.display()
+        );
+        let (feed, feed_rx) = broadcast::channel(FEED_CAPACITY);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (tx, rx) = mpsc::channel(INGEST_QUEUE);
+        let config = ServerConfig {
+            token,
+            ..ServerConfig::default()
+        };
+        let server = tokio::spawn(server::serve(listener, config, tx, stop_rx.clone()));
+        let printer = tokio::spawn(print_feed(feed_rx, args.quiet));
+        let task = JobTask::new(writer, header, feed);
+        let job = tokio::spawn(job::run(task, rx, stop_rx));
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+        let _ = server.await;
+        let result = job.await.context("the job task panicked")?;
+        // Let the printer say the last node events.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        printer.abort();
+        anyhow::Ok(result)
+    })?;
+    if let Some(e) = write_error {
+        eprintln!("stallscope collector: the job profile could not be written to the end: {e}");
+    }
+    let mut summary = summary;
+    summary.profile = Some(out.display().to_string());
+    eprint!("{}", render_text(&summary));
+    if let Some(path) = &args.summary_json {
+        crate::run::write_json(Path::new(path), &summary)?;
+    }
+    Ok(0)
+}

@@ -1,0 +1,453 @@
+//! Multi-node: an agent per node streams to one collector, which aligns clocks, joins the
+//! ranks and names stragglers. Two real DDP trainings:
+//!
+//! 1. Three network namespaces (two nodes and the collector) on a bridge shaped to 20 Mbit/s,
+//!    one rank per node, token required. Node b's agent reports its clock 50 ms behind; a third
+//!    agent with a wrong token and a client sending garbage are refused; the collector is
+//!    killed (SIGKILL) mid-run and restarted on the same profile. The job profile must hold
+//!    every iteration of both ranks, `network` must be the largest category, and both clock
+//!    offsets must be recovered within 1 ms.
+//! 2. On loopback, two agents (one rank each) with rank 1 slowed (`--data-delay-ms 1:30`):
+//!    rank 1 is named straggler, and rank 0's time goes to `peer_wait`.
+//!
+//! Needs root for the namespaces; CI runs as root.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Ends a child by pid when dropped.
+struct Reaped(Child);
+
+impl Reaped {
+    fn spawn(cmd: &mut Command, log: &Path) -> Reaped {
+        let f = std::fs::File::create(log).unwrap();
+        Reaped(
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::from(f))
+                .spawn()
+                .expect("starts"),
+        )
+    }
+
+    /// Sends `sig` and waits (bounded) for the exit; true when it exited successfully.
+    fn stop(&mut self, sig: i32, within: Duration) -> bool {
+        kill(self.0.id(), sig);
+        let end = Instant::now() + within;
+        while Instant::now() < end {
+            if let Ok(Some(st)) = self.0.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    fn wait_success(&mut self, within: Duration, what: &str, log: &Path) {
+        let end = Instant::now() + within;
+        loop {
+            if let Some(st) = self.0.try_wait().unwrap() {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                assert!(st.success(), "{what} failed: {st:?}\n{text}");
+                return;
+            }
+            assert!(Instant::now() < end, "{what} did not finish in {within:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            kill(self.0.id(), libc::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+struct Cluster(String);
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo().join("scripts/netns.sh"))
+            .args(["down", &self.0])
+            .status();
+    }
+}
+
+fn in_ns(ns: Option<&str>) -> Command {
+    match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_stallscope")]);
+            c
+        }
+        None => stallscope(),
+    }
+}
+
+fn generate_images() {
+    run_ok(Command::new(python()).args([
+        &example(),
+        "--iters",
+        "1",
+        "--workers",
+        "0",
+        "--images",
+        "64",
+        "--data-dir",
+        &data_dir(),
+    ]));
+}
+
+/// `stallscope run` around one rank of the example, joining the agent at `socket`.
+fn rank(
+    ns: Option<&str>,
+    socket: &Path,
+    rank: u32,
+    master: &str,
+    port: &str,
+    extra: &[&str],
+) -> Command {
+    let mut c = in_ns(ns);
+    c.args([
+        "run",
+        "-q",
+        "--",
+        &python(),
+        &example(),
+        "--workers",
+        "0",
+        "--batch",
+        "4",
+    ])
+    .args([
+        "--image-size",
+        "32",
+        "--images",
+        "64",
+        "--data-dir",
+        &data_dir(),
+    ])
+    .args(extra)
+    .env("STALLSCOPE_SOCKET", socket)
+    .env(
+        "GLOO_SOCKET_IFNAME",
+        if ns.is_some() { "eth0" } else { "lo" },
+    )
+    .env("RANK", rank.to_string())
+    .env("LOCAL_RANK", "0")
+    .env("WORLD_SIZE", "2")
+    .env("MASTER_ADDR", master)
+    .env("MASTER_PORT", port);
+    c
+}
+
+fn agent(ns: Option<&str>, collector: &str, token: &Path, socket: &Path, node: &str) -> Command {
+    let mut c = in_ns(ns);
+    c.args(["agent", "--collector", collector, "--token-file"])
+        .arg(token)
+        .arg("--socket")
+        .arg(socket)
+        .args(["--node", node]);
+    c
+}
+
+fn collector(ns: Option<&str>, listen: &str, token: &Path, out: &Path, json: &Path) -> Command {
+    let mut c = in_ns(ns);
+    c.args(["collector", "--listen", listen, "--token-file"])
+        .arg(token)
+        .arg("--out")
+        .arg(out)
+        .arg("--summary-json")
+        .arg(json);
+    c
+}
+
+fn log_has(log: &Path, text: &str) -> bool {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains(text)
+}
+
+fn node<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == name)
+        .unwrap_or_else(|| panic!("node {name} in {s:#}"))
+}
+
+#[test]
+fn agents_stream_to_a_collector_across_namespaces_through_refusals_and_a_restart() {
+    if !am_root("create network namespaces") || !have_torch() {
+        return;
+    }
+    generate_images();
+    let prefix = format!("mn{}", std::process::id() % 100_000);
+    let net = format!("{}", 150 + std::process::id() % 100);
+    run_ok(
+        Command::new("bash")
+            .arg(repo().join("scripts/netns.sh"))
+            .args(["up", &prefix, "20mbit", "--net", &net, "--collector"]),
+    );
+    let _cluster = Cluster(prefix.clone());
+    let (na, nb, nc) = (
+        format!("{prefix}a"),
+        format!("{prefix}b"),
+        format!("{prefix}c"),
+    );
+    let master = format!("10.77.{net}.1");
+    let listen = format!("10.77.{net}.3:7571");
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| -> PathBuf { dir.path().join(n) };
+    std::fs::write(d("token"), "s3cret\n").unwrap();
+    std::fs::write(d("wrong"), "guess\n").unwrap();
+
+    let mut col = Reaped::spawn(
+        &mut collector(
+            Some(&nc),
+            &listen,
+            &d("token"),
+            &d("job.stallscope"),
+            &d("first.json"),
+        ),
+        &d("collector1.log"),
+    );
+    assert!(wait_for(Duration::from_secs(10), || log_has(
+        &d("collector1.log"),
+        "listening"
+    )));
+    let mut a = Reaped::spawn(
+        &mut agent(Some(&na), &listen, &d("token"), &d("a.sock"), "node-a"),
+        &d("agent-a.log"),
+    );
+    let mut b = Reaped::spawn(
+        agent(Some(&nb), &listen, &d("token"), &d("b.sock"), "node-b").arg("--clock-offset-ms=-50"),
+        &d("agent-b.log"),
+    );
+    let mut intruder = Reaped::spawn(
+        &mut agent(Some(&na), &listen, &d("wrong"), &d("x.sock"), "intruder"),
+        &d("agent-x.log"),
+    );
+    assert!(wait_for(Duration::from_secs(10), || {
+        log_has(&d("collector1.log"), "node node-a joined")
+            && log_has(&d("collector1.log"), "node node-b joined")
+            && log_has(&d("collector1.log"), "wrong token")
+    }));
+    // A client that speaks no stallscope is told so, and nobody else notices.
+    let garbage = Command::new("ip")
+        .args(["netns", "exec", &na, &python(), "-c"])
+        .arg(format!(
+            "import socket; s=socket.create_connection(('10.77.{net}.3',7571),5); s.sendall(b'\\x00\\x00\\x00\\x08GARBAGE!'); s.settimeout(5); print(s.recv(4096))"
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&garbage.stdout).contains("not a stallscope Hello"),
+        "{garbage:?}"
+    );
+
+    let iters = 30;
+    let mut ranks: Vec<Reaped> = Vec::new();
+    for (r, ns, sock) in [(0, &na, d("a.sock")), (1, &nb, d("b.sock"))] {
+        ranks.push(Reaped::spawn(
+            &mut rank(
+                Some(ns),
+                &sock,
+                r,
+                &master,
+                "29541",
+                &["--iters", &iters.to_string(), "--width", "48"],
+            ),
+            &d(&format!("rank{r}.log")),
+        ));
+    }
+    // Kill the collector once iterations flow, and bring it back on the same profile.
+    assert!(
+        wait_for(Duration::from_secs(120), || {
+            let r = stallscope()
+                .args(["summary", "--json"])
+                .arg(d("job.stallscope"))
+                .output()
+                .unwrap();
+            serde_json::from_slice::<serde_json::Value>(&r.stdout)
+                .is_ok_and(|s| s["job"]["iterations"].as_u64().unwrap_or(0) >= 6)
+        }),
+        "no iterations reached the collector: {}",
+        std::fs::read_to_string(d("collector1.log")).unwrap_or_default()
+    );
+    kill(col.0.id(), libc::SIGKILL);
+    let _ = col.0.wait();
+    std::thread::sleep(Duration::from_secs(2));
+    let mut col2 = Reaped::spawn(
+        &mut collector(
+            Some(&nc),
+            &listen,
+            &d("token"),
+            &d("job.stallscope"),
+            &d("job.json"),
+        ),
+        &d("collector2.log"),
+    );
+    for (i, r) in ranks.iter_mut().enumerate() {
+        r.wait_success(
+            Duration::from_secs(240),
+            "a rank",
+            &d(&format!("rank{i}.log")),
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        a.stop(libc::SIGTERM, Duration::from_secs(20)),
+        "agent a did not end cleanly"
+    );
+    assert!(
+        b.stop(libc::SIGTERM, Duration::from_secs(20)),
+        "agent b did not end cleanly"
+    );
+    intruder.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(
+        col2.stop(libc::SIGTERM, Duration::from_secs(20)),
+        "the collector did not end cleanly"
+    );
+    let log2 = std::fs::read_to_string(d("collector2.log")).unwrap();
+    assert!(
+        log2.contains("straggler") || log2.contains("finding"),
+        "{log2}"
+    );
+
+    // The whole job, from the profile both collector lifetimes wrote.
+    let out = run_ok(
+        stallscope()
+            .args(["summary", "--json"])
+            .arg(d("job.stallscope")),
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ranks_json = s["ranks"].as_array().unwrap();
+    assert_eq!(ranks_json.len(), 2, "{s:#}");
+    for r in ranks_json {
+        assert_eq!(
+            r["iterations"],
+            iters - 1,
+            "every iteration but the warm-up, no loss: {s:#}"
+        );
+    }
+    assert_eq!(largest(&s), "network", "{s:#}");
+    let off_a = node(&s, "node-a")["clock_offset_ms"].as_f64().unwrap();
+    let off_b = node(&s, "node-b")["clock_offset_ms"].as_f64().unwrap();
+    assert!(off_a.abs() < 1.0, "node a's clock: {off_a} ms");
+    assert!(
+        (off_b + 50.0).abs() < 1.0,
+        "node b's injected -50 ms: {off_b} ms"
+    );
+    assert!(!s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n["node"] == "intruder"));
+}
+
+#[test]
+fn a_slowed_rank_on_another_node_is_named_straggler() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| -> PathBuf { dir.path().join(n) };
+    std::fs::write(d("token"), "t\n").unwrap();
+    let port = 17600 + std::process::id() % 300;
+    let listen = format!("127.0.0.1:{port}");
+    let mut col = Reaped::spawn(
+        &mut collector(
+            None,
+            &listen,
+            &d("token"),
+            &d("job.stallscope"),
+            &d("job.json"),
+        ),
+        &d("collector.log"),
+    );
+    assert!(wait_for(Duration::from_secs(10), || log_has(
+        &d("collector.log"),
+        "listening"
+    )));
+    let mut agents: Vec<Reaped> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            Reaped::spawn(
+                &mut agent(
+                    None,
+                    &listen,
+                    &d("token"),
+                    &d(&format!("{n}.sock")),
+                    &format!("node-{n}"),
+                ),
+                &d(&format!("agent-{n}.log")),
+            )
+        })
+        .collect();
+    assert!(wait_for(Duration::from_secs(10), || {
+        log_has(&d("collector.log"), "node-a joined")
+            && log_has(&d("collector.log"), "node-b joined")
+    }));
+    let gloo_port = (29700 + std::process::id() % 200).to_string();
+    let mut ranks: Vec<Reaped> = [(0, "a"), (1, "b")]
+        .iter()
+        .map(|(r, n)| {
+            Reaped::spawn(
+                &mut rank(
+                    None,
+                    &d(&format!("{n}.sock")),
+                    *r,
+                    "127.0.0.1",
+                    &gloo_port,
+                    &["--iters", "25", "--data-delay-ms", "1:30"],
+                ),
+                &d(&format!("rank{r}.log")),
+            )
+        })
+        .collect();
+    for (i, r) in ranks.iter_mut().enumerate() {
+        r.wait_success(
+            Duration::from_secs(240),
+            "a rank",
+            &d(&format!("rank{i}.log")),
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    for a in &mut agents {
+        assert!(a.stop(libc::SIGTERM, Duration::from_secs(20)));
+    }
+    assert!(col.stop(libc::SIGTERM, Duration::from_secs(20)));
+    let s = read_json(&d("job.json"));
+    let main = &s["stragglers"];
+    let named: Vec<u64> = main
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["rank"].as_u64().unwrap())
+        .collect();
+    assert!(!named.is_empty() && named.iter().all(|r| *r == 1), "{s:#}");
+    assert_eq!(main[0]["node"], "node-b", "{s:#}");
+    let r0 = s["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rank"] == 0)
+        .unwrap();
+    assert!(
+        r0["categories"]["peer_wait"]["fraction"].as_f64().unwrap() > 0.3,
+        "rank 0 waits for rank 1: {s:#}"
+    );
+    let text = std::fs::read_to_string(d("collector.log")).unwrap();
+    assert!(text.contains("straggler: rank 1 on node node-b"), "{text}");
+}
