@@ -26,14 +26,22 @@ fn twenty_agents_for_a_second_deliver_every_record() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let rows = read_json(&json);
     let row = &rows[0];
-    let n = |k: &str| row[k].as_u64().unwrap_or_else(|| panic!("{k} in {row}\n{stdout}"));
+    let n = |k: &str| {
+        row[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k} in {row}\n{stdout}"))
+    };
     assert_eq!(n("connected"), 20, "{stdout}");
     assert!(row["error"].is_null(), "{stdout}");
     // Every record sent was written to the job profile and acknowledged…
     assert!(n("sent") > 20 * 100, "{stdout}");
     assert_eq!(n("acked"), n("sent"), "{stdout}");
     // …and every iteration (all records but one health report per agent) reached the feed.
-    assert_eq!(row["totals"]["frames"].as_u64(), Some(n("sent") - 20), "{stdout}");
+    assert_eq!(
+        row["totals"]["frames"].as_u64(),
+        Some(n("sent") - 20),
+        "{stdout}"
+    );
     assert_eq!(row["totals"]["lagged"].as_u64(), Some(0), "{stdout}");
     assert!(row["window"]["p99_ms"].as_f64().is_some(), "{stdout}");
     assert!(row["window"]["cpu_s"].as_f64().unwrap() > 0.0, "{stdout}");

@@ -90,7 +90,13 @@ pub fn values_per_frame(it: &NodeIteration) -> usize {
 
 /// Iteration `iter` of agent `index`, ending at `end_ns` after `wall_ns`: 60% compute, 10%
 /// data prep, then one collective of 30% (20% network, 10% peer wait), as a DDP step would.
-pub fn iteration(index: usize, agents: usize, iter: u64, end_ns: Nanos, wall_ns: u64) -> NodeIteration {
+pub fn iteration(
+    index: usize,
+    agents: usize,
+    iter: u64,
+    end_ns: Nanos,
+    wall_ns: u64,
+) -> NodeIteration {
     let part = |pct: u64| wall_ns * pct / 100;
     let mut split = Split::default();
     split.add(Category::Compute, part(60));

@@ -89,7 +89,10 @@ mod tests {
         for us in [0, 1, 999, 1023, 1024, 1500, 250_000, 3_000_000, 1 << 31] {
             let floor = bucket_floor(bucket(us));
             assert!(floor <= us, "{us}: floor {floor}");
-            assert!((us - floor) as f64 <= us as f64 * 0.002 + 0.5, "{us}: {floor}");
+            assert!(
+                (us - floor) as f64 <= us as f64 * 0.002 + 0.5,
+                "{us}: {floor}"
+            );
         }
     }
 

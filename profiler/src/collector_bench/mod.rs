@@ -197,11 +197,13 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
             .collect();
         // Every agent welcomed or given up.
         loop {
-            let done = control.welcomed.load(Ordering::Acquire) + control.failed.load(Ordering::Acquire);
+            let done =
+                control.welcomed.load(Ordering::Acquire) + control.failed.load(Ordering::Acquire);
             if done >= n {
                 break;
             }
-            let _ = tokio::time::timeout(Duration::from_millis(100), control.changed.notified()).await;
+            let _ =
+                tokio::time::timeout(Duration::from_millis(100), control.changed.notified()).await;
         }
         let connected = control.welcomed.load(Ordering::Acquire);
         let start = tokio::time::Instant::now() + Duration::from_millis(50);
@@ -314,8 +316,7 @@ pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
     if !(args.rate > 0.0 && args.rate <= 10_000.0) {
         bail!("--rate must be between 0 and 10000 Hz, not {}", args.rate);
     }
-    if !(args.seconds > 0.0 && args.seconds <= 600.0 && args.warmup >= 0.0 && args.warmup <= 60.0)
-    {
+    if !(args.seconds > 0.0 && args.seconds <= 600.0 && args.warmup >= 0.0 && args.warmup <= 60.0) {
         bail!("--seconds must be in (0, 600] and --warmup in [0, 60]");
     }
     let most = args.agents.iter().copied().max().unwrap_or(0);

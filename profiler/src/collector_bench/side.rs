@@ -116,7 +116,11 @@ async fn measure(mut feed: broadcast::Receiver<JobUpdate>, probe: Arc<Mutex<Prob
             }
             Ok(_) => {}
             Err(broadcast::error::RecvError::Lagged(n)) => {
-                probe.lock().unwrap_or_else(|e| e.into_inner()).totals.lagged += n;
+                probe
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .totals
+                    .lagged += n;
             }
             Err(broadcast::error::RecvError::Closed) => break,
         }
@@ -207,7 +211,9 @@ pub fn run() -> anyhow::Result<i32> {
         }
         let (_summary, write_error) = collector.stop().await?;
         if let Some(e) = write_error {
-            eprintln!("stallscope collector-bench: the job profile was not written to the end: {e}");
+            eprintln!(
+                "stallscope collector-bench: the job profile was not written to the end: {e}"
+            );
         }
         anyhow::Ok(())
     })?;
