@@ -203,7 +203,7 @@ pub(crate) fn raise_nofile_limit() -> u64 {
             }
         }
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }
 
 /// Runs the collector until SIGINT or SIGTERM; exit code 0.
