@@ -6,7 +6,7 @@
 //! the records to their agents: an acknowledged record is in the file, so an agent may forget
 //! it. Updates go out on the live feed as they happen.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +31,9 @@ pub struct JobTask {
     pub write_error: Option<String>,
     job: JobTimeline,
     feed: broadcast::Sender<JobUpdate>,
-    /// Per connection, the highest sequence number written since the last flush.
-    unflushed: Vec<(Arc<AtomicU64>, u64)>,
+    /// Per connection (by the address of its ack cell), the cell and the highest sequence
+    /// number written since the last flush.
+    unflushed: HashMap<usize, (Arc<AtomicU64>, u64)>,
     dropped: BTreeMap<String, u64>,
 }
 
@@ -48,7 +49,7 @@ impl JobTask {
             write_error: None,
             job: JobTimeline::default(),
             feed,
-            unflushed: Vec::new(),
+            unflushed: HashMap::new(),
             dropped: BTreeMap::new(),
         };
         t.emit(Frame::Header(header));
@@ -107,14 +108,12 @@ impl JobTask {
                     _ => None,
                 };
                 self.emit(frame);
-                match self
-                    .unflushed
-                    .iter_mut()
-                    .find(|(a, _)| Arc::ptr_eq(a, &ack))
-                {
-                    Some(entry) => entry.1 = entry.1.max(seq),
-                    None => self.unflushed.push((ack, seq)),
-                }
+                // Keyed by the connection's ack cell: one entry per connection, found without
+                // a scan over every connection (1,000 agents would make that the hot spot).
+                self.unflushed
+                    .entry(Arc::as_ptr(&ack) as usize)
+                    .and_modify(|entry| entry.1 = entry.1.max(seq))
+                    .or_insert((ack, seq));
                 if let Some(u) = update {
                     self.publish(u);
                 }
@@ -132,7 +131,7 @@ impl JobTask {
             }
         }
         if self.writer.is_some() {
-            for (ack, seq) in self.unflushed.drain(..) {
+            for (_, (ack, seq)) in self.unflushed.drain() {
                 ack.store(seq, Ordering::Release);
             }
         }

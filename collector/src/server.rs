@@ -20,6 +20,10 @@ use tokio::sync::{mpsc, watch};
 use crate::clock::{ClockEstimator, BUCKET};
 use crate::monotonic_ns;
 
+/// How long the server waits after a failed accept (no file descriptor left) before it tries
+/// again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
 /// How the server behaves.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -166,7 +170,15 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else { continue };
+                let (stream, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(_) => {
+                        // Out of file descriptors (or memory): the pending connection stays
+                        // queued and accept fails again at once, so wait instead of spinning.
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                };
                 let _ = stream.set_nodelay(true);
                 let (config, tx, shutdown) = (config.clone(), tx.clone(), shutdown.clone());
                 tokio::spawn(async move { connection(stream, peer, config, tx, shutdown).await });

@@ -38,6 +38,10 @@ pub enum Command {
     /// Job collector of a multi-node job: takes the agents' streams, aligns their clocks,
     /// joins the ranks' iterations, names stragglers, and writes the job profile.
     Collector(CollectorArgs),
+    /// Load benchmark of the collector: simulated agents on loopback against a real
+    /// collector in a child process, ramped over agent counts.
+    #[command(hide = true)]
+    CollectorBench(CollectorBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -88,6 +92,37 @@ pub struct NvmlBenchArgs {
     /// Calls timed per NVML function and GPU.
     #[arg(long, default_value_t = 1000)]
     pub rounds: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct CollectorBenchArgs {
+    /// Agent counts, one step each, in order.
+    #[arg(long, value_delimiter = ',', default_value = "100,250,500,1000,2000")]
+    pub agents: Vec<usize>,
+    /// Iterations (frames) each agent ships per second, Hz.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// Measured window per step, s.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Shipping before the window opens, s (not measured).
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
+    /// Threads running the simulated agents.
+    #[arg(long, default_value_t = 1)]
+    pub agent_threads: usize,
+    /// p99 latency a sustained step must stay under, ms.
+    #[arg(long, default_value_t = 250.0)]
+    pub p99_goal_ms: f64,
+    /// Stop the ramp at the first step not sustained.
+    #[arg(long)]
+    pub stop_at_failure: bool,
+    /// Also write every step's figures here, as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Run the collector side (started by the benchmark itself).
+    #[arg(long, hide = true)]
+    pub collector_side: bool,
 }
 
 #[derive(Debug, Args)]

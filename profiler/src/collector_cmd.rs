@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use stallscope_analysis::frame::RunHeader;
-use stallscope_analysis::summary::render_text;
+use stallscope_analysis::summary::{render_text, Summary};
 use stallscope_collector::feed::{JobUpdate, FEED_CAPACITY};
 use stallscope_collector::job::{self, JobTask};
 use stallscope_collector::profile::ProfileWriter;
@@ -116,6 +116,96 @@ async fn shutdown_signal() {
     }
 }
 
+/// The collector's tasks, running on the current tokio runtime: the ingest server, the job
+/// task and the feed printer. `stallscope collector` and the collector side of
+/// `stallscope collector-bench` both start exactly this, so the benchmark measures the code a
+/// user runs.
+pub(crate) struct Collector {
+    feed: broadcast::Sender<JobUpdate>,
+    stop: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<()>,
+    job: tokio::task::JoinHandle<(Summary, Option<String>)>,
+    printer: tokio::task::JoinHandle<()>,
+}
+
+impl Collector {
+    /// Starts serving `listener`, writing the job profile with `writer` from `header`.
+    pub(crate) fn start(
+        listener: tokio::net::TcpListener,
+        config: ServerConfig,
+        writer: ProfileWriter,
+        header: RunHeader,
+        quiet: bool,
+    ) -> Collector {
+        let (feed, feed_rx) = broadcast::channel(FEED_CAPACITY);
+        let (stop, stop_rx) = watch::channel(false);
+        let (tx, rx) = mpsc::channel(INGEST_QUEUE);
+        let server = tokio::spawn(server::serve(listener, config, tx, stop_rx.clone()));
+        let printer = tokio::spawn(print_feed(feed_rx, quiet));
+        let task = JobTask::new(writer, header, feed.clone());
+        let job = tokio::spawn(job::run(task, rx, stop_rx));
+        Collector {
+            feed,
+            stop,
+            server,
+            job,
+            printer,
+        }
+    }
+
+    /// A new subscriber to the live feed.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<JobUpdate> {
+        self.feed.subscribe()
+    }
+
+    /// Stops accepting, ends the job profile and returns the job summary and any write error.
+    pub(crate) async fn stop(self) -> anyhow::Result<(Summary, Option<String>)> {
+        let _ = self.stop.send(true);
+        let _ = self.server.await;
+        let result = self.job.await.context("the job task panicked")?;
+        // Let the printer say the last node events.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.printer.abort();
+        Ok(result)
+    }
+}
+
+/// The collector's runtime: two worker threads, whatever the machine (the collector shares
+/// its node with other work).
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("stallscope-collector")
+        .enable_all()
+        .build()
+}
+
+/// Raises this process's soft limit on open files to its hard limit: every agent holds one
+/// socket, and the usual soft limit of 1,024 would refuse agents beyond it. Returns the
+/// limit now in force.
+pub(crate) fn raise_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the rlimit we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+    }
+    lim.rlim_cur
+}
+
 /// Runs the collector until SIGINT or SIGTERM; exit code 0.
 pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
     let token = match &args.token_file {
@@ -134,11 +224,8 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
         started_mono_ns: stallscope_collector::monotonic_ns(),
         ..crate::run::header_for(&[], 0.0, args.warmup)
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the collector's runtime")?;
+    raise_nofile_limit();
+    let rt = runtime().context("cannot start the collector's runtime")?;
     let (summary, write_error) = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -152,25 +239,13 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
             },
             out.display()
         );
-        let (feed, feed_rx) = broadcast::channel(FEED_CAPACITY);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let (tx, rx) = mpsc::channel(INGEST_QUEUE);
         let config = ServerConfig {
             token,
             ..ServerConfig::default()
         };
-        let server = tokio::spawn(server::serve(listener, config, tx, stop_rx.clone()));
-        let printer = tokio::spawn(print_feed(feed_rx, args.quiet));
-        let task = JobTask::new(writer, header, feed);
-        let job = tokio::spawn(job::run(task, rx, stop_rx));
+        let collector = Collector::start(listener, config, writer, header, args.quiet);
         shutdown_signal().await;
-        let _ = stop_tx.send(true);
-        let _ = server.await;
-        let result = job.await.context("the job task panicked")?;
-        // Let the printer say the last node events.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        printer.abort();
-        anyhow::Ok(result)
+        collector.stop().await
     })?;
     if let Some(e) = write_error {
         eprintln!("stallscope collector: the job profile could not be written to the end: {e}");

@@ -3,6 +3,7 @@
 mod agent_cmd;
 mod child;
 mod cli;
+mod collector_bench;
 mod collector_cmd;
 mod doctor;
 mod experiment;
@@ -27,6 +28,7 @@ fn main() {
         cli::Command::NvmlBench(args) => nvml_bench::nvml_bench(args),
         cli::Command::Agent(args) => agent_cmd::agent(args),
         cli::Command::Collector(args) => collector_cmd::collector(args),
+        cli::Command::CollectorBench(args) => collector_bench::collector_bench(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

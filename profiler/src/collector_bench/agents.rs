@@ -1,0 +1,318 @@
+//! Simulated agents: many in one process, each a tokio task with its own TCP connection that
+//! speaks the real protocol (`analysis::wire`): Hello with the token, answers to the
+//! collector's clock pings (during the handshake and after), then numbered records, reading
+//! the collector's acknowledgements, and a Bye at the end.
+//!
+//! What one agent ships is what `stallscope agent` ships: one [`Frame::NodeHealth`] first,
+//! then one [`Frame::NodeIteration`] per attributed iteration. A simulated agent is a node with
+//! one rank whose iterations end at `rate` Hz, so one frame is one rank's iteration, the unit
+//! the collector joins. Iteration `k` of every agent ends at `go + phase + k / rate`, the
+//! phases spread evenly over one period so that the load is as smooth as unsynchronised nodes
+//! make it. Each record carries that scheduled end as its `end_ns` (`CLOCK_MONOTONIC`, the
+//! collector's clock too on this one machine), so an agent that falls behind its schedule
+//! counts against the latency instead of hiding it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stallscope_analysis::attribution::{Basis, Coverage, Evidence, IterationBreakdown};
+use stallscope_analysis::category::{Category, Split};
+use stallscope_analysis::frame::{CommSpan, Frame, NodeHealth, NodeIteration};
+use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VERSION};
+use stallscope_analysis::Nanos;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use stallscope_agent::clock::monotonic_ns;
+
+/// How one simulated agent behaves.
+#[derive(Clone, Debug)]
+pub struct AgentPlan {
+    /// The collector.
+    pub addr: SocketAddr,
+    /// The shared token.
+    pub token: String,
+    /// Agents in the job (the world size each rank announces).
+    pub agents: usize,
+    /// Hz, iterations (frames) per agent per second.
+    pub rate_hz: f64,
+    /// How long an agent may take to be welcomed.
+    pub connect_within: Duration,
+    /// How long an agent waits at the end for every record to be acknowledged.
+    pub drain_within: Duration,
+}
+
+/// When the agents start shipping, on both forms of the same monotonic clock.
+#[derive(Clone, Copy, Debug)]
+pub struct Go {
+    /// The start, for tokio's timers.
+    pub at: Instant,
+    /// ns, `CLOCK_MONOTONIC`, the same instant.
+    pub mono_ns: Nanos,
+}
+
+/// What the agents share with the driver.
+pub struct Control {
+    /// Agents welcomed so far.
+    pub welcomed: AtomicUsize,
+    /// Agents that gave up before being welcomed.
+    pub failed: AtomicUsize,
+    /// Raised whenever one of the counters above moves.
+    pub changed: Notify,
+    /// Connections opened at once (the listen backlog is finite).
+    pub connecting: Semaphore,
+    /// `Some` once the agents may ship.
+    pub go: watch::Receiver<Option<Go>>,
+    /// `true` once the agents should stop shipping and drain.
+    pub stop: watch::Receiver<bool>,
+}
+
+/// How one agent's run went.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Records sent (the health report included).
+    pub sent: u64,
+    /// Records the collector acknowledged.
+    pub acked: u64,
+    /// Why the agent stopped early, if it did.
+    pub error: Option<String>,
+}
+
+/// The numbers a frame carries, per [`NodeIteration`]: start and end, 7 categories, each
+/// evidence entry, the 2 coverage figures, and begin and end of each collective.
+pub fn values_per_frame(it: &NodeIteration) -> usize {
+    2 + it.breakdown.split.ns.len() + it.breakdown.evidence.len() + 2 + 2 * it.comm.len()
+}
+
+/// Iteration `iter` of agent `index`, ending at `end_ns` after `wall_ns`: 60% compute, 10%
+/// data prep, then one collective of 30% (20% network, 10% peer wait), as a DDP step would.
+pub fn iteration(
+    index: usize,
+    agents: usize,
+    iter: u64,
+    end_ns: Nanos,
+    wall_ns: u64,
+) -> NodeIteration {
+    let part = |pct: u64| wall_ns * pct / 100;
+    let mut split = Split::default();
+    split.add(Category::Compute, part(60));
+    split.add(Category::DataPrep, part(10));
+    split.add(Category::Network, part(20));
+    split.add(Category::PeerWait, wall_ns - part(60) - part(10) - part(20));
+    let evidence = [
+        (Category::Compute, Basis::ComputeMarker),
+        (Category::DataPrep, Basis::DataLoaderCpu),
+        (Category::Network, Basis::CommNicBytes),
+        (Category::PeerWait, Basis::PeerArrival),
+    ]
+    .into_iter()
+    .map(|(category, basis)| Evidence {
+        category,
+        basis,
+        ns: split.get(category),
+    })
+    .collect();
+    NodeIteration {
+        node: String::new(),
+        breakdown: IterationBreakdown {
+            rank: index as u32,
+            pid: 10_000 + index as u32,
+            iter,
+            start_ns: end_ns.saturating_sub(wall_ns),
+            end_ns,
+            split,
+            evidence,
+            coverage: Coverage {
+                marked_ns: wall_ns,
+                sampled_ns: wall_ns,
+            },
+        },
+        comm: vec![CommSpan {
+            begin: end_ns.saturating_sub(part(30)),
+            end: end_ns,
+        }],
+        world_size: Some(agents as u32),
+    }
+}
+
+/// One agent's connection, its incoming bytes and its record counters.
+struct Conn {
+    stream: TcpStream,
+    inbox: Vec<u8>,
+    next_seq: u64,
+    acked: u64,
+}
+
+impl Conn {
+    async fn send(&mut self, msg: &AgentMsg) -> Result<(), String> {
+        self.stream
+            .write_all(&wire::encode(msg))
+            .await
+            .map_err(|e| format!("send: {e}"))
+    }
+
+    async fn record(&mut self, frame: Frame) -> Result<(), String> {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.send(&AgentMsg::Record { seq, frame }).await
+    }
+
+    /// Takes the messages that have arrived whole, answering pings; returns whether the
+    /// collector welcomed the agent among them.
+    async fn handle(&mut self) -> Result<bool, String> {
+        let mut welcomed = false;
+        loop {
+            if self.inbox.len() < 4 {
+                return Ok(welcomed);
+            }
+            let len = wire::payload_len(self.inbox[..4].try_into().expect("4 bytes"))
+                .map_err(|e| e.to_string())?;
+            if self.inbox.len() < 4 + len {
+                return Ok(welcomed);
+            }
+            let msg: CollectorMsg =
+                wire::decode(&self.inbox[4..4 + len]).map_err(|e| e.to_string())?;
+            self.inbox.drain(..4 + len);
+            match msg {
+                CollectorMsg::Ping { t1 } => {
+                    let t2 = monotonic_ns();
+                    self.send(&AgentMsg::Pong { t1, t2, t3: t2 }).await?;
+                }
+                CollectorMsg::Welcome { .. } => welcomed = true,
+                CollectorMsg::Ack { upto } => self.acked = self.acked.max(upto + 1),
+                CollectorMsg::Refused { reason } => return Err(format!("refused: {reason}")),
+            }
+        }
+    }
+
+    /// Reads what arrives (cancel-safe: `read_buf` reads nothing when cancelled).
+    async fn read(&mut self) -> Result<(), String> {
+        match self.stream.read_buf(&mut self.inbox).await {
+            Ok(0) => Err("the collector closed the connection".into()),
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("read: {e}")),
+        }
+    }
+}
+
+/// Connects and waits for the Welcome.
+async fn connect(index: usize, plan: &AgentPlan) -> Result<Conn, String> {
+    let stream = TcpStream::connect(plan.addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let mut conn = Conn {
+        stream,
+        inbox: Vec::with_capacity(256),
+        next_seq: 0,
+        acked: 0,
+    };
+    conn.send(&AgentMsg::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        token: plan.token.clone(),
+        node: format!("sim-{index}"),
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+    }))
+    .await?;
+    loop {
+        conn.read().await?;
+        if conn.handle().await? {
+            return Ok(conn);
+        }
+    }
+}
+
+/// Runs agent `index` from connection to goodbye.
+pub async fn agent(index: usize, plan: Arc<AgentPlan>, control: Arc<Control>) -> Outcome {
+    let mut outcome = Outcome::default();
+    let conn = {
+        let _permit = control.connecting.acquire().await;
+        tokio::time::timeout(plan.connect_within, connect(index, &plan)).await
+    };
+    let mut conn = match conn {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            outcome.error = Some(e);
+            control.failed.fetch_add(1, Ordering::AcqRel);
+            control.changed.notify_one();
+            return outcome;
+        }
+        Err(_) => {
+            outcome.error = Some("not welcomed in time".into());
+            control.failed.fetch_add(1, Ordering::AcqRel);
+            control.changed.notify_one();
+            return outcome;
+        }
+    };
+    control.welcomed.fetch_add(1, Ordering::AcqRel);
+    control.changed.notify_one();
+    let result = ship(index, &plan, &control, &mut conn).await;
+    outcome.sent = conn.next_seq;
+    outcome.acked = conn.acked;
+    outcome.error = result.err();
+    let _ = conn.send(&AgentMsg::Bye).await;
+    let _ = conn.stream.shutdown().await;
+    outcome
+}
+
+/// Ships on schedule until told to stop, then waits for the acknowledgements.
+async fn ship(
+    index: usize,
+    plan: &AgentPlan,
+    control: &Control,
+    conn: &mut Conn,
+) -> Result<(), String> {
+    let mut go_rx = control.go.clone();
+    let go = loop {
+        if let Some(go) = *go_rx.borrow_and_update() {
+            break go;
+        }
+        tokio::select! {
+            r = go_rx.changed() => r.map_err(|_| "the driver went away".to_string())?,
+            r = conn.read() => { r?; conn.handle().await?; }
+        }
+    };
+    let period_ns = (1e9 / plan.rate_hz) as u64;
+    let phase_ns = period_ns * index as u64 / plan.agents.max(1) as u64;
+    let first_end = go.mono_ns + phase_ns;
+    let mut tick = tokio::time::interval_at(
+        go.at + Duration::from_nanos(phase_ns),
+        Duration::from_nanos(period_ns),
+    );
+    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    conn.record(Frame::NodeHealth(NodeHealth::default()))
+        .await?;
+    let mut iter = 0u64;
+    let mut stop = control.stop.clone();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                // Every iteration whose end is due, stamped with its scheduled end.
+                let now = monotonic_ns();
+                while first_end + iter * period_ns <= now {
+                    let end = first_end + iter * period_ns;
+                    let it = iteration(index, plan.agents, iter, end, period_ns);
+                    conn.record(Frame::NodeIteration(it)).await?;
+                    iter += 1;
+                }
+            }
+            r = conn.read() => { r?; conn.handle().await?; }
+            _ = stop.changed() => break,
+        }
+    }
+    let deadline = Instant::now() + plan.drain_within;
+    while conn.acked < conn.next_seq {
+        match tokio::time::timeout_at(deadline, conn.read()).await {
+            Ok(r) => {
+                r?;
+                conn.handle().await?;
+            }
+            Err(_) => break,
+        }
+    }
+    Ok(())
+}

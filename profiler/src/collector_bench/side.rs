@@ -1,0 +1,221 @@
+//! The collector side of the benchmark: a process of its own, so that its CPU time
+//! (`getrusage`) and memory (RSS) are the collector's alone.
+//!
+//! It starts the real collector ([`Collector::start`], as `stallscope collector` does: the
+//! ingest server with a token, the job task writing a job profile, the live feed and its
+//! printer) on loopback, plus one more live-feed subscriber that measures each
+//! [`JobUpdate::Iteration`]'s latency: the time it is received minus the iteration's end
+//! (already on the collector's clock), which the simulated agent stamped when it scheduled the
+//! record.
+//!
+//! The driver speaks to it by lines: it prints `addr HOST:PORT` once listening; on stdin,
+//! `mark` opens the measured window, `end` closes it and answers a [`WindowReport`] as one
+//! JSON line, and `finish` answers the [`Totals`] and stops the collector.
+
+use std::io::{BufRead, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use stallscope_analysis::frame::RunHeader;
+use stallscope_collector::feed::JobUpdate;
+use stallscope_collector::monotonic_ns;
+use stallscope_collector::profile::ProfileWriter;
+use stallscope_collector::server::ServerConfig;
+use tokio::sync::broadcast;
+
+use super::histogram::Histogram;
+use crate::collector_cmd::{raise_nofile_limit, runtime, Collector};
+
+/// The token the benchmark's agents present.
+pub const TOKEN: &str = "collector-bench";
+
+/// What the collector did during the measured window.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct WindowReport {
+    /// s, the window's length.
+    pub wall_s: f64,
+    /// s, CPU time of the collector process (user + system) in the window.
+    pub cpu_s: f64,
+    /// Iteration frames that reached the live feed in the window.
+    pub frames: u64,
+    /// ms, latency from the iteration's end to the live feed: median.
+    pub p50_ms: Option<f64>,
+    /// ms, 99th percentile.
+    pub p99_ms: Option<f64>,
+    /// ms, the largest.
+    pub max_ms: Option<f64>,
+    /// MiB, resident memory at the window's end.
+    pub rss_mib: f64,
+    /// MiB, resident memory at the window's start.
+    pub rss_start_mib: f64,
+    /// MiB, the most resident memory since the collector started.
+    pub rss_peak_mib: f64,
+}
+
+/// Everything the latency subscriber saw since the collector started.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Totals {
+    /// Iteration frames that reached the live feed.
+    pub frames: u64,
+    /// Updates the subscriber missed because it fell behind the feed.
+    pub lagged: u64,
+}
+
+/// The measured window, while open.
+struct Window {
+    started: Instant,
+    cpu_s: f64,
+    frames_before: u64,
+    rss_start_mib: f64,
+    latency: Histogram,
+}
+
+#[derive(Default)]
+struct Probe {
+    totals: Totals,
+    window: Option<Window>,
+}
+
+/// s, CPU time (user + system) of this process so far.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct we own.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// MiB, a `kB` line of `/proc/self/status` (`VmRSS`, `VmHWM`).
+fn status_mib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+async fn measure(mut feed: broadcast::Receiver<JobUpdate>, probe: Arc<Mutex<Probe>>) {
+    loop {
+        match feed.recv().await {
+            Ok(JobUpdate::Iteration { end_ns, .. }) => {
+                let us = monotonic_ns().saturating_sub(end_ns) / 1000;
+                let mut p = probe.lock().unwrap_or_else(|e| e.into_inner());
+                p.totals.frames += 1;
+                if let Some(w) = p.window.as_mut() {
+                    w.latency.record(us);
+                }
+            }
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                probe
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .totals
+                    .lagged += n;
+            }
+            Err(broadcast::error::RecvError::Closed) => break,
+        }
+    }
+}
+
+fn answer<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string(value)?)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Runs the collector side until `finish` (or the end of stdin).
+pub fn run() -> anyhow::Result<i32> {
+    raise_nofile_limit();
+    let dir = tempfile::Builder::new()
+        .prefix("stallscope-collector-bench-")
+        .tempdir()
+        .context("cannot create the benchmark's directory")?;
+    let writer = ProfileWriter::create(dir.path().join("job.stallscope"))
+        .context("cannot create the benchmark's job profile")?;
+    let header = RunHeader {
+        command: vec!["stallscope".into(), "collector-bench".into()],
+        started_mono_ns: monotonic_ns(),
+        ..crate::run::header_for(&[], 0.0, 0)
+    };
+    let rt = runtime().context("cannot start the collector's runtime")?;
+    let probe = Arc::new(Mutex::new(Probe::default()));
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("cannot listen on loopback")?;
+        let addr = listener.local_addr()?;
+        let config = ServerConfig {
+            token: Some(TOKEN.into()),
+            ..ServerConfig::default()
+        };
+        let collector = Collector::start(listener, config, writer, header, true);
+        tokio::spawn(measure(collector.subscribe(), probe.clone()));
+        println!("addr {addr}");
+        std::io::stdout().flush()?;
+        while let Some(line) = lines.recv().await {
+            let mut p = probe.lock().unwrap_or_else(|e| e.into_inner());
+            match line.trim() {
+                "mark" => {
+                    p.window = Some(Window {
+                        started: Instant::now(),
+                        cpu_s: cpu_seconds(),
+                        frames_before: p.totals.frames,
+                        rss_start_mib: status_mib("VmRSS:"),
+                        latency: Histogram::default(),
+                    });
+                    answer(&"marked")?;
+                }
+                "end" => {
+                    let report = match p.window.take() {
+                        Some(w) => WindowReport {
+                            wall_s: w.started.elapsed().as_secs_f64(),
+                            cpu_s: cpu_seconds() - w.cpu_s,
+                            frames: p.totals.frames - w.frames_before,
+                            p50_ms: w.latency.quantile_ms(0.50),
+                            p99_ms: w.latency.quantile_ms(0.99),
+                            max_ms: (w.latency.count > 0).then(|| w.latency.max_us as f64 / 1e3),
+                            rss_mib: status_mib("VmRSS:"),
+                            rss_start_mib: w.rss_start_mib,
+                            rss_peak_mib: status_mib("VmHWM:"),
+                        },
+                        None => WindowReport::default(),
+                    };
+                    answer(&report)?;
+                }
+                "finish" => {
+                    answer(&p.totals)?;
+                    break;
+                }
+                other => anyhow::bail!("unknown command {other:?}"),
+            }
+        }
+        let (_summary, write_error) = collector.stop().await?;
+        if let Some(e) = write_error {
+            eprintln!(
+                "stallscope collector-bench: the job profile was not written to the end: {e}"
+            );
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(0)
+}

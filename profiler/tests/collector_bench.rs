@@ -1,0 +1,48 @@
+//! The collector load benchmark, small: 20 simulated agents for about a second, every record
+//! acknowledged and on the live feed. The benchmark proper (`stallscope collector-bench`, see
+//! docs/BENCHMARKS.md) is not a test.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn twenty_agents_for_a_second_deliver_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = run_ok(stallscope().args([
+        "collector-bench",
+        "--agents",
+        "20",
+        "--seconds",
+        "1",
+        "--warmup",
+        "0.2",
+        "--p99-goal-ms",
+        "60000", // the latency is the benchmark's business, not CI's
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows = read_json(&json);
+    let row = &rows[0];
+    let n = |k: &str| {
+        row[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k} in {row}\n{stdout}"))
+    };
+    assert_eq!(n("connected"), 20, "{stdout}");
+    assert!(row["error"].is_null(), "{stdout}");
+    // Every record sent was written to the job profile and acknowledged…
+    assert!(n("sent") > 20 * 100, "{stdout}");
+    assert_eq!(n("acked"), n("sent"), "{stdout}");
+    // …and every iteration (all records but one health report per agent) reached the feed.
+    assert_eq!(
+        row["totals"]["frames"].as_u64(),
+        Some(n("sent") - 20),
+        "{stdout}"
+    );
+    assert_eq!(row["totals"]["lagged"].as_u64(), Some(0), "{stdout}");
+    assert!(row["window"]["p99_ms"].as_f64().is_some(), "{stdout}");
+    assert!(row["window"]["cpu_s"].as_f64().unwrap() > 0.0, "{stdout}");
+}
