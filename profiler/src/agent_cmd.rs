@@ -19,7 +19,6 @@ use stallscope_agent::markers::{MarkerEvent, MarkerListener};
 use stallscope_agent::sampler::{self, ExtraRoots, SamplerConfig};
 use stallscope_agent::shipper::{Shipper, ShipperConfig};
 use stallscope_agent::sink::Sink;
-use stallscope_agent::sources::Roots;
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::frame::{CommSpan, Frame, NodeHealth, NodeIteration, RunHeader};
 use stallscope_analysis::job::JobTimeline;
@@ -197,10 +196,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
 
     let config = SamplerConfig {
         rate_hz: args.rate,
-        roots: Roots {
-            proc: args.proc_root.clone(),
-            sys: args.sys_root.clone(),
-        },
+        roots: args.roots.roots(),
         extra_roots: Some(roots),
         ..SamplerConfig::new(0)
     };

@@ -46,12 +46,9 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
-    /// Root of procfs (for tests).
-    #[arg(long, default_value = "/proc", hide = true)]
-    pub proc_root: PathBuf,
-    /// Root of sysfs (for tests).
-    #[arg(long, default_value = "/sys", hide = true)]
-    pub sys_root: PathBuf,
+    /// Where /proc and /sys are (hidden; tests point them at captured files).
+    #[command(flatten)]
+    pub roots: RootArgs,
 }
 
 #[derive(Debug, Args)]
@@ -79,12 +76,9 @@ pub struct AgentArgs {
     /// ms added to every time this agent reports (tests: a clock offset to recover).
     #[arg(long, default_value_t = 0, hide = true, allow_hyphen_values = true)]
     pub clock_offset_ms: i64,
-    /// Root of procfs (for tests).
-    #[arg(long, default_value = "/proc", hide = true)]
-    pub proc_root: PathBuf,
-    /// Root of sysfs (for tests).
-    #[arg(long, default_value = "/sys", hide = true)]
-    pub sys_root: PathBuf,
+    /// Where /proc and /sys are (hidden; tests point them at captured files).
+    #[command(flatten)]
+    pub roots: RootArgs,
 }
 
 #[derive(Debug, Args)]
@@ -171,12 +165,9 @@ pub struct RunArgs {
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
-    /// Root of procfs (for tests).
-    #[arg(long, default_value = "/proc", hide = true)]
-    pub proc_root: PathBuf,
-    /// Root of sysfs (for tests).
-    #[arg(long, default_value = "/sys", hide = true)]
-    pub sys_root: PathBuf,
+    /// Where /proc and /sys are (hidden; tests point them at captured files).
+    #[command(flatten)]
+    pub roots: RootArgs,
     /// The training command and its arguments.
     #[arg(
         required = true,
@@ -278,4 +269,33 @@ pub struct LaunchArgs {
         value_name = "COMMAND"
     )]
     pub command: Vec<String>,
+}
+
+/// Where the sources read, as hidden options shared by every command that samples.
+#[derive(Clone, Debug, Args)]
+pub struct RootArgs {
+    /// Root of procfs (for tests).
+    #[arg(long, default_value = "/proc", hide = true)]
+    pub proc_root: PathBuf,
+    /// Root of sysfs (for tests).
+    #[arg(long, default_value = "/sys", hide = true)]
+    pub sys_root: PathBuf,
+}
+
+impl RootArgs {
+    /// The machine's own /proc and /sys.
+    pub fn live() -> RootArgs {
+        RootArgs {
+            proc_root: PathBuf::from("/proc"),
+            sys_root: PathBuf::from("/sys"),
+        }
+    }
+
+    /// As the agent's sources take them.
+    pub fn roots(&self) -> stallscope_agent::sources::Roots {
+        stallscope_agent::sources::Roots {
+            proc: self.proc_root.clone(),
+            sys: self.sys_root.clone(),
+        }
+    }
 }

@@ -15,10 +15,7 @@ use crate::cli::DoctorArgs;
 
 /// Runs the checks and prints the report; exit code 0 (a missing source is information).
 pub fn doctor(args: DoctorArgs) -> anyhow::Result<i32> {
-    let roots = Roots {
-        proc: args.proc_root,
-        sys: args.sys_root,
-    };
+    let roots = args.roots.roots();
     let mut nvml = NvmlBackend::open();
     let gpu = match &mut nvml {
         Ok(b) => Ok(b as &mut dyn GpuBackend),

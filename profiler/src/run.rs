@@ -19,7 +19,6 @@ use stallscope_agent::gpu::{self, nvml::NvmlBackend};
 use stallscope_agent::markers::MarkerListener;
 use stallscope_agent::sampler::{self, Pids, SamplerConfig, SamplerHandle, SharedPids};
 use stallscope_agent::sink::Sink;
-use stallscope_agent::sources::Roots;
 use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::summary::render_text;
@@ -123,6 +122,27 @@ fn pass_stdout(stdout: impl std::io::Read, regex: Regex, pid: u32, tx: Sender<Ev
     }
 }
 
+/// The training command with what it needs to send markers: the socket, and the Python
+/// package (plus, unless `--no-auto`, the PyTorch hook) written into `dir` and put on
+/// `PYTHONPATH`. A hook that cannot be written is said once; the command runs regardless.
+fn training_command(args: &RunArgs, socket: &Path, dir: &Path) -> Command {
+    let mut command = Command::new(&args.command[0]);
+    command.args(&args.command[1..]);
+    command.env("STALLSCOPE_SOCKET", socket);
+    match python_env::install(dir, !args.no_auto) {
+        Ok(pythonpath) => {
+            command.env("PYTHONPATH", pythonpath);
+        }
+        Err(e) => eprintln!(
+            "stallscope: cannot write the Python hook ({e}); PyTorch will not be instrumented"
+        ),
+    }
+    if args.no_auto {
+        command.env("STALLSCOPE_AUTO", "0");
+    }
+    command
+}
+
 /// The directory for the run's socket and Python files, removed when the run ends.
 fn run_dir() -> anyhow::Result<tempfile::TempDir> {
     tempfile::Builder::new()
@@ -191,20 +211,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         }
     };
 
-    let mut command = Command::new(&args.command[0]);
-    command.args(&args.command[1..]);
-    command.env("STALLSCOPE_SOCKET", &socket);
-    match python_env::install(dir.path(), !args.no_auto) {
-        Ok(pythonpath) => {
-            command.env("PYTHONPATH", pythonpath);
-        }
-        Err(e) => eprintln!(
-            "stallscope: cannot write the Python hook ({e}); PyTorch will not be instrumented"
-        ),
-    }
-    if args.no_auto {
-        command.env("STALLSCOPE_AUTO", "0");
-    }
+    let mut command = training_command(args, &socket, dir.path());
     command.envs(extra_env.iter().map(|(k, v)| (k, v)));
     if regex.is_some() {
         command.stdout(Stdio::piped());
@@ -226,10 +233,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     let pids = SharedPids::default();
     let config = SamplerConfig {
         rate_hz: args.rate,
-        roots: Roots {
-            proc: args.proc_root.clone(),
-            sys: args.sys_root.clone(),
-        },
+        roots: args.roots.roots(),
         pids: Pids::DiscoverAndPublish(pids.clone()),
         ..SamplerConfig::new(pid)
     };
@@ -332,20 +336,7 @@ fn join_agent(args: &RunArgs, socket: &Path) -> anyhow::Result<i32> {
         eprintln!("stallscope: --iter-regex, --output and --summary-json are the agent's and collector's business here, and are ignored");
     }
     let dir = run_dir()?;
-    let mut command = Command::new(&args.command[0]);
-    command.args(&args.command[1..]);
-    command.env("STALLSCOPE_SOCKET", socket);
-    match python_env::install(dir.path(), !args.no_auto) {
-        Ok(pythonpath) => {
-            command.env("PYTHONPATH", pythonpath);
-        }
-        Err(e) => eprintln!(
-            "stallscope: cannot write the Python hook ({e}); PyTorch will not be instrumented"
-        ),
-    }
-    if args.no_auto {
-        command.env("STALLSCOPE_AUTO", "0");
-    }
+    let command = training_command(args, socket, dir.path());
     let mut job =
         Job::spawn(command).with_context(|| format!("cannot run {:?}", args.command[0]))?;
     let status = job.wait()?;

@@ -92,20 +92,6 @@ fn in_ns(ns: Option<&str>) -> Command {
     }
 }
 
-fn generate_images() {
-    run_ok(Command::new(python()).args([
-        &example(),
-        "--iters",
-        "1",
-        "--workers",
-        "0",
-        "--images",
-        "64",
-        "--data-dir",
-        &data_dir(),
-    ]));
-}
-
 /// `stallscope run` around one rank of the example, joining the agent at `socket`.
 fn rank(
     ns: Option<&str>,

@@ -58,17 +58,7 @@ fn a_slow_network_makes_network_the_largest_category() {
         return;
     }
     // Generate the images before the clock starts (both ranks read the same folder).
-    run_ok(Command::new(python()).args([
-        &example(),
-        "--iters",
-        "1",
-        "--workers",
-        "0",
-        "--images",
-        "64",
-        "--data-dir",
-        &data_dir(),
-    ]));
+    generate_images();
     let prefix = format!("ss{}", std::process::id() % 100_000);
     let net = format!("{}", 100 + std::process::id() % 100);
     let _cluster = Cluster::up(&prefix, "50mbit", &net);

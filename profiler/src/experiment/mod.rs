@@ -308,8 +308,7 @@ pub fn experiment(args: ExperimentArgs) -> anyhow::Result<i32> {
             no_auto: false,
             iter_regex: None,
             quiet: args.quiet,
-            proc_root: PathBuf::from("/proc"),
-            sys_root: PathBuf::from("/sys"),
+            roots: crate::cli::RootArgs::live(),
             command: launch_command(&args, &layout)?,
         };
         let mut env = vec![("STALLSCOPE_MAX_ITERS".to_string(), max_iters.clone())];

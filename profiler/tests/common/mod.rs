@@ -216,3 +216,19 @@ pub fn run_example(dir: &Path, run_flags: &[&str], example_flags: &[&str]) -> (O
     );
     (out, read_json(&json))
 }
+
+/// Generates the example's images (64 of them) in [`data_dir`] before a test's clock starts,
+/// so ranks that start together read a complete folder.
+pub fn generate_images() {
+    run_ok(Command::new(python()).args([
+        &example(),
+        "--iters",
+        "1",
+        "--workers",
+        "0",
+        "--images",
+        "64",
+        "--data-dir",
+        &data_dir(),
+    ]));
+}
