@@ -330,3 +330,158 @@ fn two_node_all_reduce_leaving_over_the_nic_is_network() {
     );
     assert!(has_basis(&bs, Basis::CommNicBytes));
 }
+
+/// Two ranks on two H100s of one node, DDP over NVLink, a CUDA loop with no sync of its own:
+/// the CPU thread queues an iteration in 6 ms and goes straight back to the DataLoader, whose
+/// one worker per rank delivers a batch every 100 ms. Rank 1's kernels take 80 ms, rank 0's
+/// 60 ms; each GPU then all-reduces over NVLink for 10 ms, rank 0's NCCL kernel first spinning
+/// 20 ms (100% utilisation, no bytes) until rank 1 joins. So per 100 ms each GPU idles 10 ms
+/// for data; rank 0 computes 60 and waits 20 for rank 1; both move bytes 10. On the CPU the
+/// loop waits 94 ms of every 100 for data, while its GPU runs the queued step.
+///
+/// The hook's CUDA-event times of iteration k arrive with the step of iteration k + 1, as the
+/// lazy read-back sends them. Returns the breakdowns, and how many iterations the live path
+/// attributed before the last iteration's GPU times had arrived.
+fn cuda_ddp_running_ahead(with_events: bool) -> (Vec<IterationBreakdown>, usize) {
+    let (ranks, workers) = ([300u32, 301], [310u32, 311]);
+    let clock = Arc::new(AtomicU64::new(0));
+    let mut gpu = ScriptedGpu::h100_node(2, clock.clone());
+    let period = 100 * MS;
+    let kernels = [60 * MS, 80 * MS];
+    let nccl_spinning = Activity {
+        power_mw: 250_000,
+        ..Activity::h100_busy()
+    };
+    for d in 0..2 {
+        gpu.attach(d, ranks[d]);
+        // GPU iteration k runs from k·period (when it was queued) for 90 ms.
+        for k in 0..=ITERS {
+            let t = k * period;
+            gpu.set(d, t, Activity::h100_busy());
+            if kernels[d] < 80 * MS {
+                gpu.set(d, t + kernels[d], nccl_spinning);
+            }
+            gpu.set(d, t + 80 * MS, Activity::h100_allreduce_nvlink());
+            gpu.set(d, t + 90 * MS, Activity::h100_idle());
+        }
+    }
+    let mut node = Node::new(
+        Some(gpu),
+        clock,
+        &[ranks[0], ranks[1], workers[0], workers[1]],
+    );
+    for r in 0..2u32 {
+        let (pid, worker) = (ranks[r as usize], workers[r as usize]);
+        let local = r.to_string();
+        node.meta(pid, r, &[("workers", "1"), ("local_rank", &local)]);
+        node.meta(
+            worker,
+            r,
+            &[("role", "loader"), ("parent", &pid.to_string())],
+        );
+        if with_events {
+            node.meta(pid, r, &[("cuda_device", &local)]);
+        }
+    }
+    // CPU iteration k: from step k - 1 at (k-1)·period + 6 ms, the data wait until k·period,
+    // then 6 ms queueing the step, its all-reduce queued in the last 1 ms.
+    let step_at = |k: u64| k * period + 6 * MS;
+    let mut last_times = Vec::new();
+    for r in 0..2u32 {
+        let pid = ranks[r as usize];
+        for k in 0..ITERS {
+            let wait_from = if k == 0 { MS } else { step_at(k - 1) };
+            node.phase(pid, r, k, "data", wait_from, k * period);
+            node.phase(pid, r, k, "comm", k * period + 5 * MS, step_at(k));
+            node.mark(pid, r, k, step_at(k), MarkerEvent::Step);
+            if !with_events || k == 0 {
+                continue;
+            }
+            // Read back at step k: iteration k - 1's times.
+            let comm_us = (90 * MS - kernels[r as usize]) / 1000;
+            let times = [
+                ("gpu_iter", (k - 1).to_string()),
+                ("gpu_iter_us", "100000".to_string()),
+                ("gpu_data_us", "10000".to_string()),
+                ("gpu_comm_us", comm_us.to_string()),
+            ];
+            let kv: Vec<(&str, &str)> = times.iter().map(|(a, b)| (*a, b.as_str())).collect();
+            if k == ITERS - 1 {
+                last_times.push((
+                    pid,
+                    r,
+                    kv.iter()
+                        .map(|(a, b)| (a.to_string(), b.to_string()))
+                        .collect::<Vec<_>>(),
+                ));
+            } else {
+                node.meta(pid, r, &kv);
+            }
+        }
+    }
+    node.run(0, ITERS * period + 50 * MS, |t| {
+        let in_period = (t.saturating_sub(1) % period) / MS;
+        let queueing = in_period < 6;
+        let mut threads: Vec<(u32, f64)> = ranks
+            .iter()
+            .map(|&p| (p, if queueing { 1.0 } else { 0.02 }))
+            .collect();
+        threads.extend(
+            workers
+                .iter()
+                .map(|&w| (w, if in_period < 90 { 1.0 } else { 0.0 })),
+        );
+        Cpu {
+            threads,
+            nic_bytes_per_s: 0.0,
+        }
+    });
+    // Live: everything is sampled, but iteration ITERS - 2's GPU times are not in yet.
+    let now = node.clock.load(Ordering::Relaxed);
+    let mut bs = node.job.attribute_ready(now, false);
+    let before = bs.len();
+    for (pid, r, kv) in last_times {
+        let kv: Vec<(&str, &str)> = kv.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        node.meta(pid, r, &kv);
+    }
+    bs.extend(node.breakdowns());
+    (bs, before)
+}
+
+#[test]
+fn cuda_events_tell_a_wait_the_gpu_spent_on_queued_kernels_from_a_stall() {
+    let (bs, attributed_early) = cuda_ddp_running_ahead(true);
+    let rank = |r: u32| -> Vec<IterationBreakdown> {
+        bs.iter()
+            .filter(|b| b.rank == r && b.iter > 0 && b.iter < ITERS - 1)
+            .cloned()
+            .collect()
+    };
+    let (r0, r1) = (rank(0), rank(1));
+    for (name, bs, compute, wait) in [("rank 0", &r0, 0.60, 0.20), ("rank 1", &r1, 0.80, 0.0)] {
+        let data = share(bs, Category::DataPrep) + share(bs, Category::DataFetch);
+        let got = share(bs, Category::Compute);
+        let peer = share(bs, Category::PeerWait);
+        let inter = share(bs, Category::Interconnect);
+        assert!((data - 0.10).abs() < 0.01, "{name}: data {data:.3}");
+        assert!((got - compute).abs() < 0.03, "{name}: compute {got:.3}");
+        assert!((peer - wait).abs() < 0.01, "{name}: peer_wait {peer:.3}");
+        assert!(
+            (inter - 0.10).abs() < 0.03,
+            "{name}: interconnect {inter:.3}"
+        );
+        assert!(share(bs, Category::Other) < 0.01, "{name}");
+    }
+    assert!(has_basis(&r0, Basis::GpuSlowestPeer));
+    assert!(has_basis(&r0, Basis::GpuIdleForData));
+    // Iterations wait for their GPU times: live, the last two iterations of each rank (whose
+    // times were still on their way) were held back, the earlier ones attributed.
+    let total = 2 * ITERS as usize;
+    assert_eq!(attributed_early, total - 4);
+    assert_eq!(bs.len(), total);
+
+    // Without the events the CPU's view stands: a job that looks data-bound.
+    let (cpu_view, _) = cuda_ddp_running_ahead(false);
+    let data = share(&cpu_view, Category::DataPrep);
+    assert!(data > 0.8, "CPU-side data_prep {data:.3}");
+}

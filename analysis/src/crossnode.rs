@@ -10,6 +10,11 @@
 //! is `peer_wait`, the rest is the transfer, divided between network and interconnect in the
 //! proportion the node measured. The other categories are the node's and are kept as they are.
 //!
+//! A rank timed on its GPU with CUDA events (on CUDA the CPU only queues the all-reduce, so
+//! its CPU-side spans say nothing of when it ran) carries the exposed all-reduce its GPU saw
+//! instead; there, the rank whose GPU saw the least arrived last, the least is the transfer
+//! and the rest of each rank's is `peer_wait`.
+//!
 //! The rank that arrived last at a collective held the others up by the time between its
 //! arrival and the one before it; per window of [`WINDOW_ITERS`] iterations, the rank that held
 //! the others up longest is that window's straggler, provided the others spent a noticeable
@@ -195,9 +200,22 @@ impl CrossNode {
         }
         let nodes: HashSet<&str> = reports.values().map(|r| r.node.as_str()).collect();
         let across_nodes = nodes.len() > 1;
+        // Ranks timed on their GPUs: the exposed all-reduce each GPU saw. Their CPU-side
+        // collective spans only say when work was queued.
+        let gpu_comm: BTreeMap<u32, u64> = reports
+            .iter()
+            .filter_map(|(rank, r)| gpu_exposed_comm(&r.breakdown).map(|c| (*rank, c)))
+            .collect();
+        let fastest = gpu_comm.values().min().copied();
+        if !gpu_comm.is_empty() {
+            arrivals.held = held_by_least_exposed(&gpu_comm);
+        }
         let mut out = Vec::with_capacity(reports.len());
         for (rank, r) in &reports {
-            let mut b = resplit(&r.breakdown, &spans[rank], &latest, across_nodes);
+            let mut b = match (gpu_comm.get(rank), fastest) {
+                (Some(_), Some(fastest)) => resplit_gpu(&r.breakdown, fastest, across_nodes),
+                _ => resplit(&r.breakdown, &spans[rank], &latest, across_nodes),
+            };
             b.start_ns = self.to_collector(&r.node, r.breakdown.start_ns);
             b.end_ns = b.start_ns + r.breakdown.wall_ns();
             arrivals
@@ -255,6 +273,91 @@ impl CrossNode {
             });
         }
         out
+    }
+}
+
+/// ns of exposed all-reduce the rank's GPU saw (CUDA events), when it was timed.
+fn gpu_exposed_comm(b: &IterationBreakdown) -> Option<u64> {
+    let gpu = |basis: Basis| matches!(basis, Basis::GpuExposedComm | Basis::GpuSlowestPeer);
+    b.evidence.iter().any(|e| gpu(e.basis)).then(|| {
+        b.evidence
+            .iter()
+            .filter(|e| gpu(e.basis))
+            .map(|e| e.ns)
+            .sum()
+    })
+}
+
+/// Who held whom up, from the exposed all-reduce each GPU saw: the rank that arrived last
+/// waited least, and held the next one up by the difference.
+fn held_by_least_exposed(gpu_comm: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
+    let mut by_wait: Vec<(u64, u32)> = gpu_comm.iter().map(|(r, c)| (*c, *r)).collect();
+    by_wait.sort_unstable();
+    let mut held = BTreeMap::new();
+    if let [(least, rank), (next, _), ..] = by_wait[..] {
+        held.insert(rank, next - least);
+    }
+    held
+}
+
+/// Splits the exposed all-reduce of a GPU-timed breakdown again, given the least any rank of
+/// the job saw (`fastest`, ns): that much is the transfer, in the proportion of network to
+/// interconnect the node measured; the rest is waiting for the rank that arrived last. The
+/// other categories are kept; the parts still sum to the wall time.
+pub fn resplit_gpu(b: &IterationBreakdown, fastest: u64, across_nodes: bool) -> IterationBreakdown {
+    let Some(exposed) = gpu_exposed_comm(b) else {
+        return b.clone();
+    };
+    let transfer = fastest.min(exposed);
+    let measured = |c: Category| -> f64 {
+        b.evidence
+            .iter()
+            .filter(|e| e.basis == Basis::GpuExposedComm && e.category == c)
+            .map(|e| e.ns as f64)
+            .sum()
+    };
+    let (net_ns, local_ns) = match apportion(
+        transfer,
+        &[
+            measured(Category::Network),
+            measured(Category::Interconnect),
+        ],
+    ) {
+        Some(v) => (v[0], v[1]),
+        None if across_nodes => (transfer, 0),
+        None => (0, transfer),
+    };
+    let mut evidence: Vec<Evidence> = b
+        .evidence
+        .iter()
+        .filter(|e| !matches!(e.basis, Basis::GpuExposedComm | Basis::GpuSlowestPeer))
+        .copied()
+        .collect();
+    for (category, basis, ns) in [
+        (
+            Category::PeerWait,
+            Basis::GpuSlowestPeer,
+            exposed - transfer,
+        ),
+        (Category::Network, Basis::GpuExposedComm, net_ns),
+        (Category::Interconnect, Basis::GpuExposedComm, local_ns),
+    ] {
+        if ns > 0 {
+            evidence.push(Evidence {
+                category,
+                basis,
+                ns,
+            });
+        }
+    }
+    let mut split = Split::default();
+    for e in &evidence {
+        split.add(e.category, e.ns);
+    }
+    IterationBreakdown {
+        split,
+        evidence,
+        ..b.clone()
     }
 }
 
@@ -420,6 +523,44 @@ mod tests {
         assert_eq!(r1.split.get(Category::PeerWait), 0);
         assert_eq!(r1.split.get(Category::Network), 10 * MS);
         assert_eq!(r1.end_ns, 1000 * MS, "times are on the collector's clock");
+    }
+
+    /// `report`, as a GPU-timed rank: the exposed all-reduce its GPU saw (`comm` ms, which the
+    /// node counted as network) and a CPU-side span that says only when it was queued.
+    fn gpu_report(node: &str, rank: u32, iter: u64, end: Nanos, comm: u64) -> NodeIteration {
+        let mut r = report(node, rank, iter, end, comm);
+        r.breakdown.evidence[1].basis = Basis::GpuExposedComm;
+        r.breakdown.evidence[0].basis = Basis::GpuWork;
+        r.comm = vec![CommSpan {
+            begin: end - 90 * MS,
+            end: end - 89 * MS,
+        }];
+        r
+    }
+
+    #[test]
+    fn gpu_timed_ranks_wait_for_the_one_whose_gpu_saw_the_least_all_reduce() {
+        let mut j = CrossNode::default();
+        j.clock(&clock("a", 0));
+        j.clock(&clock("b", 50));
+        for iter in 0..10 {
+            let end = (iter + 1) * 200 * MS;
+            j.report(&gpu_report("a", 0, iter, end, 45));
+            j.report(&gpu_report("b", 1, iter, end + 50 * MS, 5));
+        }
+        let out = j.join_ready(0, false);
+        assert_eq!(out.len(), 20);
+        let r0 = out.iter().find(|b| b.rank == 0).unwrap();
+        let r1 = out.iter().find(|b| b.rank == 1).unwrap();
+        assert_eq!(r0.split.get(Category::PeerWait), 40 * MS);
+        assert_eq!(r0.split.get(Category::Network), 5 * MS);
+        assert_eq!(r0.split.total(), 100 * MS);
+        assert_eq!(r1.split.get(Category::PeerWait), 0);
+        assert_eq!(r1.split.get(Category::Network), 5 * MS);
+        let s = j.stragglers(0);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!((s[0].rank, s[0].node.as_str()), (1, "b"));
+        assert!((s[0].held_seconds - 0.4).abs() < 1e-9, "{s:?}");
     }
 
     #[test]

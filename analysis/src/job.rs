@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::attribution::{
-    attribute, GpuSeries, IterationBreakdown, IterationInput, Links, RankSeries, ThreadSeries,
+    attribute, GpuIteration, GpuSeries, IterationBreakdown, IterationInput, Links, RankSeries,
+    ThreadSeries,
 };
 use crate::category::Category;
 use crate::crossnode::CrossNode;
@@ -22,6 +23,11 @@ use crate::Nanos;
 /// How long a rank's finished iteration waits for slower ranks before it is attributed
 /// without them, ns.
 const PEER_PATIENCE_NS: Nanos = 10_000_000_000;
+
+/// How long an iteration of a CUDA-timed loop waits for its GPU times (and its peers') past
+/// its end before it is attributed without them, ns: the hook reads CUDA events back only
+/// once the GPU has passed them, a few iterations late.
+const GPU_PATIENCE_NS: Nanos = 10_000_000_000;
 
 /// How long an iteration waits for samples past its end before it is attributed with what
 /// there is (a sampler that died must not stall the summary), ns.
@@ -248,7 +254,33 @@ impl JobTimeline {
                 || q.steps.keys().next_back().is_some_and(|last| *last >= iter)
                 || now.saturating_sub(end) > PEER_PATIENCE_NS
         });
-        samples_caught_up && peers_done
+        // Every loop's GPU times of this iteration, for its own split and its peers' wait.
+        let gpu_times_in = self.markers.loops().all(|q| {
+            q.gpu_settled(iter)
+                || self.exited.contains(&q.pid)
+                || now.saturating_sub(end) > GPU_PATIENCE_NS
+        });
+        samples_caught_up && peers_done && gpu_times_in
+    }
+
+    /// What the GPU of loop `pid` saw of iteration `iter`, with the least exposed all-reduce
+    /// of all ranks once every CUDA-timed loop has reported it; `None` for an untimed
+    /// iteration.
+    fn gpu_iteration(&self, pid: u32, iter: u64) -> Option<GpuIteration> {
+        let own = self.markers.procs.get(&pid)?.gpu.get(&iter)?;
+        let mut fastest = Some(u64::MAX);
+        for q in self.markers.loops().filter(|q| q.gpu_timed()) {
+            match q.gpu.get(&iter).and_then(|t| t.comm_ns) {
+                Some(c) => fastest = fastest.map(|f| f.min(c)),
+                None => fastest = None,
+            }
+        }
+        Some(GpuIteration {
+            iter_ns: own.iter_ns,
+            data_idle_ns: own.data_idle_ns,
+            comm_ns: own.comm_ns,
+            fastest_comm_ns: fastest.filter(|f| *f != u64::MAX),
+        })
     }
 
     /// For each comm span beginning in iteration `iter` of `pid`: the latest begin of the same
@@ -302,6 +334,7 @@ impl JobTimeline {
                     end,
                     spans,
                     peer_arrivals: self.peer_arrivals(*pid, iter, &begins),
+                    gpu: self.gpu_iteration(*pid, iter),
                 };
                 let rank_series = RankSeries {
                     main: self.thread_series(*pid),

@@ -4,6 +4,10 @@
 //! to its step `i`. Steps are placed by the iteration number they carry, not by counting, so a
 //! lost datagram costs the two iterations it bounds and shifts nothing else. Sequence gaps
 //! count what was lost.
+//!
+//! A loop on CUDA also sends, a few iterations late, what its GPU saw of each iteration
+//! (CUDA events read back lazily by the PyTorch hook): those `gpu_iter` metas are kept per
+//! iteration ([`GpuIterTimes`]) rather than as the latest value.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -19,6 +23,40 @@ pub struct Span {
     pub begin: Nanos,
     /// ns.
     pub end: Nanos,
+}
+
+/// What the GPU of one loop saw of one iteration, from CUDA events on its stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuIterTimes {
+    /// ns on the GPU from the previous step to this one (`gpu_iter_us`).
+    pub iter_ns: Option<u64>,
+    /// ns the GPU sat idle while the loop waited for data (`gpu_data_us`).
+    pub data_idle_ns: Option<u64>,
+    /// ns of exposed gradient all-reduce on the GPU stream (`gpu_comm_us`).
+    pub comm_ns: Option<u64>,
+}
+
+impl GpuIterTimes {
+    /// The times in one `gpu_iter` meta, with its iteration; `None` when it is not one or the
+    /// iteration is not a number.
+    fn from_meta(kv: &[(String, String)]) -> Option<(u64, GpuIterTimes)> {
+        let get = |key: &str| kv.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        let iter = get("gpu_iter")?.parse().ok()?;
+        let ns = |key: &str| -> Option<u64> {
+            get(key)?
+                .parse::<u64>()
+                .ok()
+                .map(|us| us.saturating_mul(1000))
+        };
+        Some((
+            iter,
+            GpuIterTimes {
+                iter_ns: ns("gpu_iter_us"),
+                data_idle_ns: ns("gpu_data_us"),
+                comm_ns: ns("gpu_comm_us"),
+            },
+        ))
+    }
 }
 
 /// What one process sent.
@@ -40,6 +78,11 @@ pub struct ProcessMarks {
     last_seq: Option<u64>,
     /// Datagrams known lost (sequence gaps).
     pub dropped: u64,
+    /// What the GPU saw, by iteration number (CUDA loops only).
+    pub gpu: BTreeMap<u64, GpuIterTimes>,
+    /// The latest iteration whose GPU times arrived: they come in iteration order, so an
+    /// earlier one still missing never will (the hook dropped it).
+    pub gpu_latest: Option<u64>,
 }
 
 impl ProcessMarks {
@@ -84,6 +127,21 @@ impl ProcessMarks {
         v
     }
 
+    /// Whether the loop's GPU is timed with CUDA events: it sent GPU times, or said which CUDA
+    /// device it drives (the hook does so as it starts timing).
+    pub fn gpu_timed(&self) -> bool {
+        self.gpu_latest.is_some() || self.meta.contains_key("cuda_device")
+    }
+
+    /// Whether the GPU times of `iter` have arrived or never will (the loop is not timed on a
+    /// GPU, or a later iteration's times came first).
+    pub fn gpu_settled(&self, iter: u64) -> bool {
+        match self.gpu_latest {
+            Some(latest) => latest >= iter,
+            None => !self.gpu_timed(),
+        }
+    }
+
     /// Forgets spans that ended before `t` and steps older than the one before `t`.
     pub fn prune_before(&mut self, t: Nanos) {
         self.spans.retain(|s| s.end >= t);
@@ -96,6 +154,9 @@ impl ProcessMarks {
         // Keep the newest old step: it starts the next iteration.
         for i in old.iter().rev().skip(1) {
             self.steps.remove(i);
+        }
+        if let Some(&first) = self.steps.keys().next() {
+            self.gpu = self.gpu.split_off(&first);
         }
     }
 }
@@ -147,6 +208,11 @@ impl MarkerLog {
                 p.steps.insert(m.iter, m.t_ns);
             }
             MarkerEvent::Meta(kv) => {
+                if let Some((iter, times)) = GpuIterTimes::from_meta(kv) {
+                    p.gpu.insert(iter, times);
+                    p.gpu_latest = Some(p.gpu_latest.map_or(iter, |l| l.max(iter)));
+                    return;
+                }
                 for (k, v) in kv {
                     p.meta.insert(k.clone(), v.clone());
                 }
@@ -216,6 +282,40 @@ mod tests {
         assert_eq!(p.iteration(2), None);
         assert_eq!(p.dropped, 2);
         assert_eq!(p.spans_within(120, 300)[0].begin, 120);
+    }
+
+    #[test]
+    fn gpu_times_are_kept_per_iteration_and_a_skipped_one_is_settled() {
+        let mut log = MarkerLog::default();
+        let meta = |seq, kv: &[(&str, &str)]| {
+            let kv = kv.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+            m(seq, 1, 7, 0, MarkerEvent::Meta(kv.collect()))
+        };
+        log.ingest(&meta(0, &[("cuda_device", "0")]));
+        assert!(log.procs[&7].gpu_timed());
+        assert!(!log.procs[&7].gpu_settled(0), "times are expected");
+        log.ingest(&meta(1, &[("gpu_iter", "1"), ("gpu_iter_us", "2500")]));
+        log.ingest(&meta(
+            2,
+            &[
+                ("gpu_iter", "3"),
+                ("gpu_comm_us", "40"),
+                ("gpu_data_us", "7"),
+            ],
+        ));
+        let p = &log.procs[&7];
+        assert_eq!(p.gpu[&1].iter_ns, Some(2_500_000));
+        assert_eq!(p.gpu[&3].comm_ns, Some(40_000));
+        assert_eq!(p.gpu[&3].data_idle_ns, Some(7_000));
+        assert!(
+            p.gpu_settled(2),
+            "iteration 2's times were dropped by the hook"
+        );
+        assert!(!p.gpu_settled(4));
+        assert!(
+            !p.meta.contains_key("gpu_iter"),
+            "not kept as the latest value"
+        );
     }
 
     #[test]

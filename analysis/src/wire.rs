@@ -23,8 +23,9 @@ use serde::{Deserialize, Serialize};
 use crate::frame::Frame;
 use crate::Nanos;
 
-/// Version of this protocol; both sides must speak the same one.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version of this protocol; both sides must speak the same one. 2: breakdowns may carry the
+/// CUDA-event evidence (`Basis::Gpu*` beyond `H2dPcieBytes`), which version 1 cannot decode.
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// bytes, the largest message either side accepts (1 MiB).
 pub const MAX_MESSAGE: u32 = 1 << 20;

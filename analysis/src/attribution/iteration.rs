@@ -11,6 +11,10 @@
 //! the NIC), are the intra-node interconnect; PCIe bytes received while the loop waits for data
 //! or copies in `h2d` are host-to-device copies, counted as interconnect for their estimated
 //! transfer time. A rank without a GPU is attributed exactly as before.
+//!
+//! A rank whose GPU was timed with CUDA events ([`IterationInput::gpu`]) has the data stall
+//! and the exposed communication of each iteration re-measured on the GPU stream afterwards
+//! (see [`super::gpu_timeline`]).
 
 use crate::category::{apportion, Category, Split};
 use crate::loops::Span;
@@ -19,6 +23,7 @@ use crate::series::SeriesId;
 use crate::timeline::SeriesStore;
 use crate::Nanos;
 
+use super::gpu_timeline::{reconcile, GpuIteration};
 use super::{Basis, Coverage, Evidence, IterationBreakdown};
 
 /// Byte rate below which a link is taken as quiet, bytes/s: background chatter (ssh, DNS,
@@ -101,6 +106,8 @@ pub struct IterationInput {
     /// For each `comm` span beginning in this iteration (in order): when the last rank began
     /// the same collective, ns, if other ranks were seen.
     pub peer_arrivals: Vec<Option<Nanos>>,
+    /// What the rank's GPU saw of the iteration (CUDA events), when it was timed.
+    pub gpu: Option<GpuIteration>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -114,13 +121,13 @@ enum Label {
 
 /// Accumulates (category, basis, weight) and turns a piece into exact nanoseconds.
 #[derive(Default)]
-struct Parts {
-    split: Split,
-    evidence: Vec<Evidence>,
+pub(super) struct Parts {
+    pub(super) split: Split,
+    pub(super) evidence: Vec<Evidence>,
 }
 
 impl Parts {
-    fn put(&mut self, category: Category, basis: Basis, ns: u64) {
+    pub(super) fn put(&mut self, category: Category, basis: Basis, ns: u64) {
         if ns == 0 {
             return;
         }
@@ -139,7 +146,7 @@ impl Parts {
         }
     }
 
-    fn apportion(
+    pub(super) fn apportion(
         &mut self,
         span: u64,
         weights: &[(Category, Basis, f64)],
@@ -540,6 +547,17 @@ pub fn attribute(
             }
             Label::Unmarked => attribute_unmarked(&mut parts, store, rank, links, (a, b)),
         }
+    }
+    if let Some(gpu) = &input.gpu {
+        let (a, b) = (input.start, input.end);
+        parts = reconcile(&parts, b - a, gpu, links.comm_fallback, || {
+            let (nic, local) = transfer_weights(store, links, a, b);
+            let gpu_links = rank
+                .gpu
+                .as_ref()
+                .map_or(0.0, |g| gpu_transfer_weight(store, links, g, a, b));
+            (nic, local + gpu_links)
+        });
     }
     let sampled = rank
         .main

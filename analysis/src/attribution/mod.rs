@@ -52,6 +52,18 @@ pub enum Basis {
     /// Host-to-device copy: PCIe bytes into the GPU while the loop waited for data or was in
     /// `h2d`, for their estimated transfer time.
     H2dPcieBytes,
+    /// CUDA events: the GPU idle while the loop waited for data; fetch or prep as the CPU side
+    /// saw the wait.
+    GpuIdleForData,
+    /// CUDA events: the exposed all-reduce on the GPU stream, less waiting for the slowest
+    /// rank; network or interconnect as the bytes (or the CPU side's split) say.
+    GpuExposedComm,
+    /// CUDA events: the exposed all-reduce beyond the least any rank's GPU saw in the same
+    /// iteration: waiting for the rank that arrived last.
+    GpuSlowestPeer,
+    /// CUDA events: the rest of the iteration on a GPU-timed rank: kernels, and the host work
+    /// that queues them, that no other rule claimed.
+    GpuWork,
 }
 
 /// How much of one category one rule decided.
@@ -102,8 +114,10 @@ impl IterationBreakdown {
     }
 }
 
+mod gpu_timeline;
 mod iteration;
 
+pub use gpu_timeline::GpuIteration;
 pub use iteration::{attribute, GpuSeries, IterationInput, Links, RankSeries, ThreadSeries};
 
 #[cfg(test)]

@@ -100,6 +100,7 @@ fn input(start_ms: u64, end_ms: u64, spans: &[(&str, u64, u64)]) -> IterationInp
             })
             .collect(),
         peer_arrivals: vec![],
+        gpu: None,
     }
 }
 
@@ -370,5 +371,117 @@ fn parts_always_sum_exactly_to_the_wall_time() {
         let out = attribute(&inp, &s.store, &rank, &links);
         assert_eq!(out.split.total(), b - a);
         assert_eq!(out.evidence.iter().map(|e| e.ns).sum::<u64>(), b - a);
+        // The same with GPU times of any size, some missing.
+        let some = |v: u64| (v % 4 != 0).then_some(v);
+        let comm = some(next(2 * (b - a)));
+        inp.gpu = Some(GpuIteration {
+            iter_ns: some(next(3 * (b - a))),
+            data_idle_ns: some(next(2 * (b - a))),
+            comm_ns: comm,
+            fastest_comm_ns: comm.and_then(|c| some(next(c + 1))),
+        });
+        let out = attribute(&inp, &s.store, &rank, &links);
+        assert_eq!(out.split.total(), b - a, "{:?}", inp.gpu);
+        assert_eq!(out.evidence.iter().map(|e| e.ns).sum::<u64>(), b - a);
     }
+}
+
+/// A CUDA rank whose loop thread sleeps except while it queues work (the first 5 ms after
+/// each wait) and whose DataLoader worker decodes for the first 60 ms of each 100 ms.
+fn cuda_rank(s: &mut Script) -> RankSeries {
+    let main = s.thread(|ms| (60..65).contains(&(ms % 100)), |_| false, 300);
+    let worker = s.thread(|ms| ms % 100 < 60, |_| false, 300);
+    RankSeries {
+        main,
+        loaders: vec![worker],
+        gpu: None,
+    }
+}
+
+#[test]
+fn a_data_wait_the_gpu_spent_on_queued_kernels_is_not_a_stall() {
+    let mut s = Script::new();
+    let rank = cuda_rank(&mut s);
+    let mut inp = input(100, 200, &[("data", 100, 160)]);
+    let cpu_only = attribute(&inp, &s.store, &rank, &Links::default());
+    assert_eq!(ms(&cpu_only, DataPrep), 60.0, "the CPU saw a 60 ms wait");
+    // The GPU ran the previous step's kernels all through the wait.
+    inp.gpu = Some(GpuIteration {
+        iter_ns: Some(100 * MS),
+        data_idle_ns: Some(0),
+        ..GpuIteration::default()
+    });
+    let b = attribute(&inp, &s.store, &rank, &Links::default());
+    assert_eq!(ms(&b, DataPrep), 0.0);
+    assert_eq!(ms(&b, Compute), 100.0);
+    assert_eq!(ms(&b, Other), 0.0, "a slept-through sync is GPU work");
+    assert!(b.evidence.iter().any(|e| e.basis == Basis::GpuWork));
+}
+
+#[test]
+fn the_gpu_idle_part_of_a_data_wait_is_the_stall_of_the_kind_the_loader_showed() {
+    let mut s = Script::new();
+    let main = s.thread(|_| false, |_| false, 300);
+    let reader = s.thread(|_| false, |ms| ms % 100 < 60, 300);
+    let rank = RankSeries {
+        main,
+        loaders: vec![reader],
+        gpu: None,
+    };
+    let mut inp = input(100, 200, &[("data", 100, 160)]);
+    // The GPU's iteration took 110 ms on its clock, 22 of them idle for data: laid onto the
+    // CPU's 100 ms, 20.
+    inp.gpu = Some(GpuIteration {
+        iter_ns: Some(110 * MS),
+        data_idle_ns: Some(22 * MS),
+        ..GpuIteration::default()
+    });
+    let b = attribute(&inp, &s.store, &rank, &Links::default());
+    assert_eq!(ms(&b, DataFetch), 20.0);
+    assert_eq!(ms(&b, DataPrep), 0.0);
+    assert_eq!(ms(&b, Compute), 80.0);
+}
+
+#[test]
+fn the_exposed_all_reduce_on_the_gpu_is_comm_and_waiting_for_the_fastest_is_peer_wait() {
+    let mut s = Script::new();
+    let main = s.thread(|ms| ms % 100 < 5, |_| false, 300);
+    // NIC bytes flow for the last 40 ms of each iteration, while the CPU thread sleeps in a
+    // sync it counts as compute (spinning) or nothing.
+    let nic = s.series(
+        SeriesKind::Counter,
+        |ms| if ms % 100 >= 60 { 1e6 } else { 0.0 },
+        300,
+    );
+    let links = Links {
+        nic: vec![nic],
+        nic_bytes_per_s: 1e9,
+        comm_fallback: Network,
+        ..Links::default()
+    };
+    let rank = RankSeries {
+        main,
+        loaders: vec![],
+        gpu: None,
+    };
+    // On the CPU the all-reduce was queued at once: a 1 ms comm span.
+    let mut inp = input(100, 200, &[("comm", 104, 105)]);
+    inp.gpu = Some(GpuIteration {
+        iter_ns: Some(100 * MS),
+        data_idle_ns: None,
+        comm_ns: Some(40 * MS),
+        fastest_comm_ns: Some(10 * MS),
+    });
+    let b = attribute(&inp, &s.store, &rank, &links);
+    assert_eq!(ms(&b, PeerWait), 30.0);
+    assert_eq!(ms(&b, Network), 10.0);
+    assert_eq!(ms(&b, Compute), 60.0);
+    assert!(b.evidence.iter().any(|e| e.basis == Basis::GpuSlowestPeer));
+    // Without the other ranks' times, the whole exposed all-reduce is the transfer.
+    inp.gpu = inp.gpu.map(|g| GpuIteration {
+        fastest_comm_ns: None,
+        ..g
+    });
+    let b = attribute(&inp, &s.store, &rank, &links);
+    assert_eq!(ms(&b, Network), 40.0);
 }

@@ -11,6 +11,11 @@ Per completed iteration one ``M`` marker is sent with:
 
 * ``gpu_iter``: the iteration number (the one ``S`` carried);
 * ``gpu_iter_us``: µs on the GPU from the previous step's event to this one;
+* ``gpu_data_us``: µs the GPU sat idle while the loop waited for data: for each wait, an event
+  recorded as the wait begins and one as it ends, with no work queued between them, lie
+  ``max(0, wait end - max(wait begin, the GPU finishing its queue))`` apart; summed over the
+  iteration's waits. A wait the GPU spent draining queued kernels costs nothing and counts
+  nothing; left out when the iteration had no wait;
 * ``gpu_comm_us``: µs on the GPU from the last gradient bucket ready to ``backward()``
   returning: the exposed gradient all-reduce as the GPU saw it (DDP makes the stream wait for
   the all-reduce before backward returns); left out when the iteration had no DDP buckets.
@@ -26,6 +31,9 @@ import os
 import stallscope
 
 MAX_PENDING = 16
+# Data waits timed per iteration at most (gradient accumulation waits once per micro-batch);
+# later ones in the same iteration are not timed.
+MAX_DATA_WAITS = 64
 
 
 class LazyEventTimer:
@@ -42,14 +50,15 @@ class LazyEventTimer:
         self._max_pending = max_pending
         self._free = []  # events whose times were read, for reuse
         self._current = {}  # name -> event, for the iteration under way
-        self._pending = []  # (iteration, {name: event}), oldest first
+        self._waits = []  # [begin, end or None] per data wait of the iteration under way
+        self._pending = []  # (iteration, {name: event}, waits), oldest first
         self._previous_step = None  # the last step event read back, for gpu_iter_us
         self.dropped = 0
 
     def _event(self, name):
         event = self._current.get(name)
         if event is None:
-            event = self._free.pop() if self._free else self._new_event()
+            event = self._new()
             self._current[name] = event
         return event
 
@@ -57,23 +66,42 @@ class LazyEventTimer:
         """Records event ``name`` now on the current stream (again: the latest record wins)."""
         self._event(name).record()
 
+    def _new(self):
+        return self._free.pop() if self._free else self._new_event()
+
+    def data_begin(self):
+        """The loop starts waiting for data."""
+        if len(self._waits) < MAX_DATA_WAITS and not (self._waits and self._waits[-1][1] is None):
+            event = self._new()
+            event.record()
+            self._waits.append([event, None])
+
+    def data_end(self):
+        """The loop has its data (or gave up waiting): closes the open wait."""
+        if self._waits and self._waits[-1][1] is None:
+            event = self._new()
+            event.record()
+            self._waits[-1][1] = event
+
     def step(self, iteration):
         """Closes ``iteration`` with a step event and reads back whatever the GPU has passed."""
         self.mark("step")
-        self._pending.append((iteration, self._current))
+        closed = [w for w in self._waits if w[1] is not None]
+        self._waits = [w for w in self._waits if w[1] is None]  # a wait across the step
+        self._pending.append((iteration, self._current, closed))
         self._current = {}
         while len(self._pending) > self._max_pending:
-            _, events = self._pending.pop(0)
-            self._recycle(events, keep_step=True)
+            _, events, waits = self._pending.pop(0)
+            self._recycle(events, waits)
             self.dropped += 1
         self.poll()
 
     def poll(self):
         """Sends the times of every pending iteration the GPU is done with, oldest first."""
         while self._pending:
-            iteration, events = self._pending[0]
+            iteration, events, waits = self._pending[0]
             if not all(e.query() for e in events.values()):
-                return  # later iterations come later in stream order
+                return  # later iterations come later in stream order; so do their waits
             self._pending.pop(0)
             step = events["step"]
             fields = {"gpu_iter": iteration}
@@ -82,11 +110,17 @@ class LazyEventTimer:
             bucket, done = events.get("bucket"), events.get("backward_end")
             if bucket is not None and done is not None:
                 fields["gpu_comm_us"] = int(max(0.0, bucket.elapsed_time(done)) * 1000)
+            if waits:
+                idle_ms = sum(max(0.0, begin.elapsed_time(end)) for begin, end in waits)
+                fields["gpu_data_us"] = int(idle_ms * 1000)
             self._send(fields)
-            self._recycle(events, keep_step=True)
+            self._recycle(events, waits)
 
-    def _recycle(self, events, keep_step):
-        step = events.pop("step", None) if keep_step else None
+    def _recycle(self, events, waits):
+        """Returns an iteration's events to the pool; its step event becomes the previous one."""
+        for pair in waits:
+            self._free.extend(pair)
+        step = events.pop("step", None)
         self._free.extend(events.values())
         if step is not None:
             if self._previous_step is not None:
@@ -141,6 +175,26 @@ def on_bucket():
         timer = _timer_now()
         if timer is not None:
             timer.mark("bucket")
+    except Exception:
+        pass
+
+
+def on_data_begin():
+    """The loop starts waiting in the DataLoader."""
+    try:
+        timer = _timer_now()
+        if timer is not None:
+            timer.data_begin()
+    except Exception:
+        pass
+
+
+def on_data_end():
+    """The DataLoader returned (a batch, or the end of the epoch)."""
+    try:
+        timer = _timer_now()
+        if timer is not None:
+            timer.data_end()
     except Exception:
         pass
 

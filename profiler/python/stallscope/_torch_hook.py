@@ -108,12 +108,16 @@ def _patch_dataloader(torch):
 
         @functools.wraps(loader_iter)
         def __iter__(self):
-            with data:
-                if _experiment.synthetic:
-                    replay = _experiment.replay(self, loader_iter, torch)
-                    if replay is not None:
-                        return replay
-                return loader_iter(self)
+            _cuda_timing.on_data_begin()
+            try:
+                with data:
+                    if _experiment.synthetic:
+                        replay = _experiment.replay(self, loader_iter, torch)
+                        if replay is not None:
+                            return replay
+                    return loader_iter(self)
+            finally:
+                _cuda_timing.on_data_end()
 
         loader_cls.__iter__ = _mark(__iter__)
 
@@ -132,8 +136,12 @@ def _patch_dataloader(torch):
 
         @functools.wraps(iter_next)
         def __next__(self):
-            with data:
-                return iter_next(self)
+            _cuda_timing.on_data_begin()
+            try:
+                with data:
+                    return iter_next(self)
+            finally:
+                _cuda_timing.on_data_end()
 
         iter_cls.__next__ = _mark(__next__)
 

@@ -54,6 +54,26 @@ TRAIN = """
     print("stallscope loaded", "stallscope" in sys.modules)
 """
 
+# TRAIN, with a stand-in for the CUDA event timer (no CUDA here): what the hook asks it to time.
+TIMED = (
+    """
+    import stallscope._cuda_timing as cuda_timing
+
+    class Recording:
+        calls = []
+        def data_begin(self): self.calls.append("[")
+        def data_end(self): self.calls.append("]")
+        def mark(self, name): self.calls.append(name[0])
+        def step(self, iteration): self.calls.append("S")
+
+    cuda_timing._timer = Recording()
+"""
+    + TRAIN
+    + """
+    print("timed", "".join(Recording.calls))
+"""
+)
+
 USER_HOOK = """
     import torch
     import torch.distributed as dist
@@ -224,6 +244,14 @@ class TorchHookTest(unittest.TestCase):
             self.assertEqual(m.fields["role"], "loader")
             self.assertEqual(m.fields["parent"], str(main_pid))
         self.assertEqual(sorted(m.fields["worker"] for m in loaders), ["0", "1"])
+
+    def test_cuda_events_frame_every_data_wait_and_each_step(self):
+        stdout, _, _ = self.run_script(TIMED)
+        calls = stdout.split("timed ")[1].strip()
+        # Per epoch: iter() and each batch's wait framed; per step the last gradient bucket
+        # ("b"), backward() returning ("b") and the step; the epoch's end is a wait too.
+        epoch = "[]" + "[]bbS" * 5 + "[]"
+        self.assertEqual(calls, epoch * 2)
 
     def test_program_comm_hook_and_nested_steps_still_work(self):
         stdout, _, markers = self.run_script(USER_HOOK)

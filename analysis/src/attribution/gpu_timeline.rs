@@ -1,0 +1,208 @@
+//! The GPU's own account of an iteration, from CUDA events, over the CPU's.
+//!
+//! On CUDA the loop's CPU thread only queues work: a wait for data may overlap kernels still
+//! running from the previous step (no stall at all), and the exposed all-reduce happens on the
+//! GPU stream after `backward()` has long returned on the CPU (the CPU then blocks somewhere
+//! else, in a sync or a copy, where it looks like compute). The PyTorch hook times both on the
+//! GPU stream with CUDA events, read back lazily ([`GpuIteration`]). When an iteration has
+//! them, they decide how much of it was a data stall and how much exposed communication; the
+//! CPU-side evidence still decides what kind (fetch or prep; peer wait, network or
+//! interconnect) and the rest of the iteration keeps the CPU-side parts that are neither
+//! (host-to-device copies, link traffic while idle, compute), with whatever the GPU was doing
+//! otherwise counted as compute.
+//!
+//! The GPU's step-to-step time differs from the CPU's by the jitter of the queue, so GPU
+//! times are scaled by the ratio of the two before they are laid onto the CPU's wall time.
+
+use crate::category::{apportion, Category};
+
+use super::iteration::Parts;
+use super::Basis;
+
+/// Bounds on the CPU-to-GPU iteration time ratio used to scale GPU times: outside them the
+/// two clocks disagree about what an iteration is (a first step, a pause) and the GPU times
+/// are laid on unscaled.
+const SCALE_BOUNDS: (f64, f64) = (0.5, 2.0);
+
+/// What the GPU saw of one iteration of one rank, from CUDA events, and of the same iteration
+/// on the other ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuIteration {
+    /// ns on the GPU from the previous step to this one.
+    pub iter_ns: Option<u64>,
+    /// ns the GPU sat idle while the loop waited for data.
+    pub data_idle_ns: Option<u64>,
+    /// ns of exposed gradient all-reduce on the GPU stream.
+    pub comm_ns: Option<u64>,
+    /// ns, the least exposed all-reduce any rank's GPU saw in this iteration (this one's
+    /// included), once every rank timed it: the rank that arrived last waits least, so the
+    /// least is the transfer and the rest of each rank's is waiting for that rank.
+    pub fastest_comm_ns: Option<u64>,
+}
+
+/// The classes of CPU-side evidence the GPU times stand in for.
+fn is_data(basis: Basis) -> bool {
+    matches!(
+        basis,
+        Basis::DataLoaderCpu | Basis::DataLoaderIo | Basis::DataNoActivity | Basis::CounterLoader
+    )
+}
+
+/// CPU-side evidence of exposed communication (including the GPU-link share of it).
+pub(super) fn is_comm(basis: Basis) -> bool {
+    matches!(
+        basis,
+        Basis::PeerArrival
+            | Basis::CommNicBytes
+            | Basis::CommLocalBytes
+            | Basis::CommNoBytes
+            | Basis::CommGpuLinkBytes
+    )
+}
+
+/// The order in which the rest of the iteration keeps its CPU-side parts when the GPU times
+/// leave less room than the CPU saw: copies and link traffic first, then marked and sampled
+/// compute; `other` is dropped (the GPU either worked or waited for the host then). Link
+/// traffic while the loop idled is dropped too when the GPU timed the exposed all-reduce
+/// (`gpu_comm`): it is that all-reduce, seen from the CPU.
+fn keep_rank(basis: Basis, gpu_comm: bool) -> Option<u8> {
+    match basis {
+        Basis::H2dPcieBytes => Some(0),
+        Basis::CounterNic | Basis::CounterLocal | Basis::CounterGpuLink if !gpu_comm => Some(1),
+        Basis::ComputeMarker | Basis::CounterBusy | Basis::GpuBusy => Some(2),
+        _ => None,
+    }
+}
+
+/// Re-divides `cpu` (the CPU-side parts of an iteration of `wall` ns) with the GPU's times.
+/// `transfer_weights` gives the (network, interconnect) weights of the bytes moved in the
+/// iteration, for a transfer the CPU side saw none of. The result sums to `wall` exactly.
+pub(super) fn reconcile(
+    cpu: &Parts,
+    wall: u64,
+    gpu: &GpuIteration,
+    comm_fallback: Category,
+    transfer_weights: impl FnOnce() -> (f64, f64),
+) -> Parts {
+    let scale = match gpu.iter_ns {
+        Some(g) if g > 0 => {
+            let s = wall as f64 / g as f64;
+            if (SCALE_BOUNDS.0..=SCALE_BOUNDS.1).contains(&s) {
+                s
+            } else {
+                1.0
+            }
+        }
+        _ => 1.0,
+    };
+    let on_cpu = |pred: fn(Basis) -> bool| -> u64 {
+        cpu.evidence
+            .iter()
+            .filter(|e| pred(e.basis))
+            .map(|e| e.ns)
+            .sum()
+    };
+    let scaled = |ns: u64| (ns as f64 * scale).round() as u64;
+    let mut data = gpu.data_idle_ns.map_or(on_cpu(is_data), scaled);
+    let mut comm = gpu.comm_ns.map_or(on_cpu(is_comm), scaled);
+    if data + comm > wall {
+        let over = data + comm - wall;
+        let cut_data = (over as f64 * data as f64 / (data + comm) as f64).round() as u64;
+        data -= cut_data.min(data);
+        comm -= (over - cut_data).min(comm);
+    }
+    let mut out = Parts::default();
+
+    match gpu.data_idle_ns {
+        Some(_) => {
+            let of = |c: Category| -> f64 {
+                cpu.evidence
+                    .iter()
+                    .filter(|e| is_data(e.basis) && e.category == c)
+                    .map(|e| e.ns as f64)
+                    .sum()
+            };
+            out.apportion(
+                data,
+                &[
+                    (
+                        Category::DataPrep,
+                        Basis::GpuIdleForData,
+                        of(Category::DataPrep),
+                    ),
+                    (
+                        Category::DataFetch,
+                        Basis::GpuIdleForData,
+                        of(Category::DataFetch),
+                    ),
+                ],
+                (Category::DataPrep, Basis::GpuIdleForData),
+            );
+        }
+        None => keep_scaled(&mut out, cpu, is_data, data),
+    }
+
+    match gpu.comm_ns {
+        Some(own) => {
+            let waited = match gpu.fastest_comm_ns {
+                Some(fastest) => scaled(own.saturating_sub(fastest)).min(comm),
+                None => cpu
+                    .evidence
+                    .iter()
+                    .filter(|e| e.basis == Basis::PeerArrival)
+                    .map(|e| e.ns)
+                    .sum::<u64>()
+                    .min(comm),
+            };
+            out.put(Category::PeerWait, Basis::GpuSlowestPeer, waited);
+            let of = |c: Category| -> f64 {
+                cpu.evidence
+                    .iter()
+                    .filter(|e| is_comm(e.basis) && e.basis != Basis::PeerArrival)
+                    .filter(|e| e.category == c)
+                    .map(|e| e.ns as f64)
+                    .sum()
+            };
+            let (mut net, mut inter) = (of(Category::Network), of(Category::Interconnect));
+            if net + inter <= 0.0 {
+                (net, inter) = transfer_weights();
+            }
+            out.apportion(
+                comm - waited,
+                &[
+                    (Category::Network, Basis::GpuExposedComm, net),
+                    (Category::Interconnect, Basis::GpuExposedComm, inter),
+                ],
+                (comm_fallback, Basis::GpuExposedComm),
+            );
+        }
+        None => keep_scaled(&mut out, cpu, is_comm, comm),
+    }
+
+    let mut room = wall - data - comm;
+    let mut kept: Vec<_> = cpu
+        .evidence
+        .iter()
+        .filter_map(|e| keep_rank(e.basis, gpu.comm_ns.is_some()).map(|r| (r, *e)))
+        .collect();
+    kept.sort_by_key(|(r, _)| *r);
+    for (_, e) in kept {
+        let ns = e.ns.min(room);
+        out.put(e.category, e.basis, ns);
+        room -= ns;
+    }
+    out.put(Category::Compute, Basis::GpuWork, room);
+    out
+}
+
+/// Puts the CPU-side evidence of one class (`pred`) into `out`, resized to `total` ns in
+/// proportion (the class was cut only where the GPU times left no room for it).
+fn keep_scaled(out: &mut Parts, cpu: &Parts, pred: fn(Basis) -> bool, total: u64) {
+    let entries: Vec<_> = cpu.evidence.iter().filter(|e| pred(e.basis)).collect();
+    let weights: Vec<f64> = entries.iter().map(|e| e.ns as f64).collect();
+    if let Some(ns) = apportion(total, &weights) {
+        for (e, n) in entries.iter().zip(ns) {
+            out.put(e.category, e.basis, n);
+        }
+    }
+}
