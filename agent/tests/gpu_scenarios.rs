@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use stallscope_agent::gpu::backend::Metric;
-use stallscope_agent::gpu::fake::{Activity, ScriptedGpu};
+use stallscope_agent::gpu::fake::{Activity, ScriptedGpu, H100_H2D_BYTES_PER_S};
 use stallscope_agent::gpu::{self, GpuFastSource, GpuSlowSource};
 use stallscope_agent::sources::{Registry, Source, Watched};
 use stallscope_analysis::attribution::{Basis, IterationBreakdown};
@@ -16,6 +16,7 @@ use stallscope_analysis::frame::Frame;
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::series::{names, SampleBatch, SeriesKind, LINK_NIC};
+use stallscope_analysis::summary::{render_text, summarize, Summary};
 use stallscope_analysis::Nanos;
 
 const MS: Nanos = 1_000_000;
@@ -170,6 +171,11 @@ const ITERS: u64 = 8;
 /// measured H100 rate, unmarked, as `.to("cuda")` is); then 100 ms of kernels while the loop's
 /// CPU thread sleeps in a CUDA sync.
 fn data_bound(with_gpu: bool) -> Vec<IterationBreakdown> {
+    data_bound_job(with_gpu).0
+}
+
+/// [`data_bound`], with the job's summary. The loop says its batch is the 20 ms of PCIe copy.
+fn data_bound_job(with_gpu: bool) -> (Vec<IterationBreakdown>, Summary) {
     let (rank, worker) = (100, 101);
     let clock = Arc::new(AtomicU64::new(0));
     let mut gpu = ScriptedGpu::h100_node(1, clock.clone());
@@ -182,7 +188,16 @@ fn data_bound(with_gpu: bool) -> Vec<IterationBreakdown> {
         gpu.set(0, t + 300 * MS, Activity::h100_busy());
     }
     let mut node = Node::new(with_gpu.then_some(gpu), clock, &[rank, worker]);
-    node.meta(rank, 0, &[("workers", "1"), ("cuda_device", "0")]);
+    let batch_bytes = (H100_H2D_BYTES_PER_S * 0.020) as u64;
+    node.meta(
+        rank,
+        0,
+        &[
+            ("workers", "1"),
+            ("cuda_device", "0"),
+            ("batch_bytes", &batch_bytes.to_string()),
+        ],
+    );
     node.meta(worker, 0, &[("role", "loader"), ("parent", "100")]);
     for i in 0..ITERS {
         let t = i * period;
@@ -207,7 +222,8 @@ fn data_bound(with_gpu: bool) -> Vec<IterationBreakdown> {
             nic_bytes_per_s: 0.0,
         }
     });
-    node.breakdowns()
+    let bs = node.breakdowns();
+    (bs, summarize(&node.job))
 }
 
 #[test]
@@ -240,6 +256,40 @@ fn single_gpu_data_bound_job_shows_data_prep_and_gpu_compute_and_the_copy() {
         share(&cpu_only, Category::Other) > other + 0.1,
         "other {other:.3}"
     );
+}
+
+#[test]
+fn the_summary_shows_what_the_gpu_did_per_iteration_next_to_the_batch() {
+    let (_, summary) = data_bound_job(true);
+    let g = summary.ranks[0].gpu.as_ref().expect("rank 0 has a GPU");
+    assert_eq!(g.gpu, "0");
+    assert!(g.uuid.as_deref().is_some_and(|u| u.starts_with("GPU-")));
+    // The copy is the batch: PCIe bytes received per iteration over the batch's bytes.
+    let rx = g.pcie_rx_bytes_per_iteration.unwrap();
+    let ratio = rx / g.batch_bytes.unwrap() as f64;
+    assert!((ratio - 1.0).abs() < 0.05, "PCIe in / batch = {ratio:.3}");
+    // 100 of 400 ms of kernels; NVML's 1/6 s window smears but does not add.
+    let busy = g.busy_fraction.unwrap();
+    assert!((busy - 0.25).abs() < 0.05, "busy {busy:.3}");
+    // Energy per iteration is the mean power over the iteration's 0.4 s.
+    let (w, j) = (
+        g.power_watts.unwrap(),
+        g.energy_joules_per_iteration.unwrap(),
+    );
+    assert!(
+        (j - w * 0.4).abs() < 0.05 * j,
+        "{j:.1} J vs {w:.0} W × 0.4 s"
+    );
+    let text = render_text(&summary);
+    assert!(
+        text.contains("gpu: rank 0 on GPU 0: "),
+        "the text summary has the GPU line:\n{text}"
+    );
+    assert!(text.contains("1.00× the 704.0 MB batch"), "{text}");
+    // Without NVML there is nothing to show, and no line.
+    let (_, cpu_only) = data_bound_job(false);
+    assert!(cpu_only.ranks[0].gpu.is_none());
+    assert!(!render_text(&cpu_only).contains("gpu: "));
 }
 
 /// Eight ranks, one per H100 of an HGX node. Per 100 ms iteration: 70 ms of kernels, then

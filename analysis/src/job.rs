@@ -15,6 +15,7 @@ use crate::attribution::{
 use crate::category::Category;
 use crate::crossnode::CrossNode;
 use crate::frame::{Frame, ProcessInfo, RunEnd, RunHeader, SourceStatus};
+use crate::gpu_usage::GpuUsage;
 use crate::loops::MarkerLog;
 use crate::series::{names, LABEL_GPU, LABEL_UUID, LINK_LOOPBACK, LINK_NIC};
 use crate::timeline::SeriesStore;
@@ -58,6 +59,8 @@ pub struct JobTimeline {
     pub markers_rejected: u64,
     /// Ranks of other nodes, as their agents attributed them (a collector's job profile).
     pub nodes: CrossNode,
+    /// What each rank's GPU did over its counted (post-warm-up) iterations, by rank.
+    pub gpu_usage: BTreeMap<u32, GpuUsage>,
 }
 
 impl JobTimeline {
@@ -309,6 +312,7 @@ impl JobTimeline {
     pub fn attribute_ready(&mut self, now: Nanos, finishing: bool) -> Vec<IterationBreakdown> {
         let ranks = self.markers.ranks();
         let links = self.links();
+        let warmup = self.header.as_ref().map_or(0, |h| h.warmup_iters) as u64;
         let mut out = Vec::new();
         for (pid, rank) in &ranks {
             let Some(marks) = self.markers.procs.get(pid) else {
@@ -336,6 +340,7 @@ impl JobTimeline {
                     peer_arrivals: self.peer_arrivals(*pid, iter, &begins),
                     gpu: self.gpu_iteration(*pid, iter),
                 };
+                let gpu_index = self.gpu_of(*pid);
                 let rank_series = RankSeries {
                     main: self.thread_series(*pid),
                     loaders: self
@@ -346,6 +351,14 @@ impl JobTimeline {
                     gpu: self.gpu_series(*pid),
                 };
                 out.push(attribute(&input, &self.series, &rank_series, &links));
+                if let Some(gpu) = gpu_index.filter(|_| iter >= warmup) {
+                    self.gpu_usage.entry(*rank).or_default().add(
+                        &self.series,
+                        &gpu,
+                        (start, end),
+                        input.gpu.is_some(),
+                    );
+                }
                 iter += 1;
             }
             self.next_iter.insert(*pid, iter);

@@ -3,7 +3,7 @@
 //! Everything that decides *what a number means* lives here, so that the live path (agent,
 //! collector) and the replay path (`stallscope summary` reading a profile) run the very same
 //! code: the data model ([`series`], [`marker`], [`frame`]), the node timeline that derives
-//! rates from raw counters ([`timeline`]), per-iteration attribution ([`attribution`]), and the
+//! rates from raw counters ([`timeline`]), per-iteration attribution ([`attribution`]), what each rank's GPU did ([`gpu_usage`]), and the
 //! job summary with its one-sentence finding ([`summary`], [`finding`]).
 //!
 //! Time is `CLOCK_MONOTONIC` nanoseconds of the node ([`Nanos`]); Python's
@@ -15,6 +15,7 @@ pub mod crossnode;
 pub mod experiment;
 pub mod finding;
 pub mod frame;
+pub mod gpu_usage;
 pub mod job;
 pub mod loops;
 pub mod marker;

@@ -10,6 +10,7 @@ use crate::attribution::IterationBreakdown;
 use crate::category::{Category, Split};
 use crate::crossnode::StragglerWindow;
 use crate::finding::{find, Finding, FindingInput};
+use crate::gpu_usage::{render_line, RankGpu};
 use crate::job::JobTimeline;
 use crate::secs;
 
@@ -118,6 +119,9 @@ pub struct RankSummary {
     /// Figures.
     #[serde(flatten)]
     pub figures: Figures,
+    /// Its GPU per counted iteration, when the node had NVML and the rank was mapped to a GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<RankGpu>,
 }
 
 /// Marker datagram health.
@@ -259,6 +263,14 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             pid: *pid,
             node: job.nodes.rank_nodes.get(rank).cloned(),
             figures: figures(its),
+            gpu: job.gpu_usage.get(rank).map(|u| {
+                let batch = job
+                    .markers
+                    .procs
+                    .get(pid)
+                    .and_then(|m| m.meta.get("batch_bytes"));
+                u.figures(batch.and_then(|b| b.parse().ok()))
+            }),
         })
         .collect();
     let all: Vec<&IterationBreakdown> = per_rank
@@ -436,6 +448,11 @@ pub fn render_text(s: &Summary) -> String {
             s.job.coverage.marked * 100.0,
             s.job.coverage.sampled * 100.0
         );
+    }
+    for r in &s.ranks {
+        if let Some(g) = &r.gpu {
+            let _ = writeln!(out, "{}", render_line(r.rank, g));
+        }
     }
     for n in &s.nodes {
         let ranks: Vec<String> = n.ranks.iter().map(u32::to_string).collect();

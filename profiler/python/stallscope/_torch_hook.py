@@ -139,11 +139,37 @@ def _patch_dataloader(torch):
             _cuda_timing.on_data_begin()
             try:
                 with data:
-                    return iter_next(self)
+                    batch = iter_next(self)
             finally:
                 _cuda_timing.on_data_end()
+            if not getattr(self, "_stallscope_sized", False):
+                _batch_meta(self, batch, torch)
+            return batch
 
         iter_cls.__next__ = _mark(__next__)
+
+
+def _batch_meta(loader_iter, batch, torch):
+    """Sends ``batch_bytes`` of an iterator's first batch (to compare with the PCIe bytes the
+    GPU receives per iteration), once per iterator."""
+    try:
+        loader_iter._stallscope_sized = True
+        stallscope.meta(batch_bytes=_tensor_bytes(batch, torch, depth=4))
+    except Exception:
+        pass
+
+
+def _tensor_bytes(obj, torch, depth):
+    """Bytes of the tensors in ``obj`` (nested tuples, lists and dicts, ``depth`` levels)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.element_size() * obj.nelement()
+    if depth <= 0:
+        return 0
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (tuple, list)):
+        return sum(_tensor_bytes(x, torch, depth - 1) for x in obj[:1024])
+    return 0
 
 
 def _loader_meta(loader):

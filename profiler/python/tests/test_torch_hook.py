@@ -236,6 +236,10 @@ class TorchHookTest(unittest.TestCase):
         loader_meta = {"batch_size": "8", "pin_memory": "0", "dataset_samples": "40"}
         self.assertIn({"workers": "0", **loader_meta}, metas)
         self.assertIn({"workers": "2", **loader_meta}, metas)
+        # Once per iterator (epoch): 8 samples of 8 float32 and one int64 label each.
+        self.assertEqual(
+            [m["batch_bytes"] for m in metas if "batch_bytes" in m], [str(8 * 8 * 4 + 8 * 8)] * 2
+        )
 
         loaders = [m for m in markers if m.pid != main_pid]
         self.assertEqual(len({m.pid for m in loaders}), 2)

@@ -1,0 +1,229 @@
+//! What each rank's GPU did per iteration: the figures a user checks first on a GPU job
+//! (busy share, bytes over PCIe and NVLink, energy), next to the batch the loop copied in.
+//!
+//! Samples are pruned as iterations are attributed, so the figures are accumulated then, per
+//! rank, over the counted (post-warm-up) iterations, from the same series attribution reads.
+//! PCIe bytes received per iteration next to the bytes of one batch tell at a glance whether
+//! the host-to-device copies are the batch (≈ 1×), or something else crosses PCIe every step.
+
+use serde::{Deserialize, Serialize};
+
+use crate::series::{names, LABEL_GPU, LABEL_UUID};
+use crate::timeline::SeriesStore;
+use crate::Nanos;
+
+/// Sums over one rank's counted iterations on its GPU.
+#[derive(Clone, Debug, Default)]
+pub struct GpuUsage {
+    /// NVML index of the GPU.
+    pub gpu: String,
+    /// Its UUID, when NVML gave one.
+    pub uuid: Option<String>,
+    /// Iterations summed.
+    pub iterations: u64,
+    /// Iterations whose GPU times came from CUDA events.
+    pub cuda_timed: u64,
+    /// ns summed over the iterations' wall times.
+    pub wall_ns: u64,
+    /// ns × (busy share) where utilisation was read, and the ns it was read over.
+    busy: Option<(f64, f64)>,
+    /// ns × mW where power was read, and the ns it was read over.
+    power: Option<(f64, f64)>,
+    /// bytes, received over PCIe.
+    pcie_rx: Option<f64>,
+    /// bytes, sent over PCIe.
+    pcie_tx: Option<f64>,
+    /// bytes, NVLink both directions.
+    nvlink: Option<f64>,
+    /// mJ.
+    energy: Option<f64>,
+}
+
+fn add(acc: &mut Option<f64>, v: Option<f64>) {
+    if let Some(v) = v {
+        *acc = Some(acc.unwrap_or(0.0) + v);
+    }
+}
+
+fn add_mean(acc: &mut Option<(f64, f64)>, mean: Option<f64>, ns: f64) {
+    if let Some(m) = mean {
+        let (sum, over) = acc.unwrap_or((0.0, 0.0));
+        *acc = Some((sum + m * ns, over + ns));
+    }
+}
+
+impl GpuUsage {
+    /// Adds iteration `[a, b]` on GPU `gpu` (NVML index label).
+    pub fn add(&mut self, store: &SeriesStore, gpu: &str, (a, b): (Nanos, Nanos), timed: bool) {
+        let on_gpu = |name: &'static str| {
+            store
+                .named(name)
+                .find(|d| d.label(LABEL_GPU) == Some(gpu) && d.label("pid").is_none())
+        };
+        if self.gpu.is_empty() {
+            self.gpu = gpu.to_string();
+        }
+        if self.uuid.is_none() {
+            self.uuid = [
+                names::GPU_PCIE_RX_BYTES,
+                names::GPU_UTIL_PCT,
+                names::GPU_POWER_MW,
+            ]
+            .into_iter()
+            .filter_map(on_gpu)
+            .find_map(|d| d.label(LABEL_UUID).map(str::to_string));
+        }
+        let delta = |name| on_gpu(name).and_then(|d| store.counter_delta(d.id, a, b));
+        let mean = |name| on_gpu(name).and_then(|d| store.gauge_mean(d.id, a, b));
+        let ns = (b - a) as f64;
+        self.iterations += 1;
+        self.cuda_timed += u64::from(timed);
+        self.wall_ns += b - a;
+        add_mean(
+            &mut self.busy,
+            mean(names::GPU_UTIL_PCT).map(|p| p / 100.0),
+            ns,
+        );
+        add_mean(&mut self.power, mean(names::GPU_POWER_MW), ns);
+        add(&mut self.pcie_rx, delta(names::GPU_PCIE_RX_BYTES));
+        add(&mut self.pcie_tx, delta(names::GPU_PCIE_TX_BYTES));
+        let nvlink = [names::GPU_NVLINK_RX_BYTES, names::GPU_NVLINK_TX_BYTES]
+            .into_iter()
+            .filter_map(delta)
+            .reduce(|x, y| x + y);
+        add(&mut self.nvlink, nvlink);
+        add(&mut self.energy, delta(names::GPU_ENERGY_MJ));
+    }
+
+    /// The per-iteration figures, with the loop's batch size in bytes when it sent one.
+    pub fn figures(&self, batch_bytes: Option<u64>) -> RankGpu {
+        let n = self.iterations.max(1) as f64;
+        RankGpu {
+            gpu: self.gpu.clone(),
+            uuid: self.uuid.clone(),
+            busy_fraction: self.busy.filter(|b| b.1 > 0.0).map(|(s, over)| s / over),
+            power_watts: self
+                .power
+                .filter(|p| p.1 > 0.0)
+                .map(|(s, over)| s / over / 1e3),
+            pcie_rx_bytes_per_iteration: self.pcie_rx.map(|v| v / n),
+            pcie_tx_bytes_per_iteration: self.pcie_tx.map(|v| v / n),
+            nvlink_bytes_per_iteration: self.nvlink.map(|v| v / n),
+            energy_joules_per_iteration: self.energy.map(|v| v / n / 1e3),
+            batch_bytes,
+            cuda_timed_fraction: self.cuda_timed as f64 / n,
+        }
+    }
+}
+
+/// A rank's GPU, per counted iteration. Fields NVML did not give are `null`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankGpu {
+    /// NVML index.
+    pub gpu: String,
+    /// `GPU-…`.
+    pub uuid: Option<String>,
+    /// Share of the time a kernel ran (NVML utilisation, time-weighted), 0–1.
+    pub busy_fraction: Option<f64>,
+    /// W, mean board power.
+    pub power_watts: Option<f64>,
+    /// bytes received over PCIe per iteration (host-to-device copies, peer traffic in).
+    pub pcie_rx_bytes_per_iteration: Option<f64>,
+    /// bytes sent over PCIe per iteration.
+    pub pcie_tx_bytes_per_iteration: Option<f64>,
+    /// bytes over NVLink per iteration, both directions.
+    pub nvlink_bytes_per_iteration: Option<f64>,
+    /// J per iteration.
+    pub energy_joules_per_iteration: Option<f64>,
+    /// bytes of one batch as the DataLoader returned it (`batch_bytes` meta), to compare with
+    /// the PCIe bytes received.
+    pub batch_bytes: Option<u64>,
+    /// Share of the iterations timed on the GPU with CUDA events, 0–1.
+    pub cuda_timed_fraction: f64,
+}
+
+/// `bytes` with a decimal unit: `12.6 MB`.
+pub fn human_bytes(bytes: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = bytes;
+    let mut unit = 0;
+    while v.abs() >= 1000.0 && unit < UNITS.len() - 1 {
+        v /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{v:.0} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// One line for the text summary: `rank 0 on GPU 0: 87% busy, …`.
+pub fn render_line(rank: u32, g: &RankGpu) -> String {
+    let mut parts = Vec::new();
+    if let Some(b) = g.busy_fraction {
+        parts.push(format!("{:.0}% busy", b * 100.0));
+    }
+    if let Some(rx) = g.pcie_rx_bytes_per_iteration {
+        let mut s = format!("PCIe in {}/iteration", human_bytes(rx));
+        if let Some(batch) = g.batch_bytes.filter(|b| *b > 0) {
+            s.push_str(&format!(
+                " ({:.2}× the {} batch)",
+                rx / batch as f64,
+                human_bytes(batch as f64)
+            ));
+        }
+        parts.push(s);
+    }
+    if let Some(tx) = g.pcie_tx_bytes_per_iteration {
+        parts.push(format!("out {}", human_bytes(tx)));
+    }
+    if let Some(nv) = g.nvlink_bytes_per_iteration {
+        parts.push(format!("NVLink {}/iteration", human_bytes(nv)));
+    }
+    if let Some(w) = g.power_watts {
+        parts.push(format!("{w:.0} W"));
+    }
+    if let Some(j) = g.energy_joules_per_iteration {
+        parts.push(format!("{j:.1} J/iteration"));
+    }
+    parts.push(format!(
+        "GPU times from CUDA events on {:.0}% of iterations",
+        g.cuda_timed_fraction * 100.0
+    ));
+    format!("gpu: rank {rank} on GPU {}: {}", g.gpu, parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_read_as_people_write_them() {
+        assert_eq!(human_bytes(512.0), "512 B");
+        assert_eq!(human_bytes(12_600_000.0), "12.6 MB");
+        assert_eq!(human_bytes(3.1e12), "3.1 TB");
+    }
+
+    #[test]
+    fn the_line_compares_pcie_bytes_with_the_batch() {
+        let g = RankGpu {
+            gpu: "0".into(),
+            busy_fraction: Some(0.874),
+            pcie_rx_bytes_per_iteration: Some(25_200_000.0),
+            batch_bytes: Some(12_600_000),
+            cuda_timed_fraction: 1.0,
+            ..RankGpu::default()
+        };
+        let line = render_line(3, &g);
+        assert!(line.starts_with("gpu: rank 3 on GPU 0: 87% busy"), "{line}");
+        assert!(
+            line.contains("PCIe in 25.2 MB/iteration (2.00× the 12.6 MB batch)"),
+            "{line}"
+        );
+        assert!(
+            !line.contains("NVLink"),
+            "absent readings are left out: {line}"
+        );
+    }
+}
