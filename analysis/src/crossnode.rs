@@ -316,40 +316,62 @@ pub fn resplit_gpu(b: &IterationBreakdown, fastest: u64, across_nodes: bool) -> 
             .map(|e| e.ns as f64)
             .sum()
     };
-    let (net_ns, local_ns) = match apportion(
+    let (net_ns, local_ns) = split_transfer(
         transfer,
-        &[
+        [
             measured(Category::Network),
             measured(Category::Interconnect),
         ],
-    ) {
+        across_nodes,
+    );
+    with_comm(
+        b,
+        |basis| matches!(basis, Basis::GpuExposedComm | Basis::GpuSlowestPeer),
+        [
+            (
+                Category::PeerWait,
+                Basis::GpuSlowestPeer,
+                exposed - transfer,
+            ),
+            (Category::Network, Basis::GpuExposedComm, net_ns),
+            (Category::Interconnect, Basis::GpuExposedComm, local_ns),
+        ],
+    )
+}
+
+/// `transfer` ns divided between network and interconnect in the proportion `weights`
+/// (network, interconnect); with no weight, all network across nodes, else all interconnect.
+fn split_transfer(transfer: u64, weights: [f64; 2], across_nodes: bool) -> (u64, u64) {
+    match apportion(transfer, &weights) {
         Some(v) => (v[0], v[1]),
         None if across_nodes => (transfer, 0),
         None => (0, transfer),
-    };
+    }
+}
+
+/// `b` with the evidence `replaced` says is its exposed communication put back as `parts`
+/// (those of 0 ns left out), and its split summed again from the evidence.
+fn with_comm(
+    b: &IterationBreakdown,
+    replaced: fn(Basis) -> bool,
+    parts: [(Category, Basis, u64); 3],
+) -> IterationBreakdown {
     let mut evidence: Vec<Evidence> = b
         .evidence
         .iter()
-        .filter(|e| !matches!(e.basis, Basis::GpuExposedComm | Basis::GpuSlowestPeer))
+        .filter(|e| !replaced(e.basis))
         .copied()
         .collect();
-    for (category, basis, ns) in [
-        (
-            Category::PeerWait,
-            Basis::GpuSlowestPeer,
-            exposed - transfer,
-        ),
-        (Category::Network, Basis::GpuExposedComm, net_ns),
-        (Category::Interconnect, Basis::GpuExposedComm, local_ns),
-    ] {
-        if ns > 0 {
-            evidence.push(Evidence {
+    evidence.extend(
+        parts
+            .into_iter()
+            .filter(|p| p.2 > 0)
+            .map(|(category, basis, ns)| Evidence {
                 category,
                 basis,
                 ns,
-            });
-        }
-    }
+            }),
+    );
     let mut split = Split::default();
     for e in &evidence {
         split.add(e.category, e.ns);
@@ -410,40 +432,16 @@ pub fn resplit(
         e.basis == Basis::CommLocalBytes
             || (e.basis == Basis::CommNoBytes && e.category == Category::Interconnect)
     });
-    let transfer = exposed - waited;
-    let (net_ns, local_ns) = match apportion(transfer, &[nic, local]) {
-        Some(v) => (v[0], v[1]),
-        None if across_nodes => (transfer, 0),
-        None => (0, transfer),
-    };
-    let mut evidence: Vec<Evidence> = b
-        .evidence
-        .iter()
-        .filter(|e| !is_comm(e.basis))
-        .copied()
-        .collect();
-    for (category, basis, ns) in [
-        (Category::PeerWait, Basis::PeerArrival, waited),
-        (Category::Network, Basis::CommNicBytes, net_ns),
-        (Category::Interconnect, Basis::CommLocalBytes, local_ns),
-    ] {
-        if ns > 0 {
-            evidence.push(Evidence {
-                category,
-                basis,
-                ns,
-            });
-        }
-    }
-    let mut split = Split::default();
-    for e in &evidence {
-        split.add(e.category, e.ns);
-    }
-    IterationBreakdown {
-        split,
-        evidence,
-        ..b.clone()
-    }
+    let (net_ns, local_ns) = split_transfer(exposed - waited, [nic, local], across_nodes);
+    with_comm(
+        b,
+        is_comm,
+        [
+            (Category::PeerWait, Basis::PeerArrival, waited),
+            (Category::Network, Basis::CommNicBytes, net_ns),
+            (Category::Interconnect, Basis::CommLocalBytes, local_ns),
+        ],
+    )
 }
 
 #[cfg(test)]

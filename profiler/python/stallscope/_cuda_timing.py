@@ -169,51 +169,36 @@ def _device_meta(torch):
     )
 
 
-def on_bucket():
-    """A DDP gradient bucket is ready (the last one before backward returns counts)."""
+def _on_timer(method, *args):
+    """Calls ``method`` of the process's timer, if it times; never raises."""
     try:
         timer = _timer_now()
         if timer is not None:
-            timer.mark("bucket")
+            getattr(timer, method)(*args)
     except Exception:
         pass
+
+
+def on_bucket():
+    """A DDP gradient bucket is ready (the last one before backward returns counts)."""
+    _on_timer("mark", "bucket")
 
 
 def on_data_begin():
     """The loop starts waiting in the DataLoader."""
-    try:
-        timer = _timer_now()
-        if timer is not None:
-            timer.data_begin()
-    except Exception:
-        pass
+    _on_timer("data_begin")
 
 
 def on_data_end():
     """The DataLoader returned (a batch, or the end of the epoch)."""
-    try:
-        timer = _timer_now()
-        if timer is not None:
-            timer.data_end()
-    except Exception:
-        pass
+    _on_timer("data_end")
 
 
 def on_backward_end():
     """``backward()`` returned after DDP buckets were ready."""
-    try:
-        timer = _timer_now()
-        if timer is not None:
-            timer.mark("backward_end")
-    except Exception:
-        pass
+    _on_timer("mark", "backward_end")
 
 
 def on_step(iteration):
     """The optimizer step closed ``iteration``."""
-    try:
-        timer = _timer_now()
-        if timer is not None:
-            timer.step(iteration)
-    except Exception:
-        pass
+    _on_timer("step", iteration)
