@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::series::{names, LABEL_GPU, LABEL_UUID};
+use crate::series::{names, LABEL_UUID};
 use crate::timeline::SeriesStore;
 use crate::Nanos;
 
@@ -55,11 +55,7 @@ fn add_mean(acc: &mut Option<(f64, f64)>, mean: Option<f64>, ns: f64) {
 impl GpuUsage {
     /// Adds iteration `[a, b]` on GPU `gpu` (NVML index label).
     pub fn add(&mut self, store: &SeriesStore, gpu: &str, (a, b): (Nanos, Nanos), timed: bool) {
-        let on_gpu = |name: &'static str| {
-            store
-                .named(name)
-                .find(|d| d.label(LABEL_GPU) == Some(gpu) && d.label("pid").is_none())
-        };
+        let on_gpu = |name: &'static str| store.on_gpu(name, gpu);
         if self.gpu.is_empty() {
             self.gpu = gpu.to_string();
         }

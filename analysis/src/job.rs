@@ -219,23 +219,16 @@ impl JobTimeline {
         (gpus.len() == 1).then(|| gpus[0].0.to_string())
     }
 
-    fn gpu_series(&self, pid: u32) -> Option<GpuSeries> {
-        let gpu = self.gpu_of(pid)?;
-        let on_gpu = |name: &'static str| {
-            self.series
-                .named(name)
-                .find(|d| d.label(LABEL_GPU) == Some(gpu.as_str()) && d.label("pid").is_none())
-                .map(|d| d.id)
-        };
+    /// The series of GPU `gpu` (NVML index) that speak for loop `pid`.
+    fn gpu_series(&self, pid: u32, gpu: &str) -> GpuSeries {
+        let on_gpu = |name: &'static str| self.series.on_gpu(name, gpu).map(|d| d.id);
         let pid_label = pid.to_string();
         let own_sm = self
             .series
             .named(names::GPU_PROC_SM_PCT)
-            .find(|d| {
-                d.label(LABEL_GPU) == Some(gpu.as_str()) && d.label("pid") == Some(&pid_label)
-            })
+            .find(|d| d.label(LABEL_GPU) == Some(gpu) && d.label("pid") == Some(&pid_label))
             .map(|d| d.id);
-        Some(GpuSeries {
+        GpuSeries {
             busy_pct: on_gpu(names::GPU_UTIL_PCT).or(own_sm),
             pcie_rx: on_gpu(names::GPU_PCIE_RX_BYTES),
             pcie_tx: on_gpu(names::GPU_PCIE_TX_BYTES),
@@ -243,7 +236,7 @@ impl JobTimeline {
                 .into_iter()
                 .filter_map(on_gpu)
                 .collect(),
-        })
+        }
     }
 
     fn ready(&self, pid: u32, iter: u64, end: Nanos, now: Nanos, finishing: bool) -> bool {
@@ -348,7 +341,7 @@ impl JobTimeline {
                         .into_iter()
                         .map(|p| self.thread_series(p))
                         .collect(),
-                    gpu: self.gpu_series(*pid),
+                    gpu: gpu_index.as_deref().map(|g| self.gpu_series(*pid, g)),
                 };
                 out.push(attribute(&input, &self.series, &rank_series, &links));
                 if let Some(gpu) = gpu_index.filter(|_| iter >= warmup) {

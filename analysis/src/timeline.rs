@@ -183,6 +183,16 @@ impl SeriesStore {
         self.decls.values().filter(move |d| d.name == name)
     }
 
+    /// The device-wide series named `name` of GPU `gpu` (its NVML index label), not one of a
+    /// process on it.
+    pub fn on_gpu(&self, name: &str, gpu: &str) -> Option<&SeriesDecl> {
+        self.decls.values().find(|d| {
+            d.name == name
+                && d.label(crate::series::LABEL_GPU) == Some(gpu)
+                && d.label("pid").is_none()
+        })
+    }
+
     /// The series named `name` with exactly the labels `labels` (in declaration order).
     pub fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<SeriesId> {
         let key_label = labels
