@@ -20,9 +20,16 @@
 //! the others up longest is that window's straggler, provided the others spent a noticeable
 //! share of their time waiting ([`STRAGGLER_MIN_WAIT`]).
 //!
+//! A job runs for days, so nothing here grows with its length: arrivals are summed into their
+//! window as iterations are joined, and a window is reduced to its straggler (if any) once
+//! joins have moved [`WINDOW_CLOSE_LAG_ITERS`] past it; the de-duplication of reports keeps,
+//! per rank, the iteration below which everything counts as joined and the few joined above it
+//! ([`JoinedIters`]). What grows is only the list of windows that named a straggler, which is
+//! the summary's output.
+//!
 //! The live collector and the replay of a job profile feed the same frames through this code.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +49,19 @@ pub const STRAGGLER_MIN_WAIT: f64 = 0.05;
 /// without them, ns (on the collector's clock, from the first report's end).
 const JOIN_PATIENCE_NS: Nanos = 15_000_000_000;
 
+/// Iterations the newest joined one must be past a straggler window's last before the window
+/// is closed (reduced to its straggler). Iterations normally join in order, a few out of it
+/// within [`JOIN_PATIENCE_NS`]; an iteration still waiting keeps its window open too. The
+/// arrivals of an iteration joined into a window already closed (a rank's report that came
+/// more than this late) are left out of the straggler figures; its breakdowns still count.
+pub const WINDOW_CLOSE_LAG_ITERS: u64 = 1_000;
+
+/// Joined iterations of one rank remembered above its contiguous joined prefix (iterations
+/// joined out of order, or past a lost one), at most; beyond it the oldest is forgotten and
+/// every iteration of the rank up to it counts as joined (8 bytes-ish each; 1,000 ranks with
+/// the set full: ~20 MiB).
+pub const JOINED_GAPS_MAX: usize = 1_024;
+
 /// One window's straggler.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StragglerWindow {
@@ -59,13 +79,85 @@ pub struct StragglerWindow {
     pub others_wait_fraction: f64,
 }
 
-/// What one joined iteration says about who arrived last.
+/// What joined iterations say about who arrived last: one iteration's, or a window's summed.
 #[derive(Clone, Debug, Default)]
 struct IterationArrivals {
     /// ns each rank held the next-to-last one up, by rank.
     held: BTreeMap<u32, u64>,
     /// Per rank: (peer_wait ns, wall ns).
     waits: BTreeMap<u32, (u64, u64)>,
+}
+
+impl IterationArrivals {
+    /// Adds another iteration's arrivals.
+    fn add(&mut self, other: &IterationArrivals) {
+        for (rank, ns) in &other.held {
+            *self.held.entry(*rank).or_default() += ns;
+        }
+        for (rank, (w, t)) in &other.waits {
+            let e = self.waits.entry(*rank).or_default();
+            e.0 += w;
+            e.1 += t;
+        }
+    }
+
+    /// The straggler of a window with these summed arrivals: (rank, ns it held the others up,
+    /// share of the others' wall time they waited); `None` when nobody held anyone up or the
+    /// others waited less than [`STRAGGLER_MIN_WAIT`].
+    fn straggler(&self) -> Option<(u32, u64, f64)> {
+        let (&rank, &held_ns) = self.held.iter().max_by_key(|(_, ns)| **ns)?;
+        let (wait, wall) = self
+            .waits
+            .iter()
+            .filter(|(r, _)| **r != rank)
+            .fold((0u64, 0u64), |acc, (_, (w, t))| (acc.0 + w, acc.1 + t));
+        let share = if wall == 0 {
+            0.0
+        } else {
+            wait as f64 / wall as f64
+        };
+        (share >= STRAGGLER_MIN_WAIT).then_some((rank, held_ns, share))
+    }
+}
+
+/// The iterations of one rank already joined: every one below `below`, and those in `above`.
+/// Reports of a rank arrive in order (an agent resends only what was not acknowledged), so
+/// the iterations before the first one joined count as joined too.
+#[derive(Clone, Debug, Default)]
+struct JoinedIters {
+    /// Every iteration below this counts as joined.
+    below: u64,
+    /// Joined iterations at or above `below`, at most [`JOINED_GAPS_MAX`].
+    above: BTreeSet<u64>,
+}
+
+impl JoinedIters {
+    fn starting_at(iter: u64) -> JoinedIters {
+        JoinedIters {
+            below: iter,
+            above: BTreeSet::new(),
+        }
+    }
+
+    fn contains(&self, iter: u64) -> bool {
+        iter < self.below || self.above.contains(&iter)
+    }
+
+    fn insert(&mut self, iter: u64) {
+        if iter < self.below {
+            return;
+        }
+        self.above.insert(iter);
+        while self.above.first() == Some(&self.below) {
+            self.above.pop_first();
+            self.below += 1;
+        }
+        while self.above.len() > JOINED_GAPS_MAX {
+            if let Some(oldest) = self.above.pop_first() {
+                self.below = oldest + 1;
+            }
+        }
+    }
 }
 
 /// Everything the join knows.
@@ -81,10 +173,19 @@ pub struct CrossNode {
     world_size: Option<u32>,
     /// Reports waiting for the other ranks, by iteration, then rank.
     pending: BTreeMap<u64, BTreeMap<u32, NodeIteration>>,
-    /// (rank, iteration) already joined: a report sent again after a reconnect is dropped.
-    joined: HashSet<(u32, u64)>,
-    /// Arrivals of every joined iteration, by iteration.
-    arrivals: BTreeMap<u64, IterationArrivals>,
+    /// Iterations already joined, by rank: a report sent again after a reconnect is dropped.
+    joined: HashMap<u32, JoinedIters>,
+    /// First iteration of the first straggler window (the warm-up); set before joining.
+    first_iter: u64,
+    /// The newest iteration joined.
+    newest_joined: Option<u64>,
+    /// Arrivals summed per straggler window still open, by window (0 = the one starting at
+    /// `first_iter`).
+    open_windows: BTreeMap<u64, IterationArrivals>,
+    /// Windows below this are closed: their arrivals are no longer taken.
+    closed_below: u64,
+    /// Closed windows that named a straggler, in window order: (window, rank, held ns, share).
+    closed_stragglers: Vec<(u64, u32, u64, f64)>,
 }
 
 impl CrossNode {
@@ -103,10 +204,17 @@ impl CrossNode {
         self.health.insert(h.node.clone(), h.clone());
     }
 
+    /// Sets the first iteration of the first straggler window (the job's warm-up, from its
+    /// header): iterations before it are left out of the straggler windows. Takes effect for
+    /// iterations joined after it; the header comes before any iteration.
+    pub fn set_first_iter(&mut self, first_iter: u64) {
+        self.first_iter = first_iter;
+    }
+
     /// Takes one rank's iteration. Repeats of a report already taken are dropped.
     pub fn report(&mut self, it: &NodeIteration) {
-        let key = (it.breakdown.rank, it.breakdown.iter);
-        if self.joined.contains(&key) {
+        let (rank, iter) = (it.breakdown.rank, it.breakdown.iter);
+        if self.joined.get(&rank).is_some_and(|j| j.contains(iter)) {
             return;
         }
         self.rank_nodes.insert(it.breakdown.rank, it.node.clone());
@@ -155,8 +263,49 @@ impl CrossNode {
             };
             out.extend(self.join(iter, reports));
         }
+        self.close_windows();
         out.sort_by_key(|b| (b.end_ns, b.rank));
         out
+    }
+
+    /// Reduces to their straggler the windows that joins have moved
+    /// [`WINDOW_CLOSE_LAG_ITERS`] past and that no waiting iteration falls in.
+    fn close_windows(&mut self) {
+        let Some(newest) = self.newest_joined else {
+            return;
+        };
+        let mut limit = newest.saturating_sub(WINDOW_CLOSE_LAG_ITERS);
+        if let Some(waiting) = self.pending.keys().next() {
+            limit = limit.min(*waiting);
+        }
+        // Windows whose last iteration is below `limit`.
+        let closable = limit.saturating_sub(self.first_iter) / WINDOW_ITERS;
+        while let Some(entry) = self.open_windows.first_entry() {
+            if *entry.key() >= closable {
+                break;
+            }
+            let (w, sums) = entry.remove_entry();
+            if let Some((rank, held, share)) = sums.straggler() {
+                self.closed_stragglers.push((w, rank, held, share));
+            }
+        }
+        self.closed_below = self.closed_below.max(closable);
+    }
+
+    /// Values held for the join and its straggler windows (pending reports, remembered joined
+    /// iterations, open windows' entries): what its memory grows with.
+    pub fn held(&self) -> usize {
+        self.pending.values().map(BTreeMap::len).sum::<usize>()
+            + self
+                .joined
+                .values()
+                .map(|j| 1 + j.above.len())
+                .sum::<usize>()
+            + self
+                .open_windows
+                .values()
+                .map(|a| a.held.len() + a.waits.len())
+                .sum::<usize>()
     }
 
     fn join(
@@ -221,58 +370,45 @@ impl CrossNode {
             arrivals
                 .waits
                 .insert(*rank, (b.split.get(Category::PeerWait), b.wall_ns()));
-            self.joined.insert((*rank, iter));
+            self.joined
+                .entry(*rank)
+                .or_insert_with(|| JoinedIters::starting_at(iter))
+                .insert(iter);
             out.push(b);
         }
-        self.arrivals.insert(iter, arrivals);
+        self.newest_joined = Some(self.newest_joined.map_or(iter, |n| n.max(iter)));
+        if iter >= self.first_iter {
+            let w = (iter - self.first_iter) / WINDOW_ITERS;
+            if w >= self.closed_below {
+                self.open_windows.entry(w).or_default().add(&arrivals);
+            }
+        }
         out
     }
 
-    /// The straggler of each window of [`WINDOW_ITERS`] iterations from `first_iter` on that
-    /// had one.
-    pub fn stragglers(&self, first_iter: u64) -> Vec<StragglerWindow> {
-        let mut windows: BTreeMap<u64, Vec<&IterationArrivals>> = BTreeMap::new();
-        for (iter, a) in self.arrivals.range(first_iter..) {
-            windows
-                .entry((iter - first_iter) / WINDOW_ITERS)
-                .or_default()
-                .push(a);
-        }
-        let mut out = Vec::new();
-        for (w, its) in windows {
-            let mut held: BTreeMap<u32, u64> = BTreeMap::new();
-            for a in &its {
-                for (rank, ns) in &a.held {
-                    *held.entry(*rank).or_default() += ns;
+    /// The straggler of each window of [`WINDOW_ITERS`] iterations from the first iteration
+    /// ([`CrossNode::set_first_iter`]) on that had one.
+    pub fn stragglers(&self) -> Vec<StragglerWindow> {
+        let open = self
+            .open_windows
+            .iter()
+            .filter_map(|(w, sums)| sums.straggler().map(|(r, h, s)| (*w, r, h, s)));
+        self.closed_stragglers
+            .iter()
+            .copied()
+            .chain(open)
+            .map(|(w, rank, held_ns, share)| {
+                let first = self.first_iter + w * WINDOW_ITERS;
+                StragglerWindow {
+                    first_iter: first,
+                    last_iter: first + WINDOW_ITERS - 1,
+                    rank,
+                    node: self.rank_nodes.get(&rank).cloned().unwrap_or_default(),
+                    held_seconds: crate::secs(held_ns),
+                    others_wait_fraction: share,
                 }
-            }
-            let Some((&rank, &held_ns)) = held.iter().max_by_key(|(_, ns)| **ns) else {
-                continue;
-            };
-            let (wait, wall) = its
-                .iter()
-                .flat_map(|a| a.waits.iter())
-                .filter(|(r, _)| **r != rank)
-                .fold((0u64, 0u64), |acc, (_, (w, t))| (acc.0 + w, acc.1 + t));
-            let share = if wall == 0 {
-                0.0
-            } else {
-                wait as f64 / wall as f64
-            };
-            if share < STRAGGLER_MIN_WAIT {
-                continue;
-            }
-            let first = first_iter + w * WINDOW_ITERS;
-            out.push(StragglerWindow {
-                first_iter: first,
-                last_iter: first + WINDOW_ITERS - 1,
-                rank,
-                node: self.rank_nodes.get(&rank).cloned().unwrap_or_default(),
-                held_seconds: crate::secs(held_ns),
-                others_wait_fraction: share,
-            });
-        }
-        out
+            })
+            .collect()
     }
 }
 
@@ -555,7 +691,7 @@ mod tests {
         assert_eq!(r0.split.total(), 100 * MS);
         assert_eq!(r1.split.get(Category::PeerWait), 0);
         assert_eq!(r1.split.get(Category::Network), 5 * MS);
-        let s = j.stragglers(0);
+        let s = j.stragglers();
         assert_eq!(s.len(), 1, "{s:?}");
         assert_eq!((s[0].rank, s[0].node.as_str()), (1, "b"));
         assert!((s[0].held_seconds - 0.4).abs() < 1e-9, "{s:?}");
@@ -582,7 +718,7 @@ mod tests {
             j.report(&report("b", 1, iter, end, c1));
         }
         j.join_ready(0, true);
-        let s = j.stragglers(0);
+        let s = j.stragglers();
         assert_eq!(s.len(), 1, "{s:?}");
         assert_eq!((s[0].rank, s[0].node.as_str()), (1, "b"));
         assert_eq!((s[0].first_iter, s[0].last_iter), (0, 9));
@@ -605,5 +741,44 @@ mod tests {
             2,
             "both iterations, each without the missing rank"
         );
+    }
+
+    #[test]
+    fn a_long_job_keeps_the_join_bounded_and_its_straggler_windows() {
+        const ITERS: u64 = 50_000;
+        const FIRST: u64 = 5;
+        let mut j = CrossNode::default();
+        j.set_first_iter(FIRST);
+        let late = |iter: u64| iter >= FIRST && ((iter - FIRST) / WINDOW_ITERS) % 3 == 0;
+        let mut most = 0;
+        for iter in 0..ITERS {
+            let end = (iter + 1) * 200 * MS;
+            // Every third window rank 1 arrives 40 ms late; otherwise nobody is late.
+            let (c0, c1) = if late(iter) { (50, 10) } else { (10, 10) };
+            j.report(&report("a", 0, iter, end, c0));
+            j.report(&report("b", 1, iter, end, c1));
+            assert_eq!(j.join_ready(end, false).len(), 2);
+            most = most.max(j.held());
+        }
+        // Two ranks' remembered joins plus the open windows' entries (4 per window).
+        let bound = 2 + 4 * (WINDOW_CLOSE_LAG_ITERS / WINDOW_ITERS + 2) as usize;
+        assert!(most <= bound, "{most} > {bound}");
+        // A report sent again, old or recent, is still dropped.
+        j.report(&report("a", 0, 7, 1000 * MS, 10));
+        j.report(&report("b", 1, ITERS - 1, 1000 * MS, 10));
+        assert!(j.join_ready(u64::MAX, true).is_empty());
+        let s = j.stragglers();
+        let windows = (ITERS - FIRST).div_ceil(WINDOW_ITERS);
+        assert_eq!(s.len() as u64, windows.div_ceil(3), "{:?}", &s[..3]);
+        for (k, w) in s.iter().enumerate() {
+            let first = FIRST + 3 * k as u64 * WINDOW_ITERS;
+            assert_eq!(
+                (w.first_iter, w.last_iter),
+                (first, first + WINDOW_ITERS - 1)
+            );
+            assert_eq!((w.rank, w.node.as_str()), (1, "b"));
+            assert!((w.held_seconds - 0.4).abs() < 1e-9, "{w:?}");
+            assert!((w.others_wait_fraction - 0.4).abs() < 1e-9, "{w:?}");
+        }
     }
 }

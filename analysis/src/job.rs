@@ -5,8 +5,14 @@
 //! live. An iteration is ready when samples have arrived past its end and every other live
 //! rank has finished the same iteration (so that waiting for the slowest rank can be told
 //! apart from moving bytes); at the end of a run everything left is attributed.
+//!
+//! A training job runs for days, so the timeline keeps nothing per iteration for good: the
+//! summary's figures are folded into running aggregates ([`RunningSummary`]) as iterations
+//! are attributed, and only the most recent [`RECENT_BREAKDOWNS`] breakdowns are kept.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::aggregate::RunningSummary;
 
 use crate::attribution::{
     attribute, GpuIteration, GpuSeries, IterationBreakdown, IterationInput, Links, RankSeries,
@@ -34,6 +40,10 @@ const GPU_PATIENCE_NS: Nanos = 10_000_000_000;
 /// there is (a sampler that died must not stall the summary), ns.
 const SAMPLE_PATIENCE_NS: Nanos = 2_000_000_000;
 
+/// Breakdowns [`JobTimeline::breakdowns`] keeps, the most recent (a few hundred bytes each:
+/// tens of MiB at most). Experiment runs and tests are far shorter, so they keep all of theirs.
+pub const RECENT_BREAKDOWNS: usize = 100_000;
+
 /// Everything known about a run.
 #[derive(Debug, Default)]
 pub struct JobTimeline {
@@ -51,8 +61,11 @@ pub struct JobTimeline {
     pub sources: BTreeMap<String, SourceStatus>,
     /// How the run ended, if it did.
     pub end: Option<RunEnd>,
-    /// Every iteration attributed so far, in the order attributed.
-    pub breakdowns: Vec<IterationBreakdown>,
+    /// The most recent iterations attributed, in the order attributed: at most
+    /// [`RECENT_BREAKDOWNS`]. The summary reads [`JobTimeline::totals`], not these.
+    pub breakdowns: VecDeque<IterationBreakdown>,
+    /// What the summary needs of every iteration attributed so far.
+    pub totals: RunningSummary,
     /// Next iteration to attribute, per loop pid.
     next_iter: BTreeMap<u32, u64>,
     /// Marker datagrams rejected as malformed, as counted by the live side.
@@ -67,7 +80,10 @@ impl JobTimeline {
     /// Takes one frame. Breakdown frames are not taken: breakdowns are always re-derived.
     pub fn ingest(&mut self, frame: &Frame) {
         match frame {
-            Frame::Header(h) => self.header = Some(h.clone()),
+            Frame::Header(h) => {
+                self.nodes.set_first_iter(u64::from(h.warmup_iters));
+                self.header = Some(h.clone());
+            }
             Frame::Series(d) => self.series.declare(d.clone()),
             Frame::Samples(b) => self.series.ingest(b),
             Frame::Markers(ms) => ms.iter().for_each(|m| self.markers.ingest(m)),
@@ -358,8 +374,21 @@ impl JobTimeline {
         }
         out.extend(self.nodes.join_ready(now, finishing));
         out.sort_by_key(|b| (b.end_ns, b.rank));
-        self.breakdowns.extend(out.iter().cloned());
+        self.record(&out, warmup);
         out
+    }
+
+    /// Folds newly attributed breakdowns into the totals (iterations below `warmup` are not
+    /// counted) and the window of recent ones.
+    fn record(&mut self, new: &[IterationBreakdown], warmup: u64) {
+        for b in new {
+            self.totals.add(b, warmup);
+        }
+        let keep = new.len().min(RECENT_BREAKDOWNS);
+        let overflow = (self.breakdowns.len() + keep).saturating_sub(RECENT_BREAKDOWNS);
+        self.breakdowns.drain(..overflow);
+        self.breakdowns
+            .extend(new[new.len() - keep..].iter().cloned());
     }
 
     /// Forgets samples and marks that no unattributed iteration can need any more.
@@ -379,6 +408,98 @@ impl JobTimeline {
             for m in self.markers.procs.values_mut() {
                 m.prune_before(t);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::MEDIAN_MAX_RELATIVE_ERROR;
+    use crate::attribution::Coverage;
+    use crate::category::Split;
+    use crate::summary::summarize;
+    use crate::{secs, NS_PER_SEC};
+
+    #[test]
+    fn a_long_job_keeps_bounded_state_and_its_summary_right() {
+        const WARMUP: u64 = 5;
+        const ITERS: u64 = 150_000; // per rank: 300,000 breakdowns
+        let mut job = JobTimeline::default();
+        job.ingest(&Frame::Header(RunHeader {
+            warmup_iters: WARMUP as u32,
+            ..RunHeader::default()
+        }));
+        let (mut walls, mut prep, mut marked) = (Vec::new(), 0u64, 0u64);
+        let mut batch = Vec::new();
+        for iter in 0..ITERS {
+            for rank in 0..2u32 {
+                // 1–2 ms, spread over the range.
+                let wall = 1_000_000 + (iter * 7_919 + u64::from(rank) * 13) % 1_000_000;
+                let mut split = Split::default();
+                split.add(Category::Compute, wall - wall / 4);
+                split.add(Category::DataPrep, wall / 4);
+                let start = iter * 3_000_000;
+                if iter >= WARMUP {
+                    walls.push(wall);
+                    prep += wall / 4;
+                    marked += wall / 2;
+                }
+                batch.push(IterationBreakdown {
+                    rank,
+                    pid: 100 + rank,
+                    iter,
+                    start_ns: start,
+                    end_ns: start + wall,
+                    split,
+                    evidence: Vec::new(),
+                    coverage: Coverage {
+                        marked_ns: wall / 2,
+                        sampled_ns: wall,
+                    },
+                });
+            }
+            if batch.len() >= 1_000 {
+                job.record(&batch, WARMUP);
+                batch.clear();
+            }
+        }
+        job.record(&batch, WARMUP);
+        assert_eq!(job.breakdowns.len(), RECENT_BREAKDOWNS);
+        let last = job.breakdowns.back().unwrap();
+        assert_eq!(
+            (last.iter, last.rank),
+            (ITERS - 1, 1),
+            "the most recent are kept"
+        );
+        assert!(
+            job.totals.held() <= 3 * 2 * 128, // 1–2 ms spans two octaves
+            "only histogram buckets are left: {}",
+            job.totals.held()
+        );
+
+        let s = summarize(&job);
+        let counted = 2 * (ITERS - WARMUP);
+        assert_eq!(s.job.iterations, counted);
+        assert_eq!(s.ranks.len(), 2);
+        assert_eq!(s.ranks[0].figures.iterations, ITERS - WARMUP);
+        let total: u64 = walls.iter().sum();
+        assert_eq!(s.job.wall_seconds, secs(total));
+        assert_eq!(s.job.categories.data_prep.seconds, secs(prep));
+        assert_eq!(s.job.coverage.marked, marked as f64 / total as f64);
+        assert_eq!(s.job.coverage.sampled, 1.0);
+        walls.sort_unstable();
+        let n = walls.len();
+        let exact = (walls[n / 2 - 1] + walls[n / 2]) as f64 / 2.0 / NS_PER_SEC as f64;
+        let err = (s.job.median_iteration_seconds - exact).abs() / exact;
+        assert!(
+            err <= MEDIAN_MAX_RELATIVE_ERROR,
+            "median {} vs {exact}",
+            s.job.median_iteration_seconds
+        );
+        for r in &s.ranks {
+            let err = (r.figures.median_iteration_seconds - exact).abs() / exact;
+            assert!(err <= 2.0 * MEDIAN_MAX_RELATIVE_ERROR, "{r:?}");
         }
     }
 }

@@ -4,11 +4,13 @@
 //! collector) and the replay path (`stallscope summary` reading a profile) run the very same
 //! code: the data model ([`series`], [`marker`], [`frame`]), the node timeline that derives
 //! rates from raw counters ([`timeline`]), per-iteration attribution ([`attribution`]), what each rank's GPU did ([`gpu_usage`]), and the
-//! job summary with its one-sentence finding ([`summary`], [`finding`]).
+//! job summary with its one-sentence finding ([`summary`], [`finding`]), folded from running
+//! aggregates ([`aggregate`]) so a long job's memory stays bounded.
 //!
 //! Time is `CLOCK_MONOTONIC` nanoseconds of the node ([`Nanos`]); Python's
 //! `time.monotonic_ns()` reads the same clock, so markers and samples need no alignment.
 
+pub mod aggregate;
 pub mod attribution;
 pub mod category;
 pub mod crossnode;

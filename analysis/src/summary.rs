@@ -3,10 +3,15 @@
 //! The JSON (`schema: "stallscope.summary/1"`) is an interface scripts depend on: fields are
 //! only ever added. Categories are named fields in report order, never a map, so their order
 //! and presence never change. Warm-up iterations are left out of every figure.
+//!
+//! The figures come from the running totals the [`JobTimeline`] folds every attributed
+//! iteration into ([`crate::aggregate`]), so summarising a days-long job needs no per-iteration
+//! history; the median iteration time is exact up to a count of iterations and within
+//! [`crate::aggregate::MEDIAN_MAX_RELATIVE_ERROR`] beyond it.
 
 use serde::{Deserialize, Serialize};
 
-use crate::attribution::IterationBreakdown;
+use crate::aggregate::Totals;
 use crate::category::{Category, Split};
 use crate::crossnode::StragglerWindow;
 use crate::finding::{find, Finding, FindingInput};
@@ -197,23 +202,9 @@ pub struct NodeSummary {
     pub records_dropped: u64,
 }
 
-fn figures(its: &[&IterationBreakdown]) -> Figures {
-    let mut split = Split::default();
-    let (mut marked, mut sampled) = (0u64, 0u64);
-    let mut walls: Vec<u64> = Vec::with_capacity(its.len());
-    for b in its {
-        split.add_split(&b.split);
-        marked += b.coverage.marked_ns;
-        sampled += b.coverage.sampled_ns;
-        walls.push(b.wall_ns());
-    }
-    walls.sort_unstable();
-    let total = split.total();
-    let median = match walls.len() {
-        0 => 0,
-        n if n % 2 == 1 => walls[n / 2],
-        n => (walls[n / 2 - 1] + walls[n / 2]) / 2,
-    };
+/// The figures of a set of counted iterations, from their running totals.
+fn figures(t: &Totals) -> Figures {
+    let total = t.split.total();
     let frac = |x: u64| {
         if total == 0 {
             0.0
@@ -222,47 +213,30 @@ fn figures(its: &[&IterationBreakdown]) -> Figures {
         }
     };
     Figures {
-        iterations: its.len() as u64,
-        median_iteration_seconds: secs(median),
+        iterations: t.iterations,
+        median_iteration_seconds: secs(t.walls.median()),
         wall_seconds: secs(total),
-        categories: Categories::from_split(&split),
+        categories: Categories::from_split(&t.split),
         coverage: CoverageShare {
-            marked: frac(marked),
-            sampled: frac(sampled),
+            marked: frac(t.marked_ns),
+            sampled: frac(t.sampled_ns),
         },
     }
-}
-
-/// The counted breakdowns of each rank, by rank: warm-up left out.
-pub fn counted(job: &JobTimeline, warmup: u32) -> Vec<(u32, u32, Vec<&IterationBreakdown>)> {
-    let mut ranks: Vec<(u32, u32)> = job.breakdowns.iter().map(|b| (b.rank, b.pid)).collect();
-    ranks.sort_unstable();
-    ranks.dedup();
-    ranks
-        .into_iter()
-        .map(|(rank, pid)| {
-            let its = job
-                .breakdowns
-                .iter()
-                .filter(|b| b.rank == rank && b.pid == pid && b.iter >= warmup as u64)
-                .collect();
-            (rank, pid, its)
-        })
-        .collect()
 }
 
 /// Builds the summary of everything attributed so far.
 pub fn summarize(job: &JobTimeline) -> Summary {
     let header = job.header.clone().unwrap_or_default();
     let warmup = header.warmup_iters;
-    let per_rank = counted(job, warmup);
-    let ranks: Vec<RankSummary> = per_rank
+    let ranks: Vec<RankSummary> = job
+        .totals
+        .ranks
         .iter()
-        .map(|(rank, pid, its)| RankSummary {
+        .map(|((rank, pid), totals)| RankSummary {
             rank: *rank,
             pid: *pid,
             node: job.nodes.rank_nodes.get(rank).cloned(),
-            figures: figures(its),
+            figures: figures(totals),
             gpu: job.gpu_usage.get(rank).map(|u| {
                 let batch = job
                     .markers
@@ -273,11 +247,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             }),
         })
         .collect();
-    let all: Vec<&IterationBreakdown> = per_rank
-        .iter()
-        .flat_map(|(_, _, its)| its.iter().copied())
-        .collect();
-    let job_figures = figures(&all);
+    let job_figures = figures(&job.totals.job);
     let workers = job
         .markers
         .loops()
@@ -293,7 +263,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         .end
         .as_ref()
         .map(|e| e.ended_mono_ns)
-        .or_else(|| job.breakdowns.iter().map(|b| b.end_ns).max())
+        .or(job.totals.last_end_ns)
         .or(job.series.watermark())
         .unwrap_or(header.started_mono_ns);
     Summary {
@@ -341,7 +311,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         profile: None,
         profiler_cpu_seconds: None,
         nodes: node_summaries(job),
-        stragglers: job.nodes.stragglers(warmup as u64),
+        stragglers: job.nodes.stragglers(),
     }
 }
 

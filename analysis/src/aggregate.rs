@@ -1,0 +1,242 @@
+//! Running aggregates of the attributed iterations: what the end-of-run summary needs, folded
+//! in as iterations are attributed, so that the summary of a job that runs for days costs
+//! memory bounded by its ranks, not by its length.
+//!
+//! Everything but the median is a sum and exact. The median iteration time keeps every wall
+//! time exactly up to a count ([`EXACT_WALLS_PER_RANK`], [`EXACT_WALLS_JOB`]) — so short runs,
+//! experiments and tests read exactly as before — and from then on comes from a log-bucketed
+//! histogram whose buckets are at most 1/128 of their lower bound wide: the median it gives is
+//! within [`MEDIAN_MAX_RELATIVE_ERROR`] (1/256 ≈ 0.39%) of the exact one.
+
+use std::collections::BTreeMap;
+
+use crate::attribution::IterationBreakdown;
+use crate::category::Split;
+use crate::Nanos;
+
+/// Wall times kept exactly per rank before its median comes from the histogram (8 bytes
+/// each: 32 KiB per rank at most).
+pub const EXACT_WALLS_PER_RANK: usize = 4_096;
+
+/// Wall times kept exactly for the job (all ranks together) before its median comes from the
+/// histogram (8 bytes each: 512 KiB at most).
+pub const EXACT_WALLS_JOB: usize = 65_536;
+
+/// Largest relative error of a median read from the histogram, as a fraction of the exact
+/// median: half a bucket's width over its lower bound, 1/256.
+pub const MEDIAN_MAX_RELATIVE_ERROR: f64 = 1.0 / 256.0;
+
+/// Significant bits a histogram bucket keeps of a wall time (the leading one included): a
+/// bucket spans `[m·2^s, (m+1)·2^s)` with `m` in 128..256, so it is at most 1/128 of its
+/// lower bound wide. Times below 256 ns get a bucket each (exact).
+const BUCKET_BITS: u32 = 8;
+
+/// The histogram bucket of `ns`: `shift << 8 | mantissa`.
+fn bucket(ns: u64) -> u32 {
+    let bits = u64::BITS - ns.leading_zeros();
+    let shift = bits.saturating_sub(BUCKET_BITS);
+    (shift << BUCKET_BITS) | (ns >> shift) as u32
+}
+
+/// The value that stands for bucket `b`, ns: its middle (its only value below 256 ns).
+fn bucket_value(b: u32) -> u64 {
+    let shift = b >> BUCKET_BITS;
+    let m = u64::from(b & ((1 << BUCKET_BITS) - 1));
+    let lo = m << shift;
+    lo + ((1u64 << shift) >> 1)
+}
+
+/// The median of a stream of wall times, ns: exact up to a count, then approximate within
+/// [`MEDIAN_MAX_RELATIVE_ERROR`].
+#[derive(Clone, Debug)]
+pub struct WallMedian {
+    /// Every time so far, while there are at most `exact_cap`; `None` after.
+    exact: Option<Vec<u64>>,
+    exact_cap: usize,
+    /// Times per bucket ([`bucket`]), only buckets that were hit.
+    histogram: BTreeMap<u32, u64>,
+    count: u64,
+}
+
+impl WallMedian {
+    /// Keeps up to `exact_cap` times exactly.
+    pub fn new(exact_cap: usize) -> WallMedian {
+        WallMedian {
+            exact: Some(Vec::new()),
+            exact_cap,
+            histogram: BTreeMap::new(),
+            count: 0,
+        }
+    }
+
+    /// Takes one time, ns.
+    pub fn add(&mut self, ns: u64) {
+        self.count += 1;
+        *self.histogram.entry(bucket(ns)).or_default() += 1;
+        if let Some(exact) = &mut self.exact {
+            if exact.len() < self.exact_cap {
+                exact.push(ns);
+            } else {
+                self.exact = None;
+            }
+        }
+    }
+
+    /// Whether [`WallMedian::median`] is exact.
+    pub fn is_exact(&self) -> bool {
+        self.exact.is_some()
+    }
+
+    /// Values held (exact times plus histogram buckets): what its memory grows with.
+    pub fn held(&self) -> usize {
+        self.exact.as_ref().map_or(0, Vec::len) + self.histogram.len()
+    }
+
+    /// The median, ns (the mean of the two middle times of an even count); 0 when empty.
+    pub fn median(&self) -> u64 {
+        let n = self.count;
+        if n == 0 {
+            return 0;
+        }
+        if let Some(exact) = &self.exact {
+            let mut walls = exact.clone();
+            walls.sort_unstable();
+            let n = walls.len();
+            return if n % 2 == 1 {
+                walls[n / 2]
+            } else {
+                (walls[n / 2 - 1] + walls[n / 2]) / 2
+            };
+        }
+        let nth = |k: u64| {
+            let mut seen = 0;
+            for (b, c) in &self.histogram {
+                seen += c;
+                if seen > k {
+                    return bucket_value(*b);
+                }
+            }
+            0
+        };
+        if n % 2 == 1 {
+            nth(n / 2)
+        } else {
+            (nth(n / 2 - 1) + nth(n / 2)) / 2
+        }
+    }
+}
+
+/// Sums over a set of counted iterations.
+#[derive(Clone, Debug)]
+pub struct Totals {
+    /// Iterations counted.
+    pub iterations: u64,
+    /// ns per category, summed.
+    pub split: Split,
+    /// ns inside marked phases, summed.
+    pub marked_ns: u64,
+    /// ns covered by sample ticks, summed.
+    pub sampled_ns: u64,
+    /// Their wall times, for the median.
+    pub walls: WallMedian,
+}
+
+impl Totals {
+    /// Empty, keeping up to `exact_cap` wall times exactly.
+    pub fn new(exact_cap: usize) -> Totals {
+        Totals {
+            iterations: 0,
+            split: Split::default(),
+            marked_ns: 0,
+            sampled_ns: 0,
+            walls: WallMedian::new(exact_cap),
+        }
+    }
+
+    /// Counts one iteration.
+    pub fn add(&mut self, b: &IterationBreakdown) {
+        self.iterations += 1;
+        self.split.add_split(&b.split);
+        self.marked_ns += b.coverage.marked_ns;
+        self.sampled_ns += b.coverage.sampled_ns;
+        self.walls.add(b.wall_ns());
+    }
+}
+
+/// What the summary needs of every iteration attributed so far.
+#[derive(Clone, Debug)]
+pub struct RunningSummary {
+    /// Per (rank, pid): its counted (post-warm-up) iterations. A rank with only warm-up
+    /// iterations so far is here with none counted.
+    pub ranks: BTreeMap<(u32, u32), Totals>,
+    /// All ranks' counted iterations together.
+    pub job: Totals,
+    /// ns, the latest end of any iteration attributed (warm-up included).
+    pub last_end_ns: Option<Nanos>,
+}
+
+impl Default for RunningSummary {
+    fn default() -> RunningSummary {
+        RunningSummary {
+            ranks: BTreeMap::new(),
+            job: Totals::new(EXACT_WALLS_JOB),
+            last_end_ns: None,
+        }
+    }
+}
+
+impl RunningSummary {
+    /// Takes one attributed iteration; those below `warmup` (iterations per rank) are seen but
+    /// not counted.
+    pub fn add(&mut self, b: &IterationBreakdown, warmup: u64) {
+        self.last_end_ns = Some(self.last_end_ns.map_or(b.end_ns, |t| t.max(b.end_ns)));
+        let rank = self
+            .ranks
+            .entry((b.rank, b.pid))
+            .or_insert_with(|| Totals::new(EXACT_WALLS_PER_RANK));
+        if b.iter >= warmup {
+            rank.add(b);
+            self.job.add(b);
+        }
+    }
+
+    /// Values held (exact wall times and histogram buckets) over all ranks and the job.
+    pub fn held(&self) -> usize {
+        self.job.walls.held() + self.ranks.values().map(|t| t.walls.held()).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_stands_for_its_times_within_the_bound() {
+        for ns in (0..2_000_000u64)
+            .step_by(7)
+            .chain([u64::MAX / 3, 1 << 40, (1 << 40) - 1])
+        {
+            let v = bucket_value(bucket(ns));
+            let err = (v as f64 - ns as f64).abs() / (ns as f64).max(1.0);
+            assert!(err <= MEDIAN_MAX_RELATIVE_ERROR, "{ns} → {v}");
+        }
+        assert_eq!(bucket_value(bucket(255)), 255, "small times are exact");
+    }
+
+    #[test]
+    fn the_median_is_exact_then_within_the_bound() {
+        let mut m = WallMedian::new(10);
+        for ns in [5, 1, 4, 2] {
+            m.add(ns);
+        }
+        assert_eq!(m.median(), 3);
+        let mut m = WallMedian::new(10);
+        // 1001 times from 1.000 ms to 2.000 ms: the median is 1.5 ms.
+        for k in 0..=1000u64 {
+            m.add(1_000_000 + k * 1_000);
+        }
+        assert!(!m.is_exact());
+        let err = (m.median() as f64 - 1.5e6).abs() / 1.5e6;
+        assert!(err <= MEDIAN_MAX_RELATIVE_ERROR, "{}", m.median());
+    }
+}
