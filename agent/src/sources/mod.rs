@@ -41,6 +41,26 @@ impl Default for Roots {
 pub struct Watched {
     /// Process ids of the job (ranks, loaders, helpers, launchers).
     pub pids: Vec<u32>,
+    /// Of `pids`, the launchers: processes above a training loop that run none themselves
+    /// (`torchrun`, a script that spawns its ranks). Attribution never reads their main
+    /// thread, so [`process::ProcessSource`] reads them at the slow tier, not every tick.
+    /// Empty until a loop is known.
+    pub launchers: Vec<u32>,
+}
+
+impl Watched {
+    /// The job's processes `pids`, none known as a launcher.
+    pub fn new(pids: Vec<u32>) -> Self {
+        Watched {
+            pids,
+            launchers: Vec::new(),
+        }
+    }
+
+    /// Whether `pid` is one of the [`launchers`](Self::launchers).
+    pub fn is_launcher(&self, pid: u32) -> bool {
+        self.launchers.contains(&pid)
+    }
 }
 
 /// Hands out series ids and collects the values of one sampling round.
