@@ -9,7 +9,7 @@
 //! while a pass runs are simply not in it. Everything reads below a proc root, so tests run it
 //! on captured text.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -49,6 +49,31 @@ pub fn scan(proc_root: &Path) -> io::Result<Vec<ProcEntry>> {
 /// depth. Empty when `root_pid` is not in `entries`.
 pub fn descendants(entries: &[ProcEntry], root_pid: u32) -> Vec<ProcEntry> {
     subtree(entries.iter(), root_pid)
+}
+
+/// The launchers of a job: the processes of `tree` above any of `loops` (the training loops)
+/// that are no loop themselves, e.g. `torchrun`, or a script that spawns its ranks. In tree
+/// order; empty when no loop is in the tree.
+pub fn launchers(tree: &[ProcEntry], loops: &BTreeSet<u32>) -> Vec<u32> {
+    let parent: HashMap<u32, u32> = tree.iter().map(|e| (e.pid, e.ppid)).collect();
+    let mut above = HashSet::new();
+    for &pid in loops.iter().filter(|p| parent.contains_key(p)) {
+        let mut p = pid;
+        // Bounded: a parent chain in a consistent tree is acyclic, a racy scan may not be.
+        for _ in 0..64 {
+            match parent.get(&p) {
+                Some(&up) if parent.contains_key(&up) => {
+                    above.insert(up);
+                    p = up;
+                }
+                _ => break,
+            }
+        }
+    }
+    tree.iter()
+        .map(|e| e.pid)
+        .filter(|p| above.contains(p) && !loops.contains(p))
+        .collect()
 }
 
 /// The arguments of `pid` (`<proc>/PID/cmdline`, NUL-separated); empty for a kernel thread or
@@ -239,6 +264,19 @@ mod tests {
             descendants(&all, 1).is_empty(),
             "a root not seen has no tree"
         );
+    }
+
+    #[test]
+    fn launchers_are_the_ancestors_of_loops_that_run_none() {
+        let all = scan(&fake_tree().roots.proc).unwrap();
+        let tree = descendants(&all, 6927);
+        let loops = |pids: &[u32]| pids.iter().copied().collect::<BTreeSet<u32>>();
+        assert!(launchers(&tree, &loops(&[])).is_empty());
+        // bash 6927 → sh 6929 → w (x) y 6931: bash and sh launch the loop.
+        assert_eq!(launchers(&tree, &loops(&[6931])), [6927, 6929]);
+        // A loop above another loop is still a loop; a loop outside the tree adds nothing.
+        assert_eq!(launchers(&tree, &loops(&[6931, 6929, 6933])), [6927]);
+        assert!(launchers(&tree, &loops(&[6927])).is_empty());
     }
 
     #[test]

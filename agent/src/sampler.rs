@@ -23,7 +23,7 @@ use stallscope_analysis::series::{SampleBatch, SeriesDecl};
 use stallscope_analysis::Nanos;
 
 use crate::clock::monotonic_ns;
-use crate::proctree::{Discovery, ProcEntry};
+use crate::proctree::{launchers, Discovery, ProcEntry};
 use crate::sink::Sink;
 use crate::sources::disk::DiskSource;
 use crate::sources::net::NetSource;
@@ -59,6 +59,10 @@ pub struct SamplerConfig {
     /// Further processes whose subtrees are the job, updated while running (an agent adds
     /// every process that sends markers). `None`: only `root_pid`'s subtree.
     pub extra_roots: Option<ExtraRoots>,
+    /// The training loops (processes that sent a step), as whoever reads the markers finds
+    /// them. Their ancestors in the job that run no loop are launchers, read on the slow tier
+    /// only ([`Watched::launchers`]). `None`, or while empty: every process every tick.
+    pub loops: Option<LoopPids>,
 }
 
 /// The job's pids as last discovered, shared between samplers.
@@ -79,6 +83,9 @@ pub enum Pids {
 /// Pids whose subtrees the sampler watches besides its root, shared with whoever finds them.
 pub type ExtraRoots = Arc<Mutex<BTreeSet<u32>>>;
 
+/// Pids of the job's training loops, shared with whoever reads the markers.
+pub type LoopPids = Arc<Mutex<BTreeSet<u32>>>;
+
 impl SamplerConfig {
     /// 100 Hz, slow tier every 100 ms, discovery every second, on `/proc` and `/sys`.
     pub fn new(root_pid: u32) -> Self {
@@ -91,6 +98,7 @@ impl SamplerConfig {
             pids: Pids::Discover,
             thread_name: "stallscope-sampler".into(),
             extra_roots: None,
+            loops: None,
         }
     }
 }
@@ -147,11 +155,13 @@ impl Drop for SamplerHandle {
     }
 }
 
-/// The sources every node reads: processes (fast and slow), network, disks, PSI.
+/// The sources every node reads: processes (fast, and launchers and totals slow), network,
+/// disks, PSI.
 pub fn default_sources(roots: &Roots) -> Vec<Box<dyn Source>> {
     vec![
         Box::new(ProcessSource::new(roots)),
         Box::new(NetSource::new(roots)),
+        Box::new(ProcessSource::launchers(roots)),
         Box::new(ProcessTotalsSource::new(roots)),
         Box::new(DiskSource::new(roots)),
         Box::new(PsiSource::new(roots)),
@@ -376,6 +386,13 @@ impl Sampler {
             .collect();
         self.watched.pids.clear();
         self.watched.pids.extend(live.iter().map(|e| e.pid));
+        self.watched.launchers = match &self.config.loops {
+            Some(loops) => loops
+                .lock()
+                .map(|loops| launchers(&live, &loops))
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
         if let Pids::DiscoverAndPublish(shared) = &self.config.pids {
             if let Ok(mut pids) = shared.lock() {
                 pids.clone_from(&self.watched.pids);
@@ -670,9 +687,7 @@ mod tests {
             .collect();
         let me = std::process::id();
         let pids = std::iter::once(me).chain(children.iter().map(|c| c.id()));
-        let watched = Watched {
-            pids: pids.collect(),
-        };
+        let watched = Watched::new(pids.collect());
         let roots = Roots::default();
         let mean_us = |sources: &mut [Box<dyn Source>], rounds: u32| {
             let mut reg = Registry::default();

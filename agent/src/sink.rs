@@ -50,11 +50,15 @@ impl<T> Mailbox<T> {
         }
     }
 
-    /// Takes every item put so far, oldest first.
+    /// Takes every item put so far, oldest first. The mailbox keeps room for as many, so that
+    /// a steady producer does not regrow it between two drains.
     pub fn take_all(&self) -> Vec<T> {
         self.items
             .lock()
-            .map(|mut v| std::mem::take(&mut *v))
+            .map(|mut v| {
+                let room = v.len();
+                std::mem::replace(&mut *v, Vec::with_capacity(room))
+            })
             .unwrap_or_default()
     }
 }

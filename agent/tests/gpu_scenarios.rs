@@ -51,9 +51,7 @@ impl Node {
             clock,
             gpu: gpu.map(|g| gpu::sources(Box::new(g))),
             registry: Registry::default(),
-            watched: Watched {
-                pids: pids.to_vec(),
-            },
+            watched: Watched::new(pids.to_vec()),
             job: JobTimeline::default(),
             counters: HashMap::new(),
             seqs: HashMap::new(),

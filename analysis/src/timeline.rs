@@ -20,7 +20,7 @@ const MIN_RATE_WINDOW_NS: u64 = 5_000_000;
 #[derive(Debug, Default)]
 pub struct SeriesStore {
     decls: HashMap<SeriesId, SeriesDecl>,
-    points: HashMap<SeriesId, VecDeque<(Nanos, u64)>>,
+    points: HashMap<SeriesId, Points>,
     by_key: HashMap<(String, String), SeriesId>,
     /// Time of the newest batch, ns.
     watermark: Option<Nanos>,
@@ -28,8 +28,36 @@ pub struct SeriesStore {
     first: Option<Nanos>,
     peaks: LinkPeaks,
     last_link_totals: Option<(Nanos, u64, u64)>,
-    /// Per GPU (label `gpu`): when, and the NVLink and PCIe byte totals then.
-    last_gpu_totals: HashMap<String, (Nanos, u64, u64)>,
+    /// The GPUs (label `gpu`) with link series, in the order first declared.
+    gpus: Vec<String>,
+    /// Per GPU of `gpus`: when, and the NVLink and PCIe byte totals then.
+    last_gpu_totals: Vec<Option<(Nanos, u64, u64)>>,
+}
+
+/// One series' samples, and what its values add to the link peaks.
+#[derive(Debug, Default)]
+struct Points {
+    link: LinkRole,
+    pts: VecDeque<(Nanos, u64)>,
+}
+
+/// What a series' values count towards in [`LinkPeaks`], decided once when it is declared, so
+/// that a batch is taken in one lookup per value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum LinkRole {
+    /// Nothing (and undeclared series).
+    #[default]
+    None,
+    /// `net.rx_bytes`/`net.tx_bytes` of a network interface.
+    Nic,
+    /// The same of loopback.
+    Loopback,
+    /// The same with no known link class: it says a network series was read, and adds nothing.
+    OtherNet,
+    /// `gpu.nvlink.*_bytes` of GPU number `n` of [`SeriesStore::gpus`].
+    NvLink(usize),
+    /// `gpu.pcie.*_bytes` of GPU number `n`.
+    Pcie(usize),
 }
 
 /// The highest byte rates seen per link class, bytes/s (rx + tx over every interface).
@@ -47,6 +75,46 @@ pub struct LinkPeaks {
     pub pcie: f64,
 }
 
+/// Byte totals of one batch: per link class, and per GPU (index, NVLink, PCIe).
+#[derive(Default)]
+struct BatchTotals {
+    net_seen: bool,
+    nic: u64,
+    loopback: u64,
+    gpus: Vec<(usize, u64, u64)>,
+}
+
+impl BatchTotals {
+    fn add(&mut self, role: LinkRole, v: u64) {
+        match role {
+            LinkRole::None => {}
+            LinkRole::Nic => {
+                self.net_seen = true;
+                self.nic = self.nic.wrapping_add(v);
+            }
+            LinkRole::Loopback => {
+                self.net_seen = true;
+                self.loopback = self.loopback.wrapping_add(v);
+            }
+            LinkRole::OtherNet => self.net_seen = true,
+            LinkRole::NvLink(gpu) | LinkRole::Pcie(gpu) => {
+                let slot = match self.gpus.iter().position(|t| t.0 == gpu) {
+                    Some(i) => &mut self.gpus[i],
+                    None => {
+                        self.gpus.push((gpu, 0, 0));
+                        self.gpus.last_mut().expect("just pushed")
+                    }
+                };
+                if matches!(role, LinkRole::NvLink(_)) {
+                    slot.1 = slot.1.wrapping_add(v);
+                } else {
+                    slot.2 = slot.2.wrapping_add(v);
+                }
+            }
+        }
+    }
+}
+
 impl SeriesStore {
     /// Records a declaration. Re-declaring an id replaces it.
     pub fn declare(&mut self, decl: SeriesDecl) {
@@ -57,7 +125,42 @@ impl SeriesStore {
             .collect::<Vec<_>>()
             .join(",");
         self.by_key.insert((decl.name.clone(), key_label), decl.id);
+        let link = self.link_role(&decl);
+        self.points.entry(decl.id).or_default().link = link;
         self.decls.insert(decl.id, decl);
+    }
+
+    fn link_role(&mut self, d: &SeriesDecl) -> LinkRole {
+        use crate::series::names::{
+            GPU_NVLINK_RX_BYTES, GPU_NVLINK_TX_BYTES, GPU_PCIE_RX_BYTES, GPU_PCIE_TX_BYTES,
+            NET_RX_BYTES, NET_TX_BYTES,
+        };
+        let name = d.name.as_str();
+        if name == NET_RX_BYTES || name == NET_TX_BYTES {
+            return match d.label("link") {
+                Some(LINK_LOOPBACK) => LinkRole::Loopback,
+                Some(LINK_NIC) => LinkRole::Nic,
+                _ => LinkRole::OtherNet,
+            };
+        }
+        let nvlink = name == GPU_NVLINK_RX_BYTES || name == GPU_NVLINK_TX_BYTES;
+        if !nvlink && name != GPU_PCIE_RX_BYTES && name != GPU_PCIE_TX_BYTES {
+            return LinkRole::None;
+        }
+        let gpu = d.label(crate::series::LABEL_GPU).unwrap_or("");
+        let n = match self.gpus.iter().position(|g| g == gpu) {
+            Some(n) => n,
+            None => {
+                self.gpus.push(gpu.to_string());
+                self.last_gpu_totals.push(None);
+                self.gpus.len() - 1
+            }
+        };
+        if nvlink {
+            LinkRole::NvLink(n)
+        } else {
+            LinkRole::Pcie(n)
+        }
     }
 
     /// Records one round of samples. Values for undeclared series are kept too (a reader may
@@ -67,13 +170,16 @@ impl SeriesStore {
         if self.watermark.is_some_and(|w| at < w) {
             return; // out of order: the sampler never does this; drop rather than corrupt
         }
+        let mut totals = BatchTotals::default();
         for (id, v) in &batch.values {
-            self.points.entry(*id).or_default().push_back((at, *v));
+            let series = self.points.entry(*id).or_default();
+            series.pts.push_back((at, *v));
+            totals.add(series.link, *v);
         }
         self.watermark = Some(at);
         self.first.get_or_insert(at);
-        self.update_link_peaks(at, batch);
-        self.update_gpu_peaks(at, batch);
+        self.update_link_peaks(at, &totals);
+        self.update_gpu_peaks(at, &totals);
     }
 
     /// Appends a batch even if it is older than the newest one (tests build series one at a
@@ -82,32 +188,16 @@ impl SeriesStore {
     pub(crate) fn ingest_unordered_for_tests(&mut self, batch: &SampleBatch) {
         let at = batch.at();
         for (id, v) in &batch.values {
-            self.points.entry(*id).or_default().push_back((at, *v));
+            self.points.entry(*id).or_default().pts.push_back((at, *v));
         }
         self.watermark = Some(self.watermark.map_or(at, |w| w.max(at)));
     }
 
-    fn update_link_peaks(&mut self, at: Nanos, batch: &SampleBatch) {
-        let (mut nic, mut lo, mut seen) = (0u64, 0u64, false);
-        for (id, v) in &batch.values {
-            let Some(d) = self.decls.get(id) else {
-                continue;
-            };
-            if d.name != crate::series::names::NET_RX_BYTES
-                && d.name != crate::series::names::NET_TX_BYTES
-            {
-                continue;
-            }
-            seen = true;
-            match d.label("link") {
-                Some(LINK_LOOPBACK) => lo = lo.wrapping_add(*v),
-                Some(LINK_NIC) => nic = nic.wrapping_add(*v),
-                _ => {}
-            }
-        }
-        if !seen {
+    fn update_link_peaks(&mut self, at: Nanos, totals: &BatchTotals) {
+        if !totals.net_seen {
             return;
         }
+        let (nic, lo) = (totals.nic, totals.loopback);
         if let Some((t0, nic0, lo0)) = self.last_link_totals {
             let dt = at.saturating_sub(t0);
             if dt >= MIN_RATE_WINDOW_NS {
@@ -124,36 +214,12 @@ impl SeriesStore {
         }
     }
 
-    fn update_gpu_peaks(&mut self, at: Nanos, batch: &SampleBatch) {
-        use crate::series::names::{
-            GPU_NVLINK_RX_BYTES, GPU_NVLINK_TX_BYTES, GPU_PCIE_RX_BYTES, GPU_PCIE_TX_BYTES,
-        };
-        let mut totals: Vec<(&str, u64, u64)> = Vec::new();
-        for (id, v) in &batch.values {
-            let Some(d) = self.decls.get(id) else {
+    fn update_gpu_peaks(&mut self, at: Nanos, totals: &BatchTotals) {
+        for &(gpu, nvlink, pcie) in &totals.gpus {
+            let Some(last) = self.last_gpu_totals.get_mut(gpu) else {
                 continue;
             };
-            let nvlink = d.name == GPU_NVLINK_RX_BYTES || d.name == GPU_NVLINK_TX_BYTES;
-            let pcie = d.name == GPU_PCIE_RX_BYTES || d.name == GPU_PCIE_TX_BYTES;
-            if !nvlink && !pcie {
-                continue;
-            }
-            let gpu = d.label(crate::series::LABEL_GPU).unwrap_or("");
-            let slot = match totals.iter().position(|t| t.0 == gpu) {
-                Some(i) => &mut totals[i],
-                None => {
-                    totals.push((gpu, 0, 0));
-                    totals.last_mut().expect("just pushed")
-                }
-            };
-            if nvlink {
-                slot.1 = slot.1.wrapping_add(*v);
-            } else {
-                slot.2 = slot.2.wrapping_add(*v);
-            }
-        }
-        for (gpu, nvlink, pcie) in totals {
-            match self.last_gpu_totals.get_mut(gpu) {
+            match last {
                 Some(last) => {
                     let dt = at.saturating_sub(last.0);
                     if dt >= MIN_RATE_WINDOW_NS {
@@ -165,10 +231,7 @@ impl SeriesStore {
                         *last = (at, nvlink, pcie);
                     }
                 }
-                None => {
-                    self.last_gpu_totals
-                        .insert(gpu.to_string(), (at, nvlink, pcie));
-                }
+                None => *last = Some((at, nvlink, pcie)),
             }
         }
     }
@@ -215,7 +278,7 @@ impl SeriesStore {
 
     /// The sample times of a series inside `[a, b]`, ns.
     pub fn times_within(&self, id: SeriesId, a: Nanos, b: Nanos) -> Vec<Nanos> {
-        let Some(pts) = self.points.get(&id) else {
+        let Some(pts) = self.pts(id) else {
             return Vec::new();
         };
         let from = pts.partition_point(|(t, _)| *t < a);
@@ -228,7 +291,7 @@ impl SeriesStore {
 
     /// How much of `[a, b]` lies between the first and the last sample of `id`, ns.
     pub fn covered(&self, id: SeriesId, a: Nanos, b: Nanos) -> u64 {
-        let Some(pts) = self.points.get(&id) else {
+        let Some(pts) = self.pts(id) else {
             return 0;
         };
         match (pts.front(), pts.back()) {
@@ -242,7 +305,7 @@ impl SeriesStore {
     /// `None` when no pair of samples overlaps the interval. A decrease (a counter reset, a
     /// process replaced under the same label) contributes nothing.
     pub fn counter_delta(&self, id: SeriesId, a: Nanos, b: Nanos) -> Option<f64> {
-        let pts = self.points.get(&id)?;
+        let pts = self.pts(id)?;
         if pts.len() < 2 || b <= a {
             return None;
         }
@@ -269,7 +332,7 @@ impl SeriesStore {
     /// Time-weighted mean of gauge `id` over `[a, b]`, each sample's value holding over the
     /// interval since the previous sample. `None` when nothing overlaps.
     pub fn gauge_mean(&self, id: SeriesId, a: Nanos, b: Nanos) -> Option<f64> {
-        let pts = self.points.get(&id)?;
+        let pts = self.pts(id)?;
         if pts.len() < 2 || b <= a {
             return None;
         }
@@ -292,15 +355,20 @@ impl SeriesStore {
     /// Forgets samples older than `t` (keeping one before it per series, so intervals that
     /// start at `t` can still be bracketed).
     pub fn prune_before(&mut self, t: Nanos) {
-        for pts in self.points.values_mut() {
+        for Points { pts, .. } in self.points.values_mut() {
             let keep_from = pts.partition_point(|(at, _)| *at < t).saturating_sub(1);
             pts.drain(..keep_from);
         }
         self.first = self
             .points
             .values()
-            .filter_map(|p| p.front().map(|x| x.0))
+            .filter_map(|p| p.pts.front().map(|x| x.0))
             .min();
+    }
+
+    /// The samples of a series, oldest first.
+    fn pts(&self, id: SeriesId) -> Option<&VecDeque<(Nanos, u64)>> {
+        self.points.get(&id).map(|p| &p.pts)
     }
 
     /// Kind of a series, if declared.

@@ -194,10 +194,18 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         );
     }
 
+    let header = RunHeader {
+        command: vec!["stallscope".into(), "agent".into()],
+        ..crate::run::header_for(&[], args.rate, 0)
+    };
+    let listener = Arc::new(listener);
+    let recorder = Recorder::unwritten(header).with_tap(tap(shipper.clone(), listener.clone()));
+
     let config = SamplerConfig {
         rate_hz: args.rate,
         roots: args.roots.roots(),
         extra_roots: Some(roots),
+        loops: Some(recorder.loops.clone()),
         ..SamplerConfig::new(0)
     };
     let sampler = sampler::spawn(
@@ -216,12 +224,6 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
             }
         });
     }
-    let header = RunHeader {
-        command: vec!["stallscope".into(), "agent".into()],
-        ..crate::run::header_for(&[], args.rate, 0)
-    };
-    let listener = Arc::new(listener);
-    let recorder = Recorder::unwritten(header).with_tap(tap(shipper.clone(), listener.clone()));
     let summary = {
         let listener = listener.clone();
         recorder.run(rx, inbox, move || listener.rejected())

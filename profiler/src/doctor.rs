@@ -72,13 +72,12 @@ pub fn report(gpu: Result<&mut dyn GpuBackend, &GpuError>, roots: &Roots) -> Str
         }
     }
     let _ = writeln!(out, "Node sources");
-    let watched = Watched {
-        pids: vec![std::process::id()],
-    };
+    let watched = Watched::new(vec![std::process::id()]);
     let mut registry = Registry::default();
     for mut source in default_sources(roots) {
         let label = match source.name() {
             "process" => "cpu (process schedstat, state)",
+            "process_launchers" => "cpu (launchers, at the slow tier)",
             "process_totals" => "cpu (process totals, io)",
             "net" => "nic (interface byte counters)",
             "disk" => "disk (diskstats)",

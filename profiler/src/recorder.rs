@@ -5,7 +5,7 @@
 //! Writing and ingesting go through one function ([`Recorder::emit`]), so the timeline the
 //! live run attributes from is exactly the one a replay of the profile rebuilds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use stallscope_agent::clock::monotonic_ns;
 use stallscope_agent::markers::MarkerEvent as Received;
 use stallscope_agent::proctree::ProcEntry;
-use stallscope_agent::sampler::SamplerEvent;
+use stallscope_agent::sampler::{LoopPids, SamplerEvent};
 use stallscope_agent::sink::{Mailbox, Sink};
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::frame::{Frame, ProcessInfo, Role, RunEnd, RunHeader, SourceStatus};
@@ -98,6 +98,11 @@ pub struct Recorder {
     emitted: BTreeMap<u32, ProcessInfo>,
     /// Every process of the job seen, with its start time, for cleanup.
     pub descendants: Arc<Mutex<Vec<(u32, u64)>>>,
+    /// The processes that sent a step (the training loops), for the sampler, which reads the
+    /// launchers above them at the slow tier only.
+    pub loops: LoopPids,
+    /// What `loops` holds, without its lock.
+    loops_seen: BTreeSet<u32>,
     /// Called after every attribution round with the timeline and the new breakdowns (the
     /// agent ships them from here).
     tap: Option<Tap>,
@@ -125,6 +130,8 @@ impl Recorder {
             regex_steps,
             emitted: BTreeMap::new(),
             descendants: Arc::default(),
+            loops: LoopPids::default(),
+            loops_seen: BTreeSet::new(),
             tap: None,
         };
         r.emit(Frame::Header(header));
@@ -144,6 +151,8 @@ impl Recorder {
             regex_steps: false,
             emitted: BTreeMap::new(),
             descendants: Arc::default(),
+            loops: LoopPids::default(),
+            loops_seen: BTreeSet::new(),
             tap: None,
         };
         r.emit(Frame::Header(header));
@@ -189,17 +198,27 @@ impl Recorder {
             }
             Event::Marker(Received::Marker(m)) => {
                 if !(self.regex_steps && m.event == MarkerEvent::Step) {
-                    self.pending_markers.push(m);
+                    self.on_marker(m);
                 }
             }
             Event::Marker(Received::Rejected(why)) => {
                 self.clear_status();
                 eprintln!("stallscope: rejected a malformed marker ({why}); further ones are only counted");
             }
-            Event::RegexStep(m) => self.pending_markers.push(m),
+            Event::RegexStep(m) => self.on_marker(m),
             Event::Finish(code) => return Some(code),
         }
         None
+    }
+
+    /// Queues a marker for the next frame; a step makes its sender a training loop.
+    fn on_marker(&mut self, m: Marker) {
+        if m.event == MarkerEvent::Step && self.loops_seen.insert(m.pid) {
+            if let Ok(mut loops) = self.loops.lock() {
+                loops.insert(m.pid);
+            }
+        }
+        self.pending_markers.push(m);
     }
 
     fn on_source(&mut self, status: SourceStatus) {

@@ -230,11 +230,20 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         _ => None,
     };
 
+    let recorder = Recorder::new(
+        writer,
+        header(args),
+        StatusMode::for_stderr(args.quiet),
+        args.iter_regex.is_some(),
+    );
+    let descendants = recorder.descendants.clone();
+
     let pids = SharedPids::default();
     let config = SamplerConfig {
         rate_hz: args.rate,
         roots: args.roots.roots(),
         pids: Pids::DiscoverAndPublish(pids.clone()),
+        loops: Some(recorder.loops.clone()),
         ..SamplerConfig::new(pid)
     };
     let sampler = sampler::spawn(
@@ -244,13 +253,6 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     );
     let gpu_sampler = spawn_gpu(&config, pids, inbox.clone());
 
-    let recorder = Recorder::new(
-        writer,
-        header(args),
-        StatusMode::for_stderr(args.quiet),
-        args.iter_regex.is_some(),
-    );
-    let descendants = recorder.descendants.clone();
     let rejected = Arc::new(AtomicU64::new(0));
     let recorder_thread = {
         let rejected = rejected.clone();

@@ -41,6 +41,26 @@ impl Default for Roots {
 pub struct Watched {
     /// Process ids of the job (ranks, loaders, helpers, launchers).
     pub pids: Vec<u32>,
+    /// Of `pids`, the launchers: processes above a training loop that run none themselves
+    /// (`torchrun`, a script that spawns its ranks). Attribution never reads their main
+    /// thread, so [`process::ProcessSource`] reads them at the slow tier, not every tick.
+    /// Empty until a loop is known.
+    pub launchers: Vec<u32>,
+}
+
+impl Watched {
+    /// The job's processes `pids`, none known as a launcher.
+    pub fn new(pids: Vec<u32>) -> Self {
+        Watched {
+            pids,
+            launchers: Vec::new(),
+        }
+    }
+
+    /// Whether `pid` is one of the [`launchers`](Self::launchers).
+    pub fn is_launcher(&self, pid: u32) -> bool {
+        self.launchers.contains(&pid)
+    }
 }
 
 /// Hands out series ids and collects the values of one sampling round.
@@ -50,6 +70,8 @@ pub struct Registry {
     decls: Vec<SeriesDecl>,
     new_decls: Vec<SeriesDecl>,
     values: Vec<(SeriesId, u64)>,
+    /// The most values a round has held: the room each round starts with.
+    most_values: usize,
 }
 
 static NEXT_REGISTRY_TOKEN: AtomicU64 = AtomicU64::new(1);
@@ -61,6 +83,7 @@ impl Default for Registry {
             decls: Vec::new(),
             new_decls: Vec::new(),
             values: Vec::new(),
+            most_values: 0,
         }
     }
 }
@@ -115,11 +138,12 @@ impl Registry {
         std::mem::take(&mut self.new_decls)
     }
 
-    /// Takes the values recorded since the last call (the next round starts with room for as
-    /// many, so a steady round does not regrow its vector).
+    /// Takes the values recorded since the last call. The next round starts with room for as
+    /// many as the fullest round so far (rounds with the slow tier, or with the thread state,
+    /// hold more), so that a round allocates once and never regrows.
     pub fn take_values(&mut self) -> Vec<(SeriesId, u64)> {
-        let room = self.values.len();
-        std::mem::replace(&mut self.values, Vec::with_capacity(room))
+        self.most_values = self.most_values.max(self.values.len());
+        std::mem::replace(&mut self.values, Vec::with_capacity(self.most_values))
     }
 
     /// How many values this round holds so far.

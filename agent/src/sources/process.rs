@@ -1,22 +1,30 @@
 //! The job's processes, as the attribution needs them.
 //!
-//! Every tick, only the main thread (tid == pid) of each watched process: it runs the training
+//! Every tick, only the main thread (tid == pid) of each rank and loader: it runs the training
 //! loop (or the loader worker's loop), and reading every thread at 100 Hz would cost more than
 //! the rest of the agent. CPU time comes from `schedstat` (ns, and run-queue delay beside it)
 //! because `stat`'s utime/stime advance in 10 ms clock ticks; `stat` still gives the state, to
 //! see a thread blocked in I/O. The files stay open and are re-read from offset 0, since an
 //! open and close per tick would cost more than the read.
 //!
+//! A read of `stat` costs about three of `schedstat` (the kernel formats some 50 fields), so it
+//! is skipped when its answer is already known: a thread that was not in state D when last
+//! read, and has neither run nor been scheduled since (the same `schedstat`), cannot be in D
+//! now, since only the thread itself, running, can put itself to sleep. Launchers (processes
+//! above the loops, [`Watched::launchers`]) are read by a second instance on the slow tier:
+//! attribution never asks for their main thread.
+//!
 //! Slowly, whole-process totals: CPU time of all threads (live and exited) and bytes read from
 //! storage. A process that ends is forgotten without a word: in a job, processes end all the
 //! time, and that is not a failure of the source.
+//!
+//! The hot path parses the few fields it needs by hand: a general parser allocates and costs
+//! more than the system call.
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use procfs_core::process::{Io, Schedstat, Stat};
-use procfs_core::FromRead;
 use stallscope_analysis::series::{names, SeriesId, SeriesKind};
 
 use super::{is_gone, pread_all, Registry, Roots, Source, SourceError, Tier, Watched};
@@ -24,15 +32,19 @@ use super::{is_gone, pread_all, Registry, Roots, Source, SourceError, Tier, Watc
 /// Main threads of the watched processes: `schedstat` and `stat` of `/proc/PID/task/PID`.
 pub struct ProcessSource {
     proc_root: PathBuf,
+    /// Whether this instance reads the launchers (slow tier) or every other process (fast).
+    launchers: bool,
     threads: Vec<MainThread>,
     buf: Vec<u8>,
     token: u64,
-    /// Rounds read so far; the state is read every [`STATE_EVERY`] rounds.
+    /// Rounds read so far; the state is read every `state_every` rounds.
     rounds: u64,
+    /// [`STATE_EVERY`] on the fast tier, 1 on the slow one.
+    state_every: u64,
 }
 
-/// The thread state (for I/O blocking) is read every this many rounds: 50 Hz at the default
-/// 100 Hz is plenty for a share of time in state D, and `stat` is the costlier file.
+/// The thread state (for I/O blocking) is read every this many fast rounds: 50 Hz at the
+/// default 100 Hz is plenty for a share of time in state D, and `stat` is the costlier file.
 pub const STATE_EVERY: u64 = 2;
 
 struct MainThread {
@@ -41,17 +53,65 @@ struct MainThread {
     stat: File,
     /// cpu, runq, blocked; valid for the registry of `ProcessSource::token`.
     ids: Option<[SeriesId; 3]>,
+    /// The last state read and the `schedstat` read just before it; `None` before the first.
+    last_state: Option<LastState>,
+}
+
+/// What the last read of a thread's state found.
+#[derive(Clone, Copy)]
+struct LastState {
+    /// Whether it was in state D.
+    blocked: bool,
+    /// ns on the CPU, from the `schedstat` read just before.
+    cpu_ns: u64,
+    /// Times scheduled in, from the same `schedstat`.
+    scheduled: u64,
+}
+
+/// A parsed `schedstat` line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Schedstat {
+    /// ns on the CPU (`sum_exec_runtime`).
+    cpu_ns: u64,
+    /// ns waiting on a run queue (`run_delay`).
+    runq_ns: u64,
+    /// Times scheduled in (`pcount`); 0 throughout on a kernel that keeps no scheduler info.
+    scheduled: u64,
+}
+
+impl LastState {
+    /// Whether the thread is still known not to be in state D without reading `stat`: it was
+    /// not, and it has not been on a CPU since (a kernel without scheduler info always says 0
+    /// times scheduled, so then this is never known).
+    fn still_not_blocked(&self, now: &Schedstat) -> bool {
+        !self.blocked
+            && now.scheduled > 0
+            && now.scheduled == self.scheduled
+            && now.cpu_ns == self.cpu_ns
+    }
 }
 
 impl ProcessSource {
-    /// Reads below `roots.proc`.
+    /// Reads the main threads of the job's processes but its launchers, every tick, below
+    /// `roots.proc`.
     pub fn new(roots: &Roots) -> Self {
         ProcessSource {
             proc_root: roots.proc.clone(),
+            launchers: false,
             threads: Vec::new(),
             buf: Vec::new(),
             token: 0,
             rounds: 0,
+            state_every: STATE_EVERY,
+        }
+    }
+
+    /// Reads the main threads of the launchers only, on the slow tier.
+    pub fn launchers(roots: &Roots) -> Self {
+        ProcessSource {
+            launchers: true,
+            state_every: 1,
+            ..Self::new(roots)
         }
     }
 
@@ -79,32 +139,48 @@ impl ProcessSource {
             schedstat,
             stat,
             ids: None,
+            last_state: None,
         }))
     }
 }
 
 impl Source for ProcessSource {
     fn name(&self) -> &'static str {
-        "process"
+        if self.launchers {
+            "process_launchers"
+        } else {
+            "process"
+        }
     }
 
     fn tier(&self) -> Tier {
-        Tier::Fast
+        if self.launchers {
+            Tier::Slow
+        } else {
+            Tier::Fast
+        }
     }
 
     fn describe(&self) -> String {
+        let whose = if self.launchers {
+            "launchers' main-thread"
+        } else {
+            "main-thread"
+        };
         format!(
-            "main-thread CPU, run-queue delay and I/O blocking from {}/PID/task/PID/{{schedstat,stat}}",
+            "{whose} CPU, run-queue delay and I/O blocking from {}/PID/task/PID/{{schedstat,stat}}",
             self.proc_root.display()
         )
     }
 
     fn sample(&mut self, watched: &Watched, out: &mut Registry) -> Result<(), SourceError> {
         let proc_root = &self.proc_root;
+        let launchers = self.launchers;
         let mut failure = sync(
             &mut self.threads,
             |t| t.pid,
             watched,
+            |pid| watched.is_launcher(pid) == launchers,
             |pid| Self::open(proc_root, pid),
         )?;
         if self.token != out.token() {
@@ -112,10 +188,10 @@ impl Source for ProcessSource {
             self.threads.iter_mut().for_each(|t| t.ids = None);
         }
         let buf = &mut self.buf;
-        let with_state = self.rounds % STATE_EVERY == 0;
+        let with_state = self.rounds % self.state_every == 0;
         self.rounds += 1;
         self.threads.retain_mut(|t| {
-            let (sched, state) = match read_main_thread(t, buf, with_state) {
+            let (sched, blocked) = match read_main_thread(t, buf, with_state) {
                 Ok(v) => v,
                 Err((Failure::Gone, _)) => return false,
                 Err((Failure::Other(e), file)) => {
@@ -125,10 +201,10 @@ impl Source for ProcessSource {
                 }
             };
             let ids = *t.ids.get_or_insert_with(|| declare_main(out, t.pid));
-            out.push(ids[0], sched.sum_exec_runtime);
-            out.push(ids[1], sched.run_delay);
-            if let Some(state) = state {
-                out.push(ids[2], u64::from(state == 'D'));
+            out.push(ids[0], sched.cpu_ns);
+            out.push(ids[1], sched.runq_ns);
+            if let Some(blocked) = blocked {
+                out.push(ids[2], u64::from(blocked));
             }
             true
         });
@@ -154,25 +230,51 @@ fn declare_main(out: &mut Registry, pid: u32) -> [SeriesId; 3] {
     ]
 }
 
-/// Schedstat (and, `with_state`, the state) of a main thread, or why not and from which file.
+/// Schedstat and, `with_state`, whether the thread is in state D (from `stat`, unless
+/// [`LastState::still_not_blocked`]), or why not and from which file.
 fn read_main_thread(
-    t: &MainThread,
+    t: &mut MainThread,
     buf: &mut Vec<u8>,
     with_state: bool,
-) -> Result<(Schedstat, Option<char>), (Failure, &'static str)> {
-    let sched = read_schedstat(&t.schedstat, buf).map_err(|e| (e, "schedstat"))?;
+) -> Result<(Schedstat, Option<bool>), (Failure, &'static str)> {
+    let bytes = pread_all(&t.schedstat, buf).map_err(|e| (Failure::from(e), "schedstat"))?;
+    let sched =
+        parse_schedstat(bytes).ok_or_else(|| (unparsed("schedstat", bytes), "schedstat"))?;
     if !with_state {
         return Ok((sched, None));
     }
+    if t.last_state
+        .is_some_and(|last| last.still_not_blocked(&sched))
+    {
+        return Ok((sched, Some(false)));
+    }
     let bytes = pread_all(&t.stat, buf).map_err(|e| (Failure::from(e), "stat"))?;
-    let state = stat_state(bytes).ok_or_else(|| {
-        let line = String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).into_owned();
-        (
-            Failure::Other(Unnamed::Parse(format!("no state in {line:?}"))),
-            "stat",
-        )
-    })?;
-    Ok((sched, Some(state)))
+    let state = stat_state(bytes).ok_or_else(|| (unparsed("no state", bytes), "stat"))?;
+    let blocked = state == 'D';
+    t.last_state = Some(LastState {
+        blocked,
+        cpu_ns: sched.cpu_ns,
+        scheduled: sched.scheduled,
+    });
+    Ok((sched, Some(blocked)))
+}
+
+/// A parse failure quoting the start of what was read.
+fn unparsed(what: &str, bytes: &[u8]) -> Failure {
+    let line = String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).into_owned();
+    Failure::Other(Unnamed::Parse(format!("{what} in {line:?}")))
+}
+
+/// `schedstat`: three decimal numbers separated by spaces, then a newline.
+fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
+    let mut fields = bytes.trim_ascii_end().split(|b| *b == b' ');
+    let mut next = || parse_u64(fields.next()?);
+    let sched = Schedstat {
+        cpu_ns: next()?,
+        runq_ns: next()?,
+        scheduled: next()?,
+    };
+    fields.next().is_none().then_some(sched)
 }
 
 /// The state letter of a `stat` line: field 3, after the parenthesised `comm` (which may
@@ -186,8 +288,37 @@ fn stat_state(bytes: &[u8]) -> Option<char> {
     }
 }
 
-fn read_schedstat(file: &File, buf: &mut Vec<u8>) -> Result<Schedstat, Failure> {
-    Ok(Schedstat::from_read(pread_all(file, buf)?)?)
+/// utime + stime of a `stat` line (fields 14 and 15), clock ticks.
+fn stat_cpu_ticks(bytes: &[u8]) -> Option<u64> {
+    let close = bytes.iter().rposition(|b| *b == b')')?;
+    // Field 3 (the state) is the first after the comm.
+    let mut fields = bytes[close + 1..]
+        .trim_ascii()
+        .split(|b| *b == b' ')
+        .skip(14 - 3);
+    let utime = parse_u64(fields.next()?)?;
+    let stime = parse_u64(fields.next()?)?;
+    Some(utime + stime)
+}
+
+/// `read_bytes` of an `io` file (`read_bytes: N` on a line of its own), bytes.
+fn io_read_bytes(bytes: &[u8]) -> Option<u64> {
+    bytes
+        .split(|b| *b == b'\n')
+        .find_map(|line| line.strip_prefix(b"read_bytes:"))
+        .and_then(|n| parse_u64(n.trim_ascii()))
+}
+
+/// A decimal number with nothing else around it.
+fn parse_u64(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, d| {
+        d.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+            .flatten()
+    })
 }
 
 /// Whole-process totals of the watched processes: `/proc/PID/stat` utime+stime and
@@ -266,6 +397,7 @@ impl Source for ProcessTotalsSource {
             &mut self.procs,
             |p| p.pid,
             watched,
+            |_| true,
             |pid| Self::open(proc_root, pid),
         )?;
         if self.token != out.token() {
@@ -274,16 +406,16 @@ impl Source for ProcessTotalsSource {
         }
         let (buf, ns_per_tick) = (&mut self.buf, self.ns_per_tick);
         self.procs.retain_mut(|p| {
-            let cpu_ticks = match read_stat(&p.stat, buf) {
-                Ok(stat) => stat.utime + stat.stime,
+            let cpu_ticks = match read_cpu_ticks(&p.stat, buf) {
+                Ok(ticks) => ticks,
                 Err(Failure::Gone) => return false,
                 Err(Failure::Other(e)) => {
                     failure.get_or_insert(e.with_path(proc_root.join(format!("{}/stat", p.pid))));
                     return false;
                 }
             };
-            let read_bytes = match p.io.as_ref().map(|f| read_io(f, buf)) {
-                Some(Ok(io)) => Some(io.read_bytes),
+            let read_bytes = match p.io.as_ref().map(|f| read_io_bytes(f, buf)) {
+                Some(Ok(bytes)) => Some(bytes),
                 Some(Err(Failure::Gone)) => return false,
                 Some(Err(Failure::Other(_))) => {
                     p.io = None;
@@ -319,27 +451,35 @@ fn declare_totals(out: &mut Registry, pid: u32) -> [SeriesId; 2] {
     ]
 }
 
-fn read_stat(file: &File, buf: &mut Vec<u8>) -> Result<Stat, Failure> {
-    Ok(Stat::from_read(pread_all(file, buf)?)?)
+/// utime + stime of a whole-process `stat`, clock ticks.
+fn read_cpu_ticks(file: &File, buf: &mut Vec<u8>) -> Result<u64, Failure> {
+    let bytes = pread_all(file, buf)?;
+    stat_cpu_ticks(bytes).ok_or_else(|| unparsed("no utime and stime", bytes))
 }
 
-fn read_io(file: &File, buf: &mut Vec<u8>) -> Result<Io, Failure> {
-    Ok(Io::from_read(pread_all(file, buf)?)?)
+/// `read_bytes` of an `io` file, bytes.
+fn read_io_bytes(file: &File, buf: &mut Vec<u8>) -> Result<u64, Failure> {
+    let bytes = pread_all(file, buf)?;
+    io_read_bytes(bytes).ok_or_else(|| unparsed("no read_bytes", bytes))
 }
 
-/// Forgets entries whose pid is no longer watched and opens entries for newly watched pids.
-/// Returns the first failure to open that was not the process going away (the round goes on
-/// without that pid); `Unsupported` stops the round.
+/// Forgets entries whose pid is no longer watched (or no longer `wanted`) and opens entries
+/// for newly watched, wanted pids. Returns the first failure to open that was not the process
+/// going away (the round goes on without that pid); `Unsupported` stops the round.
 fn sync<T>(
     entries: &mut Vec<T>,
     pid_of: impl Fn(&T) -> u32,
     watched: &Watched,
+    wanted: impl Fn(u32) -> bool,
     mut open: impl FnMut(u32) -> Result<Option<T>, SourceError>,
 ) -> Result<Option<SourceError>, SourceError> {
-    entries.retain(|e| watched.pids.contains(&pid_of(e)));
+    entries.retain(|e| {
+        let pid = pid_of(e);
+        watched.pids.contains(&pid) && wanted(pid)
+    });
     let mut failure = None;
     for &pid in &watched.pids {
-        if entries.iter().any(|e| pid_of(e) == pid) {
+        if !wanted(pid) || entries.iter().any(|e| pid_of(e) == pid) {
             continue;
         }
         match open(pid) {
@@ -393,12 +533,6 @@ impl From<io::Error> for Failure {
     }
 }
 
-impl From<procfs_core::ProcError> for Failure {
-    fn from(e: procfs_core::ProcError) -> Self {
-        Failure::Other(Unnamed::Parse(e.to_string()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::fs;
@@ -406,7 +540,7 @@ mod tests {
     use stallscope_analysis::series::names;
 
     use super::*;
-    use crate::sources::fake::{FakeRoots, Round};
+    use crate::sources::fake::{testdata, FakeRoots, Round};
 
     /// dd (running, pid 6971) and a vfork parent (state D, pid 6885), main threads only.
     fn fake_main_threads() -> FakeRoots {
@@ -419,9 +553,7 @@ mod tests {
     }
 
     fn watched(pids: &[u32]) -> Watched {
-        Watched {
-            pids: pids.to_vec(),
-        }
+        Watched::new(pids.to_vec())
     }
 
     #[test]
@@ -463,6 +595,94 @@ mod tests {
             Some(1_600_000_000)
         );
         assert_eq!(round.decls.len(), 3, "series are declared once");
+    }
+
+    #[test]
+    fn stat_is_read_again_only_when_the_thread_may_have_blocked() {
+        let fake = fake_main_threads();
+        let dd = ("pid", "6971");
+        let mut source = ProcessSource::new(&fake.roots);
+        let mut reg = Registry::default();
+        let mut blocked_after = |source: &mut ProcessSource, rounds: u64| {
+            for _ in 0..rounds {
+                source.sample(&watched(&[6971]), &mut reg).unwrap();
+            }
+            Round::take(&mut reg).get(names::PROC_BLOCKED_IO, dd)
+        };
+        assert_eq!(blocked_after(&mut source, 1), Some(0), "state R read");
+        // A D in stat now could only be reached by running, which schedstat would show: while
+        // schedstat stands still, the thread is still not blocked and stat is not read.
+        let d_state = testdata("d_state_stat.txt");
+        fake.write(&fake.roots.proc, "6971/task/6971/stat", &d_state);
+        assert_eq!(blocked_after(&mut source, STATE_EVERY), Some(0));
+        let ran = b"1507065999 71378 8\n";
+        fake.write(&fake.roots.proc, "6971/task/6971/schedstat", ran);
+        assert_eq!(
+            blocked_after(&mut source, STATE_EVERY),
+            Some(1),
+            "ran, so read"
+        );
+        // Once blocked, stat is read every time: a woken thread may not have run yet.
+        fake.proc("6971/task/6971/stat", "dd_stat.txt");
+        assert_eq!(blocked_after(&mut source, STATE_EVERY), Some(0));
+
+        // A kernel without scheduler info says "0 0 0" forever: stat is always read.
+        let fake = fake_main_threads();
+        fake.write(&fake.roots.proc, "6971/task/6971/schedstat", b"0 0 0\n");
+        let mut source = ProcessSource::new(&fake.roots);
+        assert_eq!(blocked_after(&mut source, 1), Some(0));
+        fake.write(&fake.roots.proc, "6971/task/6971/stat", &d_state);
+        assert_eq!(blocked_after(&mut source, STATE_EVERY), Some(1));
+    }
+
+    #[test]
+    fn launchers_are_read_by_the_slow_instance_only() {
+        let fake = fake_main_threads();
+        let mut job = watched(&[6971, 6885]);
+        job.launchers = vec![6885];
+        let mut fast = ProcessSource::new(&fake.roots);
+        let mut slow = ProcessSource::launchers(&fake.roots);
+        assert_eq!((fast.tier(), slow.tier()), (Tier::Fast, Tier::Slow));
+        let mut reg = Registry::default();
+        fast.sample(&job, &mut reg).unwrap();
+        let round = Round::take(&mut reg);
+        assert!(round.get(names::PROC_CPU_NS, ("pid", "6971")).is_some());
+        assert_eq!(round.get(names::PROC_CPU_NS, ("pid", "6885")), None);
+        slow.sample(&job, &mut reg).unwrap();
+        let round = Round::take(&mut reg);
+        assert_eq!(round.get(names::PROC_CPU_NS, ("pid", "6971")), None);
+        assert_eq!(round.get(names::PROC_BLOCKED_IO, ("pid", "6885")), Some(1));
+        // Until a loop is known there are no launchers: the fast instance reads everyone.
+        fast.sample(&watched(&[6971, 6885]), &mut reg).unwrap();
+        let round = Round::take(&mut reg);
+        assert!(round.get(names::PROC_CPU_NS, ("pid", "6885")).is_some());
+    }
+
+    #[test]
+    fn fields_are_parsed_by_hand() {
+        let sched = parse_schedstat(&testdata("dd_schedstat.txt")).unwrap();
+        assert_eq!(
+            sched,
+            Schedstat {
+                cpu_ns: 1_507_065_413,
+                runq_ns: 71_378,
+                scheduled: 7
+            }
+        );
+        assert_eq!(parse_schedstat(b"1 2\n"), None);
+        assert_eq!(parse_schedstat(b"1 2 3 4\n"), None);
+        assert_eq!(parse_schedstat(b"1 -2 3\n"), None);
+        assert_eq!(stat_cpu_ticks(&testdata("dd_stat.txt")), Some(32 + 117));
+        assert_eq!(
+            stat_cpu_ticks(b"42 (a) b) S 1 2 3 4 5 6 7 8 9 10 11 12"),
+            Some(11 + 12)
+        );
+        assert_eq!(stat_cpu_ticks(b"42 (a) S 1 2 3"), None);
+        assert_eq!(io_read_bytes(&testdata("dd_io.txt")), Some(90_112));
+        assert_eq!(io_read_bytes(b"rchar: 1\n"), None);
+        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_u64(b"18446744073709551616"), None);
+        assert_eq!(parse_u64(b""), None);
     }
 
     #[test]
