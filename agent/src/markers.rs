@@ -5,14 +5,17 @@
 //! in its sequence numbers tells us). The listener therefore does nothing but receive, parse
 //! and hand on, on its own thread; a malformed datagram is counted and reported once, and the
 //! others go on.
+//!
+//! The thread blocks in `recv` with no timeout, so it wakes only for a datagram: stopping shuts
+//! the socket down for reading, which ends the wait at once.
 
 use std::io;
+use std::net::Shutdown;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use stallscope_analysis::marker::{self, Marker, MAX_DATAGRAM};
 
@@ -30,6 +33,8 @@ pub enum MarkerEvent {
 /// A running listener.
 pub struct MarkerListener {
     path: PathBuf,
+    /// The receiving socket, shut down for reading to end the thread's wait.
+    socket: UnixDatagram,
     stop: Arc<AtomicBool>,
     rejected: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
@@ -46,17 +51,18 @@ impl MarkerListener {
         }
         let socket = UnixDatagram::bind(path)?;
         set_recv_buffer(&socket, RECV_BUFFER);
-        socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let receiving = socket.try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
         let rejected = Arc::new(AtomicU64::new(0));
         let thread = {
             let (stop, rejected) = (stop.clone(), rejected.clone());
             std::thread::Builder::new()
                 .name("stallscope-markers".into())
-                .spawn(move || receive(socket, tx, &stop, &rejected))?
+                .spawn(move || receive(receiving, tx, &stop, &rejected))?
         };
         Ok(MarkerListener {
             path: path.to_path_buf(),
+            socket,
             stop,
             rejected,
             thread: Some(thread),
@@ -75,6 +81,12 @@ impl MarkerListener {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // Wakes the blocked recv, which then returns 0. Cannot fail on a bound socket; if it
+        // did, the join below would wait for the next datagram, so say it and go on.
+        if self.socket.shutdown(Shutdown::Read).is_err() {
+            eprintln!("stallscope: cannot stop the marker listener; it is left running");
+            self.thread.take();
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -113,17 +125,10 @@ fn receive(
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     while !stop.load(Ordering::Relaxed) {
         let n = match socket.recv(&mut buf) {
+            // After a shutdown for reading, recv returns 0 at once: the stop flag is set.
+            Ok(0) if stop.load(Ordering::Relaxed) => break,
             Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue
-            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         };
         let event = match marker::parse(&buf[..n]) {
@@ -146,6 +151,7 @@ fn receive(
 mod tests {
     use super::*;
     use std::sync::mpsc::channel;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn receives_markers_and_rejects_garbage_without_losing_the_rest() {
@@ -171,5 +177,21 @@ mod tests {
         assert_eq!(listener.rejected(), 2);
         listener.stop();
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn an_idle_listener_stops_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, _rx) = channel();
+        let listener = MarkerListener::bind(&dir.path().join("m.sock"), tx).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let asked = Instant::now();
+        listener.stop();
+        // No timeout to wait out: the shutdown ends the blocked recv.
+        assert!(
+            asked.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            asked.elapsed()
+        );
     }
 }
