@@ -7,11 +7,11 @@
 //! last far longer than 100 ms.
 
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use procfs_core::{DiskStats, FromRead};
 use stallscope_analysis::series::{names, SeriesId, SeriesKind};
 
+use super::text::{fields, lines, parse_u64};
 use super::{pread_all, Registry, Roots, Source, SourceError, Tier, Watched};
 
 /// Bytes per `diskstats` sector, whatever the device's own sector size (`block/stat.rst`).
@@ -27,6 +27,8 @@ pub struct DiskSource {
     file: Option<File>,
     buf: Vec<u8>,
     devices: Vec<Device>,
+    /// Reads so far, to tell devices gone from the table.
+    rounds: u64,
     token: u64,
 }
 
@@ -36,6 +38,8 @@ struct Device {
     whole: bool,
     /// read, write, busy; valid for the registry of `DiskSource::token`.
     ids: Option<[SeriesId; 3]>,
+    /// The last read that listed it.
+    seen: u64,
 }
 
 impl DiskSource {
@@ -47,33 +51,56 @@ impl DiskSource {
             file: None,
             buf: Vec::new(),
             devices: Vec::new(),
+            rounds: 0,
             token: 0,
         }
     }
+}
 
-    fn read(&mut self) -> Result<DiskStats, SourceError> {
-        let io_err = |source| SourceError::Io {
-            path: self.diskstats.clone(),
-            source,
-        };
-        let file = match &self.file {
-            Some(file) => file,
-            None => self
-                .file
-                .insert(File::open(&self.diskstats).map_err(io_err)?),
-        };
-        let bytes = match pread_all(file, &mut self.buf) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                self.file = None;
-                return Err(io_err(e));
-            }
-        };
-        DiskStats::from_read(bytes).map_err(|e| SourceError::Parse {
-            path: self.diskstats.clone(),
-            message: e.to_string(),
-        })
-    }
+/// The table at `path`, read again from offset 0 into `buf` (and opened again after a failed
+/// read).
+fn read_table<'a>(
+    file: &mut Option<File>,
+    path: &Path,
+    buf: &'a mut Vec<u8>,
+) -> Result<&'a [u8], SourceError> {
+    let io_err = |source| SourceError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let open = match file {
+        Some(open) => open,
+        None => file.insert(File::open(path).map_err(io_err)?),
+    };
+    pread_all(open, buf).map_err(|e| {
+        *file = None;
+        io_err(e)
+    })
+}
+
+/// One line of `diskstats`: `major minor name` and the counters (`block/stat.rst`).
+struct DiskLine<'a> {
+    name: &'a [u8],
+    /// Sectors read (field 6 of the line).
+    sectors_read: u64,
+    /// Sectors written (field 10).
+    sectors_written: u64,
+    /// ms with I/O in flight (field 13, `io_ticks`).
+    busy_ms: u64,
+}
+
+fn parse_line(line: &[u8]) -> Option<DiskLine<'_>> {
+    let mut fields = fields(line);
+    let name = fields.nth(2)?;
+    let sectors_read = parse_u64(fields.nth(2)?)?;
+    let sectors_written = parse_u64(fields.nth(3)?)?;
+    let busy_ms = parse_u64(fields.nth(2)?)?;
+    Some(DiskLine {
+        name,
+        sectors_read,
+        sectors_written,
+        busy_ms,
+    })
 }
 
 impl Source for DiskSource {
@@ -93,36 +120,51 @@ impl Source for DiskSource {
     }
 
     fn sample(&mut self, _watched: &Watched, out: &mut Registry) -> Result<(), SourceError> {
-        let DiskStats(stats) = self.read()?;
         if self.token != out.token() {
             self.token = out.token();
             self.devices.iter_mut().for_each(|d| d.ids = None);
         }
-        self.devices
-            .retain(|d| stats.iter().any(|s| s.name == d.name));
-        for stat in &stats {
-            if SKIPPED_PREFIXES.iter().any(|p| stat.name.starts_with(p)) {
+        self.rounds += 1;
+        let text = read_table(&mut self.file, &self.diskstats, &mut self.buf)?;
+        let mut failure = None;
+        for line in lines(text).filter(|l| !l.trim_ascii().is_empty()) {
+            let Some(stat) = parse_line(line) else {
+                let line = String::from_utf8_lossy(line).into_owned();
+                failure = Some(SourceError::Parse {
+                    path: self.diskstats.clone(),
+                    message: format!("not a device line: {line:?}"),
+                });
+                break;
+            };
+            if SKIPPED_PREFIXES
+                .iter()
+                .any(|p| stat.name.starts_with(p.as_bytes()))
+            {
                 continue;
             }
-            let at = match self.devices.iter().position(|d| d.name == stat.name) {
+            let devices = &mut self.devices;
+            let at = match devices.iter().position(|d| d.name.as_bytes() == stat.name) {
                 Some(at) => at,
                 None => {
+                    let name = String::from_utf8_lossy(stat.name).into_owned();
                     // sysfs spells a `/` in a device name (`cciss/c0d0`) as `!`.
-                    let whole = self.sys_block.join(stat.name.replace('/', "!")).exists();
-                    self.devices.push(Device {
-                        name: stat.name.clone(),
+                    let whole = self.sys_block.join(name.replace('/', "!")).exists();
+                    devices.push(Device {
+                        name,
                         whole,
                         ids: None,
+                        seen: 0,
                     });
-                    self.devices.len() - 1
+                    devices.len() - 1
                 }
             };
-            let device = &mut self.devices[at];
+            let device = &mut devices[at];
+            device.seen = self.rounds;
             if !device.whole {
                 continue;
             }
             let ids = *device.ids.get_or_insert_with(|| {
-                let labels = [("device", stat.name.as_str())];
+                let labels = [("device", device.name.as_str())];
                 [
                     out.series(
                         names::DISK_READ_BYTES,
@@ -141,9 +183,11 @@ impl Source for DiskSource {
             });
             out.push(ids[0], stat.sectors_read * SECTOR_BYTES);
             out.push(ids[1], stat.sectors_written * SECTOR_BYTES);
-            out.push(ids[2], stat.time_in_progress);
+            out.push(ids[2], stat.busy_ms);
         }
-        Ok(())
+        let rounds = self.rounds;
+        self.devices.retain(|d| d.seen == rounds);
+        failure.map_or(Ok(()), Err)
     }
 }
 
@@ -193,6 +237,20 @@ mod tests {
         let mut reg = Registry::default();
         source.sample(&Watched::default(), &mut reg).unwrap();
         assert!(Round::take(&mut reg).values.is_empty());
+    }
+
+    #[test]
+    fn a_short_line_is_a_parse_error_naming_it() {
+        let fake = fake_disks(&["vda"]);
+        fake.write(&fake.roots.proc, "diskstats", b" 253 0 vda 1 2 3\n");
+        let mut source = DiskSource::new(&fake.roots);
+        let err = source
+            .sample(&Watched::default(), &mut Registry::default())
+            .unwrap_err();
+        assert!(
+            matches!(&err, SourceError::Parse { message, .. } if message.contains("vda")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use stallscope_analysis::series::{names, SeriesId, SeriesKind, LINK_LOOPBACK, LINK_NIC};
 
+use super::text::{fields, lines, parse_u64};
 use super::{pread_all, Registry, Roots, Source, SourceError, Tier, Watched};
 
 /// `IFF_LOOPBACK` in `<sys>/class/net/IFACE/flags` (`include/uapi/linux/if.h`).
@@ -49,7 +50,7 @@ struct Iface {
 /// One interface's line of the table.
 #[derive(Debug, PartialEq, Eq)]
 struct Counters<'a> {
-    name: &'a str,
+    name: &'a [u8],
     /// bytes received (first column).
     rx: u64,
     /// bytes sent (ninth column, the first of the transmit half).
@@ -117,7 +118,10 @@ impl Source for NetSource {
         }
         self.rounds += 1;
         // The two header lines hold `|` and no `:`; every other line is an interface.
-        for line in text.split(|b| *b == b'\n').filter(|l| l.contains(&b':')) {
+        for (n, line) in lines(text).enumerate() {
+            if !line.contains(&b':') {
+                continue;
+            }
             let Some(c) = parse_line(line) else {
                 let line = String::from_utf8_lossy(line).into_owned();
                 return Err(SourceError::Parse {
@@ -125,19 +129,25 @@ impl Source for NetSource {
                     message: format!("not an interface line: {line:?}"),
                 });
             };
-            let i = match self.ifaces.iter().position(|i| i.name == c.name) {
-                Some(i) => i,
-                None => {
-                    // Only a new interface allocates and reads its flags.
-                    let link = link_of(&self.class_net, c.name);
-                    self.ifaces.push(Iface {
-                        name: c.name.to_string(),
-                        link,
-                        ids: None,
-                        seen: 0,
-                    });
-                    self.ifaces.len() - 1
-                }
+            // The table keeps its order from one read to the next: try the same place first.
+            let at = n.saturating_sub(2);
+            let i = match self.ifaces.get(at) {
+                Some(i) if i.name.as_bytes() == c.name => at,
+                _ => match self.ifaces.iter().position(|i| i.name.as_bytes() == c.name) {
+                    Some(i) => i,
+                    None => {
+                        // Only a new interface allocates and reads its flags.
+                        let name = String::from_utf8_lossy(c.name).into_owned();
+                        let link = link_of(&self.class_net, &name);
+                        self.ifaces.push(Iface {
+                            name,
+                            link,
+                            ids: None,
+                            seen: 0,
+                        });
+                        self.ifaces.len() - 1
+                    }
+                },
             };
             let iface = &mut self.ifaces[i];
             iface.seen = self.rounds;
@@ -167,18 +177,11 @@ impl Source for NetSource {
 /// never holds one), then 16 counters of which the 1st and the 9th are bytes.
 fn parse_line(line: &[u8]) -> Option<Counters<'_>> {
     let colon = line.iter().position(|b| *b == b':')?;
-    let name = std::str::from_utf8(line[..colon].trim_ascii()).ok()?;
-    let mut fields = line[colon + 1..]
-        .split(|b| b.is_ascii_whitespace())
-        .filter(|f| !f.is_empty());
+    let name = line[..colon].trim_ascii();
+    let mut fields = fields(&line[colon + 1..]);
     let rx = parse_u64(fields.next()?)?;
     let tx = parse_u64(fields.nth(7)?)?;
     (!name.is_empty()).then_some(Counters { name, rx, tx })
-}
-
-/// A decimal number with nothing else around it.
-fn parse_u64(digits: &[u8]) -> Option<u64> {
-    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// `flags` is hexadecimal with a `0x` prefix (`0x1003`); unreadable flags are none.
@@ -288,7 +291,7 @@ mod tests {
         assert_eq!(
             parse_line(line),
             Some(Counters {
-                name: "verylongname0",
+                name: b"verylongname0",
                 rx: 1,
                 tx: 9
             })

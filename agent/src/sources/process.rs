@@ -18,8 +18,7 @@
 //! storage. A process that ends is forgotten without a word: in a job, processes end all the
 //! time, and that is not a failure of the source.
 //!
-//! The hot path parses the few fields it needs by hand: a general parser allocates and costs
-//! more than the system call.
+//! The few fields needed are parsed by hand ([`super::text`]).
 
 use std::fs::File;
 use std::io;
@@ -27,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use stallscope_analysis::series::{names, SeriesId, SeriesKind};
 
+use super::text::{fields, lines, parse_u64, stat_fields};
 use super::{is_gone, pread_all, Registry, Roots, Source, SourceError, Tier, Watched};
 
 /// Main threads of the watched processes: `schedstat` and `stat` of `/proc/PID/task/PID`.
@@ -267,7 +267,7 @@ fn unparsed(what: &str, bytes: &[u8]) -> Failure {
 
 /// `schedstat`: three decimal numbers separated by spaces, then a newline.
 fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
-    let mut fields = bytes.trim_ascii_end().split(|b| *b == b' ');
+    let mut fields = fields(bytes);
     let mut next = || parse_u64(fields.next()?);
     let sched = Schedstat {
         cpu_ns: next()?,
@@ -278,8 +278,7 @@ fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
 }
 
 /// The state letter of a `stat` line: field 3, after the parenthesised `comm` (which may
-/// itself hold `)` and spaces, hence the last `)`). The hot path needs only this field, and a
-/// full `Stat` parse allocates and costs several times more.
+/// itself hold `)` and spaces, hence the last `)`). The hot path needs only this field.
 fn stat_state(bytes: &[u8]) -> Option<char> {
     let close = bytes.iter().rposition(|b| *b == b')')?;
     match bytes.get(close + 1..close + 3) {
@@ -290,35 +289,18 @@ fn stat_state(bytes: &[u8]) -> Option<char> {
 
 /// utime + stime of a `stat` line (fields 14 and 15), clock ticks.
 fn stat_cpu_ticks(bytes: &[u8]) -> Option<u64> {
-    let close = bytes.iter().rposition(|b| *b == b')')?;
     // Field 3 (the state) is the first after the comm.
-    let mut fields = bytes[close + 1..]
-        .trim_ascii()
-        .split(|b| *b == b' ')
-        .skip(14 - 3);
-    let utime = parse_u64(fields.next()?)?;
+    let (_, mut fields) = stat_fields(bytes)?;
+    let utime = parse_u64(fields.nth(14 - 3)?)?;
     let stime = parse_u64(fields.next()?)?;
     Some(utime + stime)
 }
 
 /// `read_bytes` of an `io` file (`read_bytes: N` on a line of its own), bytes.
 fn io_read_bytes(bytes: &[u8]) -> Option<u64> {
-    bytes
-        .split(|b| *b == b'\n')
+    lines(bytes)
         .find_map(|line| line.strip_prefix(b"read_bytes:"))
         .and_then(|n| parse_u64(n.trim_ascii()))
-}
-
-/// A decimal number with nothing else around it.
-fn parse_u64(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() {
-        return None;
-    }
-    digits.iter().try_fold(0u64, |n, d| {
-        d.is_ascii_digit()
-            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
-            .flatten()
-    })
 }
 
 /// Whole-process totals of the watched processes: `/proc/PID/stat` utime+stime and
@@ -680,9 +662,6 @@ mod tests {
         assert_eq!(stat_cpu_ticks(b"42 (a) S 1 2 3"), None);
         assert_eq!(io_read_bytes(&testdata("dd_io.txt")), Some(90_112));
         assert_eq!(io_read_bytes(b"rchar: 1\n"), None);
-        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
-        assert_eq!(parse_u64(b"18446744073709551616"), None);
-        assert_eq!(parse_u64(b""), None);
     }
 
     #[test]

@@ -9,11 +9,9 @@
 use std::fs::File;
 use std::path::PathBuf;
 
-use procfs_core::{
-    parse_pressure_record, CpuPressure, FromRead, IoPressure, MemoryPressure, ProcResult,
-};
 use stallscope_analysis::series::{names, SeriesId, SeriesKind};
 
+use super::text::{fields, lines, parse_u64};
 use super::{pread_all, Registry, Roots, Source, SourceError, Tier, Watched};
 
 /// The files under `<proc>/pressure` read, in this order.
@@ -84,9 +82,9 @@ impl Source for PsiSource {
                 path: path(),
                 source,
             })?;
-            totals[i] = parse_totals(resource, bytes).map_err(|e| SourceError::Parse {
+            totals[i] = parse_totals(resource, bytes).map_err(|message| SourceError::Parse {
                 path: path(),
-                message: e.to_string(),
+                message,
             })?;
         }
         self.files = Some(files);
@@ -113,21 +111,29 @@ impl Source for PsiSource {
     }
 }
 
-/// `some` and `full` totals, us. Before Linux 5.13 `cpu` has no `full` line: then `None`.
-fn parse_totals(resource: &str, bytes: &[u8]) -> ProcResult<(u64, Option<u64>)> {
-    let (some, full) = match resource {
-        "cpu" => match CpuPressure::from_read(bytes) {
-            Ok(p) => (p.some, p.full),
-            Err(_) => {
-                let first = String::from_utf8_lossy(bytes);
-                let some = parse_pressure_record(first.lines().next().unwrap_or_default())?;
-                return Ok((some.total, None));
-            }
-        },
-        "io" => IoPressure::from_read(bytes).map(|p| (p.some, p.full))?,
-        _ => MemoryPressure::from_read(bytes).map(|p| (p.some, p.full))?,
-    };
-    Ok((some.total, Some(full.total)))
+/// `some` and `full` totals, us, of `some avg10=… avg60=… avg300=… total=N` and the same
+/// `full` line. Before Linux 5.13 `cpu` has no `full` line: then `None`; the other resources
+/// always have one.
+fn parse_totals(resource: &str, bytes: &[u8]) -> Result<(u64, Option<u64>), String> {
+    let (mut some, mut full) = (None, None);
+    for line in lines(bytes) {
+        let mut fields = fields(line);
+        let slot = match fields.next() {
+            Some(b"some") => &mut some,
+            Some(b"full") => &mut full,
+            _ => continue,
+        };
+        let total = fields
+            .find_map(|f| f.strip_prefix(b"total="))
+            .and_then(parse_u64)
+            .ok_or_else(|| format!("no total in {:?}", String::from_utf8_lossy(line)))?;
+        *slot = Some(total);
+    }
+    let some = some.ok_or("no some line")?;
+    match full {
+        None if resource != "cpu" => Err("no full line".into()),
+        full => Ok((some, full)),
+    }
 }
 
 #[cfg(test)]
@@ -164,6 +170,10 @@ mod tests {
         let cpu = testdata("pressure_cpu.txt");
         let some_line = cpu.split_inclusive(|&b| b == b'\n').next().unwrap();
         assert_eq!(parse_totals("cpu", some_line).unwrap(), (7_098_217, None));
+        let io = testdata("pressure_io.txt");
+        let some_line = io.split_inclusive(|&b| b == b'\n').next().unwrap();
+        assert!(parse_totals("io", some_line).is_err(), "io always has full");
+        assert!(parse_totals("io", b"some avg10=0.00 total=x\n").is_err());
     }
 
     #[test]
