@@ -14,8 +14,7 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use procfs_core::process::Stat;
-use procfs_core::FromRead;
+use crate::sources::text::{parse_u64, stat_fields};
 
 /// Every how many passes [`Discovery`] re-reads every process, not only new ones.
 pub const FULL_PASS_EVERY: u32 = 10;
@@ -176,12 +175,20 @@ fn read_entry(proc_root: &Path, pid: u32, buf: &mut Vec<u8>) -> Option<ProcEntry
     buf.clear();
     let path = proc_root.join(pid.to_string()).join("stat");
     File::open(path).and_then(|mut f| f.read_to_end(buf)).ok()?;
-    let stat = Stat::from_read(buf.as_slice()).ok()?;
+    parse_entry(pid, buf)
+}
+
+/// The comm, ppid (field 4) and starttime (field 22) of a `stat` line.
+fn parse_entry(pid: u32, stat: &[u8]) -> Option<ProcEntry> {
+    let (comm, mut fields) = stat_fields(stat)?;
+    // Field 3 (the state) is the first after the comm.
+    let ppid = parse_u64(fields.nth(4 - 3)?)?;
+    let starttime = parse_u64(fields.nth(22 - 4 - 1)?)?;
     Some(ProcEntry {
         pid,
-        ppid: u32::try_from(stat.ppid).unwrap_or(0),
-        comm: stat.comm,
-        starttime: stat.starttime,
+        ppid: u32::try_from(ppid).unwrap_or(0),
+        comm: String::from_utf8_lossy(comm).into_owned(),
+        starttime,
     })
 }
 

@@ -748,6 +748,32 @@ mod tests {
             crate::proctree::FULL_PASS_EVERY
         );
 
+        // The floor under any 100 Hz sampler: a thread that wakes on the same deadlines and
+        // reads nothing.
+        let bare = thread::spawn(|| {
+            let own_ns = || {
+                let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+                text.split(' ').next().unwrap().parse::<u64>().unwrap()
+            };
+            let (start, cpu0) = (monotonic_ns(), own_ns());
+            let ticks = 500;
+            for tick in 1..=ticks {
+                let deadline = start + tick * 10_000_000;
+                while monotonic_ns() < deadline {
+                    thread::park_timeout(Duration::from_nanos(
+                        deadline - monotonic_ns().min(deadline),
+                    ));
+                }
+            }
+            (own_ns() - cpu0, monotonic_ns() - start, ticks)
+        });
+        let (cpu, wall, ticks) = bare.join().unwrap();
+        println!(
+            "bare 100 Hz wake-up, nothing read: {:.1} us per tick, {:.3}% of one core",
+            cpu as f64 / ticks as f64 / 1e3,
+            cpu as f64 / wall as f64 * 100.0
+        );
+
         let (tx, rx) = mpsc::channel();
         let handle = spawn(SamplerConfig::new(me), default_sources(&roots), tx);
         thread::sleep(Duration::from_millis(500));
@@ -773,9 +799,11 @@ mod tests {
             .filter(|e| matches!(e, SamplerEvent::Samples { .. }))
             .count();
         println!(
-            "sampler thread at 100 Hz, {} pids: {:.3}% of one core ({batches} batches in {:.1} s)",
+            "sampler thread at 100 Hz, {} pids: {:.3}% of one core, {:.1} us per tick \
+             ({batches} batches in {:.1} s)",
             watched.pids.len(),
             (cpu1 - cpu0) as f64 / wall.as_nanos() as f64 * 100.0,
+            (cpu1 - cpu0) as f64 / (wall.as_secs_f64() * 100.0) / 1e3,
             wall.as_secs_f64() + 0.5
         );
         for c in &mut children {

@@ -8,6 +8,7 @@
 //! Samples stand at the middle of their read window ([`SampleBatch::at`]).
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind, LINK_LOOPBACK, LINK_NIC};
 use crate::Nanos;
@@ -16,11 +17,42 @@ use crate::Nanos;
 /// packet burst over a few µs would look like an absurd bandwidth.
 const MIN_RATE_WINDOW_NS: u64 = 5_000_000;
 
+/// Hashes a [`SeriesId`] with one multiply. Every sample value and every counter query of
+/// the attribution looks its series up; with SipHash (std's default, which resists chosen
+/// keys) the hashing alone cost more than the lookups' other work. Ids come from the node's
+/// own sampler, or from a profile or an authenticated agent.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        bytes.iter().for_each(|b| self.mix(u64::from(*b)));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.mix(u64::from(n));
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl IdHasher {
+    fn mix(&mut self, word: u64) {
+        // The multiplier of rustc's FxHasher: odd, its bits spread.
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+/// A map by series id, hashed by [`IdHasher`].
+type IdMap<V> = HashMap<SeriesId, V, BuildHasherDefault<IdHasher>>;
+
 /// Declared series with their samples, oldest first.
 #[derive(Debug, Default)]
 pub struct SeriesStore {
-    decls: HashMap<SeriesId, SeriesDecl>,
-    points: HashMap<SeriesId, Points>,
+    decls: IdMap<SeriesDecl>,
+    points: IdMap<Points>,
     by_key: HashMap<(String, String), SeriesId>,
     /// Time of the newest batch, ns.
     watermark: Option<Nanos>,

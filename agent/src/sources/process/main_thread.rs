@@ -1,25 +1,12 @@
-//! The job's processes, as the attribution needs them.
+//! Main threads of the job's ranks and loaders: CPU, run-queue delay and I/O blocking.
 //!
-//! Every tick, only the main thread (tid == pid) of each rank and loader: it runs the training
-//! loop (or the loader worker's loop), and reading every thread at 100 Hz would cost more than
-//! the rest of the agent. CPU time comes from `schedstat` (ns, and run-queue delay beside it)
-//! because `stat`'s utime/stime advance in 10 ms clock ticks; `stat` still gives the state, to
-//! see a thread blocked in I/O. The files stay open and are re-read from offset 0, since an
-//! open and close per tick would cost more than the read.
-//!
-//! A read of `stat` costs about three of `schedstat` (the kernel formats some 50 fields), so it
-//! is skipped when its answer is already known: a thread that was not in state D when last
-//! read, and has neither run nor been scheduled since (the same `schedstat`), cannot be in D
-//! now, since only the thread itself, running, can put itself to sleep. Launchers (processes
-//! above the loops, [`Watched::launchers`]) are read by a second instance on the slow tier:
-//! attribution never asks for their main thread.
-//!
-//! Slowly, whole-process totals: CPU time of all threads (live and exited) and bytes read from
-//! storage. A process that ends is forgotten without a word: in a job, processes end all the
-//! time, and that is not a failure of the source.
-//!
-//! The hot path parses the few fields it needs by hand: a general parser allocates and costs
-//! more than the system call.
+//! CPU time comes from `schedstat` (ns, and run-queue delay beside it) because `stat`'s
+//! utime/stime advance in 10 ms clock ticks; `stat` still gives the state, to see a thread
+//! blocked in I/O. A read of `stat` costs about three of `schedstat` (the kernel formats some
+//! 50 fields), so it is skipped when its answer is already known: a thread that was not in
+//! state D when last read, and has neither run nor been scheduled since (the same
+//! `schedstat`), cannot have blocked since, as only the thread itself, running, can put itself
+//! to sleep.
 
 use std::fs::File;
 use std::io;
@@ -27,7 +14,9 @@ use std::path::{Path, PathBuf};
 
 use stallscope_analysis::series::{names, SeriesId, SeriesKind};
 
-use super::{is_gone, pread_all, Registry, Roots, Source, SourceError, Tier, Watched};
+use super::{open_failed, sync, unparsed, Failure};
+use crate::sources::text::{fields, parse_u64};
+use crate::sources::{pread_all, Registry, Roots, Source, SourceError, Tier, Watched};
 
 /// Main threads of the watched processes: `schedstat` and `stat` of `/proc/PID/task/PID`.
 pub struct ProcessSource {
@@ -259,15 +248,9 @@ fn read_main_thread(
     Ok((sched, Some(blocked)))
 }
 
-/// A parse failure quoting the start of what was read.
-fn unparsed(what: &str, bytes: &[u8]) -> Failure {
-    let line = String::from_utf8_lossy(&bytes[..bytes.len().min(80)]).into_owned();
-    Failure::Other(Unnamed::Parse(format!("{what} in {line:?}")))
-}
-
 /// `schedstat`: three decimal numbers separated by spaces, then a newline.
 fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
-    let mut fields = bytes.trim_ascii_end().split(|b| *b == b' ');
+    let mut fields = fields(bytes);
     let mut next = || parse_u64(fields.next()?);
     let sched = Schedstat {
         cpu_ns: next()?,
@@ -278,258 +261,12 @@ fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
 }
 
 /// The state letter of a `stat` line: field 3, after the parenthesised `comm` (which may
-/// itself hold `)` and spaces, hence the last `)`). The hot path needs only this field, and a
-/// full `Stat` parse allocates and costs several times more.
+/// itself hold `)` and spaces, hence the last `)`). The hot path needs only this field.
 fn stat_state(bytes: &[u8]) -> Option<char> {
     let close = bytes.iter().rposition(|b| *b == b')')?;
     match bytes.get(close + 1..close + 3) {
         Some([b' ', s]) if s.is_ascii_alphabetic() => Some(*s as char),
         _ => None,
-    }
-}
-
-/// utime + stime of a `stat` line (fields 14 and 15), clock ticks.
-fn stat_cpu_ticks(bytes: &[u8]) -> Option<u64> {
-    let close = bytes.iter().rposition(|b| *b == b')')?;
-    // Field 3 (the state) is the first after the comm.
-    let mut fields = bytes[close + 1..]
-        .trim_ascii()
-        .split(|b| *b == b' ')
-        .skip(14 - 3);
-    let utime = parse_u64(fields.next()?)?;
-    let stime = parse_u64(fields.next()?)?;
-    Some(utime + stime)
-}
-
-/// `read_bytes` of an `io` file (`read_bytes: N` on a line of its own), bytes.
-fn io_read_bytes(bytes: &[u8]) -> Option<u64> {
-    bytes
-        .split(|b| *b == b'\n')
-        .find_map(|line| line.strip_prefix(b"read_bytes:"))
-        .and_then(|n| parse_u64(n.trim_ascii()))
-}
-
-/// A decimal number with nothing else around it.
-fn parse_u64(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() {
-        return None;
-    }
-    digits.iter().try_fold(0u64, |n, d| {
-        d.is_ascii_digit()
-            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
-            .flatten()
-    })
-}
-
-/// Whole-process totals of the watched processes: `/proc/PID/stat` utime+stime and
-/// `/proc/PID/io` read_bytes.
-pub struct ProcessTotalsSource {
-    proc_root: PathBuf,
-    procs: Vec<Totals>,
-    buf: Vec<u8>,
-    token: u64,
-    /// ns per clock tick (`sysconf(_SC_CLK_TCK)`), to convert utime and stime.
-    ns_per_tick: u64,
-}
-
-struct Totals {
-    pid: u32,
-    stat: File,
-    /// `None` when `io` cannot be read (another user's process without CAP_SYS_PTRACE).
-    io: Option<File>,
-    /// all cpu, read bytes; valid for the registry of `ProcessTotalsSource::token`.
-    ids: Option<[SeriesId; 2]>,
-}
-
-impl ProcessTotalsSource {
-    /// Reads below `roots.proc`.
-    pub fn new(roots: &Roots) -> Self {
-        // SAFETY: sysconf only reads a configuration value.
-        let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        let ticks_per_s = if ticks_per_s > 0 {
-            ticks_per_s as u64
-        } else {
-            100
-        };
-        ProcessTotalsSource {
-            proc_root: roots.proc.clone(),
-            procs: Vec::new(),
-            buf: Vec::new(),
-            token: 0,
-            ns_per_tick: 1_000_000_000 / ticks_per_s,
-        }
-    }
-
-    fn open(proc_root: &Path, pid: u32) -> Result<Option<Totals>, SourceError> {
-        let dir = proc_root.join(pid.to_string());
-        let stat = match File::open(dir.join("stat")) {
-            Ok(f) => f,
-            Err(e) => return open_failed(dir.join("stat"), e),
-        };
-        Ok(Some(Totals {
-            pid,
-            stat,
-            io: File::open(dir.join("io")).ok(),
-            ids: None,
-        }))
-    }
-}
-
-impl Source for ProcessTotalsSource {
-    fn name(&self) -> &'static str {
-        "process_totals"
-    }
-
-    fn tier(&self) -> Tier {
-        Tier::Slow
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "whole-process CPU and storage reads from {}/PID/{{stat,io}}",
-            self.proc_root.display()
-        )
-    }
-
-    fn sample(&mut self, watched: &Watched, out: &mut Registry) -> Result<(), SourceError> {
-        let proc_root = &self.proc_root;
-        let mut failure = sync(
-            &mut self.procs,
-            |p| p.pid,
-            watched,
-            |_| true,
-            |pid| Self::open(proc_root, pid),
-        )?;
-        if self.token != out.token() {
-            self.token = out.token();
-            self.procs.iter_mut().for_each(|p| p.ids = None);
-        }
-        let (buf, ns_per_tick) = (&mut self.buf, self.ns_per_tick);
-        self.procs.retain_mut(|p| {
-            let cpu_ticks = match read_cpu_ticks(&p.stat, buf) {
-                Ok(ticks) => ticks,
-                Err(Failure::Gone) => return false,
-                Err(Failure::Other(e)) => {
-                    failure.get_or_insert(e.with_path(proc_root.join(format!("{}/stat", p.pid))));
-                    return false;
-                }
-            };
-            let read_bytes = match p.io.as_ref().map(|f| read_io_bytes(f, buf)) {
-                Some(Ok(bytes)) => Some(bytes),
-                Some(Err(Failure::Gone)) => return false,
-                Some(Err(Failure::Other(_))) => {
-                    p.io = None;
-                    None
-                }
-                None => None,
-            };
-            let ids = *p.ids.get_or_insert_with(|| declare_totals(out, p.pid));
-            out.push(ids[0], cpu_ticks * ns_per_tick);
-            if let Some(bytes) = read_bytes {
-                out.push(ids[1], bytes);
-            }
-            true
-        });
-        match failure {
-            Some(e) if self.procs.is_empty() => Err(e),
-            _ => Ok(()),
-        }
-    }
-}
-
-fn declare_totals(out: &mut Registry, pid: u32) -> [SeriesId; 2] {
-    let pid = pid.to_string();
-    let labels = [("pid", pid.as_str())];
-    [
-        out.series(names::PROC_ALL_CPU_NS, "ns", SeriesKind::Counter, &labels),
-        out.series(
-            names::PROC_READ_BYTES,
-            "bytes",
-            SeriesKind::Counter,
-            &labels,
-        ),
-    ]
-}
-
-/// utime + stime of a whole-process `stat`, clock ticks.
-fn read_cpu_ticks(file: &File, buf: &mut Vec<u8>) -> Result<u64, Failure> {
-    let bytes = pread_all(file, buf)?;
-    stat_cpu_ticks(bytes).ok_or_else(|| unparsed("no utime and stime", bytes))
-}
-
-/// `read_bytes` of an `io` file, bytes.
-fn read_io_bytes(file: &File, buf: &mut Vec<u8>) -> Result<u64, Failure> {
-    let bytes = pread_all(file, buf)?;
-    io_read_bytes(bytes).ok_or_else(|| unparsed("no read_bytes", bytes))
-}
-
-/// Forgets entries whose pid is no longer watched (or no longer `wanted`) and opens entries
-/// for newly watched, wanted pids. Returns the first failure to open that was not the process
-/// going away (the round goes on without that pid); `Unsupported` stops the round.
-fn sync<T>(
-    entries: &mut Vec<T>,
-    pid_of: impl Fn(&T) -> u32,
-    watched: &Watched,
-    wanted: impl Fn(u32) -> bool,
-    mut open: impl FnMut(u32) -> Result<Option<T>, SourceError>,
-) -> Result<Option<SourceError>, SourceError> {
-    entries.retain(|e| {
-        let pid = pid_of(e);
-        watched.pids.contains(&pid) && wanted(pid)
-    });
-    let mut failure = None;
-    for &pid in &watched.pids {
-        if !wanted(pid) || entries.iter().any(|e| pid_of(e) == pid) {
-            continue;
-        }
-        match open(pid) {
-            Ok(Some(entry)) => entries.push(entry),
-            Ok(None) => {}
-            Err(e @ SourceError::Unsupported(_)) => return Err(e),
-            Err(e) => {
-                failure.get_or_insert(e);
-            }
-        }
-    }
-    Ok(failure)
-}
-
-fn open_failed<T>(path: PathBuf, e: io::Error) -> Result<Option<T>, SourceError> {
-    if is_gone(&e) {
-        Ok(None)
-    } else {
-        Err(SourceError::Io { path, source: e })
-    }
-}
-
-/// Why reading one process failed: it went away, or something worth reporting.
-enum Failure {
-    Gone,
-    Other(Unnamed),
-}
-
-/// A failure before its path is known (built only when reported).
-enum Unnamed {
-    Io(io::Error),
-    Parse(String),
-}
-
-impl Unnamed {
-    fn with_path(self, path: PathBuf) -> SourceError {
-        match self {
-            Unnamed::Io(source) => SourceError::Io { path, source },
-            Unnamed::Parse(message) => SourceError::Parse { path, message },
-        }
-    }
-}
-
-impl From<io::Error> for Failure {
-    fn from(e: io::Error) -> Self {
-        if is_gone(&e) {
-            Failure::Gone
-        } else {
-            Failure::Other(Unnamed::Io(e))
-        }
     }
 }
 
@@ -539,6 +276,7 @@ mod tests {
 
     use stallscope_analysis::series::names;
 
+    use super::super::watched;
     use super::*;
     use crate::sources::fake::{testdata, FakeRoots, Round};
 
@@ -550,10 +288,6 @@ mod tests {
         fake.proc("6885/task/6885/schedstat", "d_state_schedstat.txt");
         fake.proc("6885/task/6885/stat", "d_state_stat.txt");
         fake
-    }
-
-    fn watched(pids: &[u32]) -> Watched {
-        Watched::new(pids.to_vec())
     }
 
     #[test]
@@ -659,33 +393,6 @@ mod tests {
     }
 
     #[test]
-    fn fields_are_parsed_by_hand() {
-        let sched = parse_schedstat(&testdata("dd_schedstat.txt")).unwrap();
-        assert_eq!(
-            sched,
-            Schedstat {
-                cpu_ns: 1_507_065_413,
-                runq_ns: 71_378,
-                scheduled: 7
-            }
-        );
-        assert_eq!(parse_schedstat(b"1 2\n"), None);
-        assert_eq!(parse_schedstat(b"1 2 3 4\n"), None);
-        assert_eq!(parse_schedstat(b"1 -2 3\n"), None);
-        assert_eq!(stat_cpu_ticks(&testdata("dd_stat.txt")), Some(32 + 117));
-        assert_eq!(
-            stat_cpu_ticks(b"42 (a) b) S 1 2 3 4 5 6 7 8 9 10 11 12"),
-            Some(11 + 12)
-        );
-        assert_eq!(stat_cpu_ticks(b"42 (a) S 1 2 3"), None);
-        assert_eq!(io_read_bytes(&testdata("dd_io.txt")), Some(90_112));
-        assert_eq!(io_read_bytes(b"rchar: 1\n"), None);
-        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
-        assert_eq!(parse_u64(b"18446744073709551616"), None);
-        assert_eq!(parse_u64(b""), None);
-    }
-
-    #[test]
     fn the_state_letter_is_found_after_a_comm_with_parentheses() {
         assert_eq!(stat_state(b"42 (python3) D 1 42 42 0"), Some('D'));
         assert_eq!(stat_state(b"42 (a) b) S 1 42"), Some('S'));
@@ -742,28 +449,18 @@ mod tests {
     }
 
     #[test]
-    fn totals_convert_clock_ticks_to_ns() {
-        let fake = FakeRoots::new();
-        fake.proc("6971/stat", "dd_stat.txt");
-        fake.proc("6971/io", "dd_io.txt");
-        fake.proc("6885/stat", "d_state_stat.txt");
-        // 6885 has no io file: unreadable io skips that value only.
-        let mut source = ProcessTotalsSource::new(&fake.roots);
-        let mut reg = Registry::default();
-        source
-            .sample(&watched(&[6971, 6885, 4242]), &mut reg)
-            .unwrap();
-        let round = Round::take(&mut reg);
-        // SAFETY: sysconf only reads a configuration value.
-        let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-        let dd = ("pid", "6971");
-        // utime 32 + stime 117 ticks.
+    fn schedstat_is_three_numbers() {
+        let sched = parse_schedstat(&testdata("dd_schedstat.txt")).unwrap();
         assert_eq!(
-            round.get(names::PROC_ALL_CPU_NS, dd),
-            Some(149 * 1_000_000_000 / ticks_per_s)
+            sched,
+            Schedstat {
+                cpu_ns: 1_507_065_413,
+                runq_ns: 71_378,
+                scheduled: 7
+            }
         );
-        assert_eq!(round.get(names::PROC_READ_BYTES, dd), Some(90_112));
-        assert_eq!(round.get(names::PROC_ALL_CPU_NS, ("pid", "6885")), Some(0));
-        assert_eq!(round.get(names::PROC_READ_BYTES, ("pid", "6885")), None);
+        assert_eq!(parse_schedstat(b"1 2\n"), None);
+        assert_eq!(parse_schedstat(b"1 2 3 4\n"), None);
+        assert_eq!(parse_schedstat(b"1 -2 3\n"), None);
     }
 }

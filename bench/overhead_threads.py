@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Where `stallscope run`'s own CPU goes, thread by thread, once the training is running.
+
+Runs the example DDP training (2 ranks, 2 DataLoader workers each) under `stallscope run` at
+100 Hz and reads `/proc/PID/task/*/schedstat` of stallscope's threads at --start and --end
+seconds into the run: CPU as % of one core, and the CPU per wake-up (a thread's run count
+in schedstat). The startup of the training (imports, spawning) is left out, unlike
+bench/overhead.py, which averages over the whole run.
+
+    python3 bench/overhead_threads.py [--stallscope target/release/stallscope] [--repeats 3]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def threads(pid):
+    """{thread name: (ns on CPU, times run)} of every thread of pid."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns, _, runs = (int(x) for x in f.read().split())
+        except OSError:
+            continue
+        out[name] = (ns, runs)
+    return out
+
+
+def one_run(args, tmp):
+    data = os.path.join(tempfile.gettempdir(), "stallscope-bench-data")
+    train = [args.python, os.path.join(REPO, "examples/pytorch_ddp/train.py"), "--nproc", "2",
+             "--workers", "2", "--iters", "150", "--data-dir", data, "--port", "29622"]
+    cmd = [args.stallscope, "run", "-q", "--rate", "100", "-o",
+           os.path.join(tmp, "t.stallscope"), "--"] + train
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(args.start)
+        t0, before = time.monotonic(), threads(proc.pid)
+        time.sleep(args.end - args.start)
+        t1, after = time.monotonic(), threads(proc.pid)
+    finally:
+        proc.wait(timeout=600)
+    wall_ns = (t1 - t0) * 1e9
+    return {name: ((after[name][0] - ns) / wall_ns * 100,
+                   (after[name][0] - ns) / max(after[name][1] - runs, 1) / 1e3)
+            for name, (ns, runs) in before.items() if name in after}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--python", default="/usr/bin/python3")
+    ap.add_argument("--stallscope", default=os.path.join(REPO, "target/release/stallscope"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--start", type=float, default=6.0)
+    ap.add_argument("--end", type=float, default=20.0)
+    args = ap.parse_args()
+    data = os.path.join(tempfile.gettempdir(), "stallscope-bench-data")
+    subprocess.run([args.python, os.path.join(REPO, "examples/pytorch_ddp/train.py"), "--iters",
+                    "1", "--workers", "0", "--data-dir", data], check=True,
+                   stdout=subprocess.DEVNULL)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            runs.append(one_run(args, tmp))
+            print(f"# run {rep + 1} done", file=sys.stderr)
+    names = sorted({n for r in runs for n in r}, key=lambda n: -statistics.median(
+        r[n][0] for r in runs if n in r))
+    print("| thread | CPU (% of one core) | CPU per wake-up (µs) |")
+    print("|---|---|---|")
+    total = 0.0
+    for n in names:
+        cpu = statistics.median(r[n][0] for r in runs if n in r)
+        per = statistics.median(r[n][1] for r in runs if n in r)
+        total += cpu
+        if cpu >= 0.005:
+            print(f"| {n} | {cpu:.2f} | {per:.1f} |")
+    print(f"| all | {total:.2f} | |")
+    print(f"\nmedian of {args.repeats} runs, {args.start:.0f}–{args.end:.0f} s into a 150-iteration "
+          f"run at 100 Hz")
+
+
+if __name__ == "__main__":
+    main()
