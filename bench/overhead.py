@@ -22,7 +22,8 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import DATA, EXAMPLE, add_binary_args, prepare_data
+
 TIME_RE = re.compile(r"^iter (\d+) .*time_ms ([0-9.]+)", re.M)
 
 
@@ -32,17 +33,14 @@ def iteration_times(stdout, warmup):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--python", default="/usr/bin/python3")
-    ap.add_argument("--stallscope", default=os.path.join(REPO, "target/release/stallscope"))
+    add_binary_args(ap)
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
-    data = os.path.join(tempfile.gettempdir(), "stallscope-bench-data")
-    train = [args.python, os.path.join(REPO, "examples/pytorch_ddp/train.py"), "--nproc", "2",
-             "--workers", "2", "--iters", str(args.iters), "--data-dir", data, "--port", "29611"]
-    subprocess.run(train[:2] + ["--iters", "1", "--workers", "0", "--data-dir", data], check=True,
-                   stdout=subprocess.DEVNULL)
+    train = [args.python, EXAMPLE, "--nproc", "2", "--workers", "2", "--iters", str(args.iters),
+             "--data-dir", DATA, "--port", "29611"]
+    prepare_data(args.python)
     configs = [("without stallscope", None), ("stallscope 100 Hz", 100), ("stallscope 10 Hz", 10),
                ("stallscope 100 Hz, --no-auto (sampling only)", "100-noauto")]
     times = {name: [] for name, _ in configs}

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import DATA, EXAMPLE, add_binary_args, prepare_data
 
 
 def threads(pid):
@@ -36,9 +36,8 @@ def threads(pid):
 
 
 def one_run(args, tmp):
-    data = os.path.join(tempfile.gettempdir(), "stallscope-bench-data")
-    train = [args.python, os.path.join(REPO, "examples/pytorch_ddp/train.py"), "--nproc", "2",
-             "--workers", "2", "--iters", "150", "--data-dir", data, "--port", "29622"]
+    train = [args.python, EXAMPLE, "--nproc", "2", "--workers", "2", "--iters", "150",
+             "--data-dir", DATA, "--port", "29622"]
     cmd = [args.stallscope, "run", "-q", "--rate", "100", "-o",
            os.path.join(tmp, "t.stallscope"), "--"] + train
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -57,16 +56,12 @@ def one_run(args, tmp):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--python", default="/usr/bin/python3")
-    ap.add_argument("--stallscope", default=os.path.join(REPO, "target/release/stallscope"))
+    add_binary_args(ap)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start", type=float, default=6.0)
     ap.add_argument("--end", type=float, default=20.0)
     args = ap.parse_args()
-    data = os.path.join(tempfile.gettempdir(), "stallscope-bench-data")
-    subprocess.run([args.python, os.path.join(REPO, "examples/pytorch_ddp/train.py"), "--iters",
-                    "1", "--workers", "0", "--data-dir", data], check=True,
-                   stdout=subprocess.DEVNULL)
+    prepare_data(args.python)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):

@@ -1,0 +1,21 @@
+"""What the benchmarks share: where things are, the two binaries they compare, and the generated
+data set of the example training (made once, so no run pays for generating it)."""
+import os
+import subprocess
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(REPO, "examples/pytorch_ddp/train.py")
+DATA = os.path.join(tempfile.gettempdir(), "stallscope-bench-data")
+
+
+def add_binary_args(ap):
+    """``--python`` (an interpreter with torch) and ``--stallscope`` (the release build)."""
+    ap.add_argument("--python", default="/usr/bin/python3")
+    ap.add_argument("--stallscope", default=os.path.join(REPO, "target/release/stallscope"))
+
+
+def prepare_data(python):
+    """Generates the example's data set in ``DATA`` with a one-iteration run."""
+    subprocess.run([python, EXAMPLE, "--iters", "1", "--workers", "0", "--data-dir", DATA],
+                   check=True, stdout=subprocess.DEVNULL)
