@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 
 echo "== Rust: unit and end-to-end tests"
+# The scripted libnvidia-ml that the NVML end-to-end tests load (profiler/tests/nvml_library.rs).
+cargo build --locked -p stallscope-fake-nvml 2>&1
 cargo test --workspace --locked 2>&1
 
 echo "== Python: the marker package and the PyTorch hook"

@@ -25,31 +25,55 @@ pub struct GpuUsage {
     pub cuda_timed: u64,
     /// ns summed over the iterations' wall times.
     pub wall_ns: u64,
+    /// Iterations with at least one GPU reading (a GPU lost mid-run gives none after).
+    pub read: u64,
     /// ns × (busy share) where utilisation was read, and the ns it was read over.
     busy: Option<(f64, f64)>,
     /// ns × mW where power was read, and the ns it was read over.
     power: Option<(f64, f64)>,
     /// bytes, received over PCIe.
-    pcie_rx: Option<f64>,
+    pcie_rx: Option<PerIteration>,
     /// bytes, sent over PCIe.
-    pcie_tx: Option<f64>,
+    pcie_tx: Option<PerIteration>,
     /// bytes, NVLink both directions.
-    nvlink: Option<f64>,
+    nvlink: Option<PerIteration>,
     /// mJ.
-    energy: Option<f64>,
+    energy: Option<PerIteration>,
 }
 
-fn add(acc: &mut Option<f64>, v: Option<f64>) {
-    if let Some(v) = v {
-        *acc = Some(acc.unwrap_or(0.0) + v);
+/// A quantity summed over the iterations that had it, so that iterations without the
+/// reading do not dilute the mean.
+#[derive(Clone, Copy, Debug, Default)]
+struct PerIteration {
+    total: f64,
+    iterations: u64,
+}
+
+impl PerIteration {
+    fn mean(self) -> f64 {
+        self.total / self.iterations.max(1) as f64
     }
 }
 
-fn add_mean(acc: &mut Option<(f64, f64)>, mean: Option<f64>, ns: f64) {
-    if let Some(m) = mean {
-        let (sum, over) = acc.unwrap_or((0.0, 0.0));
-        *acc = Some((sum + m * ns, over + ns));
-    }
+/// Adds one iteration's `v`; whether there was one.
+fn add(acc: &mut Option<PerIteration>, v: Option<f64>) -> bool {
+    let Some(v) = v else {
+        return false;
+    };
+    let sum = acc.get_or_insert_with(PerIteration::default);
+    sum.total += v;
+    sum.iterations += 1;
+    true
+}
+
+/// Adds one iteration's time-weighted `mean` over `ns`; whether there was one.
+fn add_mean(acc: &mut Option<(f64, f64)>, mean: Option<f64>, ns: f64) -> bool {
+    let Some(m) = mean else {
+        return false;
+    };
+    let (sum, over) = acc.unwrap_or((0.0, 0.0));
+    *acc = Some((sum + m * ns, over + ns));
+    true
 }
 
 impl GpuUsage {
@@ -75,20 +99,20 @@ impl GpuUsage {
         self.iterations += 1;
         self.cuda_timed += u64::from(timed);
         self.wall_ns += b - a;
-        add_mean(
-            &mut self.busy,
-            mean(names::GPU_UTIL_PCT).map(|p| p / 100.0),
-            ns,
-        );
-        add_mean(&mut self.power, mean(names::GPU_POWER_MW), ns);
-        add(&mut self.pcie_rx, delta(names::GPU_PCIE_RX_BYTES));
-        add(&mut self.pcie_tx, delta(names::GPU_PCIE_TX_BYTES));
+        let busy = mean(names::GPU_UTIL_PCT).map(|p| p / 100.0);
         let nvlink = [names::GPU_NVLINK_RX_BYTES, names::GPU_NVLINK_TX_BYTES]
             .into_iter()
             .filter_map(delta)
             .reduce(|x, y| x + y);
-        add(&mut self.nvlink, nvlink);
-        add(&mut self.energy, delta(names::GPU_ENERGY_MJ));
+        let read = [
+            add_mean(&mut self.busy, busy, ns),
+            add_mean(&mut self.power, mean(names::GPU_POWER_MW), ns),
+            add(&mut self.pcie_rx, delta(names::GPU_PCIE_RX_BYTES)),
+            add(&mut self.pcie_tx, delta(names::GPU_PCIE_TX_BYTES)),
+            add(&mut self.nvlink, nvlink),
+            add(&mut self.energy, delta(names::GPU_ENERGY_MJ)),
+        ];
+        self.read += u64::from(read.contains(&true));
     }
 
     /// The per-iteration figures, with the loop's batch size in bytes when it sent one.
@@ -102,12 +126,13 @@ impl GpuUsage {
                 .power
                 .filter(|p| p.1 > 0.0)
                 .map(|(s, over)| s / over / 1e3),
-            pcie_rx_bytes_per_iteration: self.pcie_rx.map(|v| v / n),
-            pcie_tx_bytes_per_iteration: self.pcie_tx.map(|v| v / n),
-            nvlink_bytes_per_iteration: self.nvlink.map(|v| v / n),
-            energy_joules_per_iteration: self.energy.map(|v| v / n / 1e3),
+            pcie_rx_bytes_per_iteration: self.pcie_rx.map(PerIteration::mean),
+            pcie_tx_bytes_per_iteration: self.pcie_tx.map(PerIteration::mean),
+            nvlink_bytes_per_iteration: self.nvlink.map(PerIteration::mean),
+            energy_joules_per_iteration: self.energy.map(|e| e.mean() / 1e3),
             batch_bytes,
             cuda_timed_fraction: self.cuda_timed as f64 / n,
+            read_fraction: self.read as f64 / n,
         }
     }
 }
@@ -136,6 +161,15 @@ pub struct RankGpu {
     pub batch_bytes: Option<u64>,
     /// Share of the iterations timed on the GPU with CUDA events, 0–1.
     pub cuda_timed_fraction: f64,
+    /// Share of the iterations with any NVML reading, 0–1 (below 1 when the GPU source
+    /// failed during the run); the per-iteration figures are over those iterations.
+    #[serde(default = "one")]
+    pub read_fraction: f64,
+}
+
+/// A profile written before `read_fraction` existed had readings on every iteration.
+fn one() -> f64 {
+    1.0
 }
 
 /// `bytes` with a decimal unit: `12.6 MB`.
@@ -187,6 +221,12 @@ pub fn render_line(rank: u32, g: &RankGpu) -> String {
         "GPU times from CUDA events on {:.0}% of iterations",
         g.cuda_timed_fraction * 100.0
     ));
+    if g.read_fraction < 1.0 {
+        parts.push(format!(
+            "NVML readings on only {:.0}% of iterations (figures are over those)",
+            g.read_fraction * 100.0
+        ));
+    }
     format!("gpu: rank {rank} on GPU {}: {}", g.gpu, parts.join(", "))
 }
 
@@ -209,6 +249,7 @@ mod tests {
             pcie_rx_bytes_per_iteration: Some(25_200_000.0),
             batch_bytes: Some(12_600_000),
             cuda_timed_fraction: 1.0,
+            read_fraction: 1.0,
             ..RankGpu::default()
         };
         let line = render_line(3, &g);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use stallscope_agent::markers::{MarkerEvent, MarkerListener};
-use stallscope_agent::sampler::{self, ExtraRoots, SamplerConfig};
+use stallscope_agent::sampler::{self, ExtraRoots, Pids, SamplerConfig, SharedPids};
 use stallscope_agent::shipper::{Shipper, ShipperConfig};
 use stallscope_agent::sink::Sink;
 use stallscope_analysis::attribution::IterationBreakdown;
@@ -201,9 +201,11 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     let listener = Arc::new(listener);
     let recorder = Recorder::unwritten(header).with_tap(tap(shipper.clone(), listener.clone()));
 
+    let pids = SharedPids::default();
     let config = SamplerConfig {
         rate_hz: args.rate,
         roots: args.roots.roots(),
+        pids: Pids::DiscoverAndPublish(pids.clone()),
         extra_roots: Some(roots),
         loops: Some(recorder.loops.clone()),
         ..SamplerConfig::new(0)
@@ -213,6 +215,10 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         sampler::default_sources(&config.roots),
         inbox.clone(),
     );
+    let gpu_sampler = crate::run::spawn_gpu(&config, pids, inbox.clone()).map(|(handle, what)| {
+        eprintln!("stallscope agent: GPU sources: {what}");
+        handle
+    });
 
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]).context("signals")?;
@@ -229,6 +235,9 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         recorder.run(rx, inbox, move || listener.rejected())
     };
     sampler.stop();
+    if let Some(g) = gpu_sampler {
+        g.stop();
+    }
     drop(listener);
     let shipper = Arc::try_unwrap(shipper).map_err(|_| anyhow::anyhow!("shipper still shared"))?;
     let dropped = shipper.dropped();

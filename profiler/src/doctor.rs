@@ -57,9 +57,14 @@ pub fn report(gpu: Result<&mut dyn GpuBackend, &GpuError>, roots: &Roots) -> Str
                 for m in Metric::ALL {
                     let entry = caps.entries.iter().find(|(x, _)| *x == m);
                     match entry.map(|e| &e.1) {
-                        Some(Ok(())) => {
-                            let _ = writeln!(out, "    present  {}", m.name());
-                        }
+                        Some(Ok(())) => match caps.note(m) {
+                            Some(how) => {
+                                let _ = writeln!(out, "    present  {}: {how}", m.name());
+                            }
+                            None => {
+                                let _ = writeln!(out, "    present  {}", m.name());
+                            }
+                        },
                         Some(Err(why)) => {
                             let _ = writeln!(out, "    missing  {}: {why}", m.name());
                         }

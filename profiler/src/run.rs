@@ -251,7 +251,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         sampler::default_sources(&config.roots),
         inbox.clone(),
     );
-    let gpu_sampler = spawn_gpu(&config, pids, inbox.clone());
+    let gpu_sampler = spawn_gpu(&config, pids, inbox.clone()).map(|(handle, _)| handle);
 
     let rejected = Arc::new(AtomicU64::new(0));
     let recorder_thread = {
@@ -292,12 +292,13 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
 
 /// Starts the NVML thread: the GPU sources on a sampler of their own (NVML calls block), at
 /// the same rate, following the CPU sampler's pids. Without an NVIDIA driver, says so once and
-/// returns `None`: the run goes on without GPU sources.
-fn spawn_gpu(
+/// returns `None`: the run goes on without GPU sources. The agent starts one the same way.
+/// With the thread comes what it reads ("NVML: 1 GPU(s): 0 NVIDIA H100 80GB HBM3").
+pub(crate) fn spawn_gpu(
     config: &SamplerConfig,
     pids: SharedPids,
     sink: impl Sink<sampler::SamplerEvent>,
-) -> Option<SamplerHandle> {
+) -> Option<(SamplerHandle, String)> {
     let backend = match NvmlBackend::open() {
         Ok(b) => b,
         Err(e) => {
@@ -306,16 +307,14 @@ fn spawn_gpu(
         }
     };
     let (fast, slow) = gpu::sources(Box::new(backend));
+    let what = stallscope_agent::sources::Source::describe(&fast);
     let config = SamplerConfig {
         pids: Pids::Follow(pids),
         thread_name: "stallscope-nvml".into(),
         ..config.clone()
     };
-    Some(sampler::spawn(
-        config,
-        vec![Box::new(fast), Box::new(slow)],
-        sink,
-    ))
+    let handle = sampler::spawn(config, vec![Box::new(fast), Box::new(slow)], sink);
+    Some((handle, what))
 }
 
 /// The node agent's marker socket, when an agent answers on it (`$STALLSCOPE_SOCKET`, else

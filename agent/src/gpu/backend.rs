@@ -88,8 +88,8 @@ impl Metric {
         match self {
             Metric::PcieTx => "pcie_tx_bytes (field 197)",
             Metric::PcieRx => "pcie_rx_bytes (field 198)",
-            Metric::NvlinkTx => "nvlink_tx_bytes (field 138, all links)",
-            Metric::NvlinkRx => "nvlink_rx_bytes (field 139, all links)",
+            Metric::NvlinkTx => "nvlink_tx_bytes (field 138)",
+            Metric::NvlinkRx => "nvlink_rx_bytes (field 139)",
             Metric::Power => "power_instant (field 186)",
             Metric::Energy => "total_energy (field 83)",
             Metric::SmClock => "sm_clock",
@@ -116,12 +116,23 @@ impl Metric {
 pub struct Capabilities {
     /// Per reading: supported, or why not.
     pub entries: Vec<(Metric, Result<(), String>)>,
+    /// How some supported readings are taken, where a device differs from the usual way
+    /// (NVLink bytes asked per link because the driver refuses the all-links scope).
+    pub notes: Vec<(Metric, String)>,
 }
 
 impl Capabilities {
     /// Whether `metric` is supported.
     pub fn has(&self, metric: Metric) -> bool {
         self.entries.iter().any(|(m, r)| *m == metric && r.is_ok())
+    }
+
+    /// How `metric` is taken on this device, when that is worth saying.
+    pub fn note(&self, metric: Metric) -> Option<&str> {
+        self.notes
+            .iter()
+            .find(|(m, _)| *m == metric)
+            .map(|(_, n)| n.as_str())
     }
 }
 

@@ -40,6 +40,8 @@ const UTIL_WINDOW_NS: Nanos = 166_666_667;
 pub const H100_NVLINK_BYTES_PER_S: f64 = 378.0 * GB;
 /// H100 host-to-device copy rate, bytes/s (nvbandwidth#24).
 pub const H100_H2D_BYTES_PER_S: f64 = 35.2 * GB;
+/// H100 80GB HBM3 device memory as NVML reports its total, bytes (gpu-burn#114).
+pub const H100_MEMORY_TOTAL_BYTES: u64 = 81_559 * MIB;
 
 /// What a device does from some instant on.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -247,6 +249,7 @@ impl GpuBackend for ScriptedGpu {
                     (*m, r)
                 })
                 .collect(),
+            notes: Vec::new(),
         }
     }
 

@@ -81,7 +81,10 @@ fn declare(
 }
 
 fn failed(e: GpuError) -> SourceError {
-    SourceError::Unsupported(e.to_string())
+    match e {
+        GpuError::NoDriver(_) => SourceError::Unsupported(e.to_string()),
+        GpuError::Call { .. } => SourceError::Call(e.to_string()),
+    }
 }
 
 /// Fast tier: PCIe and NVLink byte counters, power, energy, clocks, throttle reasons and

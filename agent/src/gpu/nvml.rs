@@ -31,8 +31,12 @@ use super::backend::{
     ProcessUtil, SlowReading,
 };
 
-/// The library's name on Linux.
+/// The library's name on Linux, found by the dynamic loader's search.
 const LIB: &str = "libnvidia-ml.so.1";
+/// Names the NVML library to load instead of [`LIB`]: a driver installed where the loader
+/// does not look (`/usr/local/nvidia/lib64/libnvidia-ml.so.1` in some containers), or the
+/// scripted library the tests use.
+pub const LIB_ENV: &str = "STALLSCOPE_NVML_LIB";
 /// `scopeId` that asks for the sum over all NVLinks.
 const ALL_LINKS: c_uint = c_uint::MAX;
 const SUCCESS: sys::nvmlReturn_t = 0;
@@ -96,11 +100,16 @@ fn call_error(call: &'static str, device: u32, e: impl std::fmt::Display) -> Gpu
     }
 }
 
+/// What NVML's "GPU is lost" means for the user.
+const GPU_LOST: &str =
+    "the GPU is lost (fell off the bus or stopped answering; see `dmesg` for Xid errors)";
+
 fn why(e: &NvmlError) -> String {
     match e {
         NvmlError::NotSupported => "not supported by this device or driver".into(),
         NvmlError::NoPermission => "not permitted for this user".into(),
         NvmlError::FunctionNotFound => "the driver's NVML lacks this call (driver too old)".into(),
+        NvmlError::GpuLost => GPU_LOST.into(),
         other => other.to_string(),
     }
 }
@@ -112,6 +121,7 @@ fn return_text(code: sys::nvmlReturn_t) -> String {
         }
         sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => "not permitted for this user".into(),
         sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT => "field unknown to this driver".into(),
+        sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => GPU_LOST.into(),
         other => format!("NVML error {other}"),
     }
 }
@@ -152,16 +162,24 @@ fn field(id: u32, scope: c_uint) -> sys::nvmlFieldValue_t {
 
 impl NvmlBackend {
     /// Loads NVML and enumerates the GPUs. `Err(NoDriver)` where there is no NVIDIA driver.
+    /// The library is [`LIB_ENV`]'s path when set, else [`LIB`].
     pub fn open() -> Result<NvmlBackend, GpuError> {
+        let lib = std::env::var_os(LIB_ENV).filter(|p| !p.is_empty());
+        Self::open_library(lib.as_deref().unwrap_or(OsStr::new(LIB)))
+    }
+
+    /// Loads the NVML library at `lib` (a name the loader searches for, or a path).
+    pub fn open_library(lib: &OsStr) -> Result<NvmlBackend, GpuError> {
+        let shown = lib.to_string_lossy();
         let nvml = Nvml::builder()
-            .lib_path(OsStr::new(LIB))
+            .lib_path(lib)
             .init()
-            .map_err(|e| GpuError::NoDriver(format!("{LIB}: {e}")))?;
+            .map_err(|e| GpuError::NoDriver(format!("{shown}: {e}")))?;
         let nvml: &'static Nvml = Box::leak(Box::new(nvml));
         // SAFETY: loading the library NVML was just initialised from runs no foreign
         // initialiser a second time (the loader shares the one loaded image).
-        let lib =
-            unsafe { NvmlLib::new(LIB) }.map_err(|e| GpuError::NoDriver(format!("{LIB}: {e}")))?;
+        let lib = unsafe { NvmlLib::new(lib) }
+            .map_err(|e| GpuError::NoDriver(format!("{shown}: {e}")))?;
         let lib: &'static NvmlLib = Box::leak(Box::new(lib));
         let count = nvml
             .device_count()
@@ -452,6 +470,7 @@ impl GpuBackend for NvmlBackend {
         let dev = &mut self.devs[i];
         let links = self.infos[i].nvlinks.unwrap_or(0);
         let mut entries = Vec::new();
+        let mut notes = Vec::new();
         let mut plain = |m: Metric, id: u32| {
             entries.push((m, probe_field(lib, dev.handle, id, 0)));
         };
@@ -465,10 +484,18 @@ impl GpuBackend for NvmlBackend {
                 Err("no NVLink on this device".to_string())
             } else if probe_field(lib, dev.handle, id, ALL_LINKS).is_ok() {
                 dev.nvlink = Some(NvlinkScope::AllLinks);
+                notes.push((m, "all links in one request (scopeId UINT_MAX)".to_string()));
                 Ok(())
             } else {
                 probe_field(lib, dev.handle, id, 0).map(|()| {
                     dev.nvlink = Some(NvlinkScope::PerLink(links));
+                    notes.push((
+                        m,
+                        format!(
+                            "asked per link and summed over {links} links \
+                             (the driver refuses scopeId UINT_MAX)"
+                        ),
+                    ));
                 })
             };
             entries.push((m, r));
@@ -510,7 +537,7 @@ impl GpuBackend for NvmlBackend {
             probe_gpm(lib, dev)
         };
         entries.push((Metric::Gpm, gpm));
-        let caps = Capabilities { entries };
+        let caps = Capabilities { entries, notes };
         dev.fields = Self::fast_fields(dev, &caps);
         caps
     }
@@ -584,7 +611,13 @@ impl GpuBackend for NvmlBackend {
                         .collect();
                 }
                 Err(NvmlError::NotFound) => {}
-                Err(e) => return Err(call_error("nvmlDeviceGetProcessUtilization", index, e)),
+                Err(e) => {
+                    return Err(call_error(
+                        "nvmlDeviceGetProcessUtilization",
+                        index,
+                        why(&e),
+                    ))
+                }
             }
         }
         if caps.has(Metric::Gpm) {

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use stallscope_analysis::series::{SeriesDecl, SeriesId, SeriesKind};
 
@@ -76,6 +76,10 @@ pub struct Registry {
 }
 
 static NEXT_REGISTRY_TOKEN: AtomicU64 = AtomicU64::new(1);
+/// Series ids are unique in the process, not per registry: several samplers (the CPU one
+/// and the NVML thread) each have a registry and feed one recorder, whose series store is
+/// keyed by id.
+static NEXT_SERIES_ID: AtomicU32 = AtomicU32::new(0);
 
 impl Default for Registry {
     fn default() -> Self {
@@ -115,7 +119,7 @@ impl Registry {
             return d.id;
         }
         let decl = SeriesDecl {
-            id: SeriesId(self.decls.len() as u32),
+            id: SeriesId(NEXT_SERIES_ID.fetch_add(1, Ordering::Relaxed)),
             name: name.to_string(),
             unit: unit.to_string(),
             kind,
@@ -185,6 +189,9 @@ pub enum SourceError {
     /// The machine lacks what the source reads (e.g. no PSI on this kernel).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A library call the source makes failed (an NVML call on a GPU that was lost).
+    #[error("{0}")]
+    Call(String),
 }
 
 /// How often a source is read.
@@ -320,5 +327,26 @@ pub(crate) mod fake {
                 .find(|(id, _)| *id == decl.id)
                 .map(|&(_, v)| v)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPU sampler and the NVML thread each declare series in a registry of their own,
+    /// and one recorder stores both: an id handed out twice would file GPU bytes under a
+    /// process's CPU series.
+    #[test]
+    fn registries_of_one_process_never_share_a_series_id() {
+        let (mut cpu, mut gpu) = (Registry::default(), Registry::default());
+        let a = cpu.series("proc.cpu_ns", "ns", SeriesKind::Counter, &[("pid", "1")]);
+        let b = gpu.series("gpu.power_mw", "mW", SeriesKind::Gauge, &[("gpu", "0")]);
+        assert_ne!(a, b);
+        assert_eq!(
+            cpu.series("proc.cpu_ns", "ns", SeriesKind::Counter, &[("pid", "1")]),
+            a,
+            "a series declared again keeps its id"
+        );
     }
 }

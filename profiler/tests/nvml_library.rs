@@ -1,0 +1,322 @@
+//! The real NVML backend, end to end, against the scripted `libnvidia-ml`
+//! (`fake-nvml/`, loaded through `STALLSCOPE_NVML_LIB`): what `doctor`, `nvml-bench`, `run`
+//! and `agent` show when the driver answers, refuses a scope or a field, fails to start, or
+//! loses its GPU in the middle of a run. The figures the scripted device gives are the
+//! agent's H100 readings ([`Activity`]), so each check compares what the user reads with
+//! the rate the device was scripted to move.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use stallscope_agent::gpu::fake::Activity;
+use stallscope_agent::gpu::nvml::LIB_ENV;
+
+/// The scripted library, built beside the binary under test (`scripts/test.sh` builds it).
+fn fake_nvml() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_stallscope"));
+    let lib = bin.with_file_name("libstallscope_fake_nvml.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: build it first with `cargo build -p stallscope-fake-nvml` \
+         (scripts/test.sh does)",
+        lib.display()
+    );
+    lib
+}
+
+/// `stallscope ARGS` on the scripted GPU described by `script` (`STALLSCOPE_FAKE_NVML`).
+fn on_fake_gpu(script: &str) -> Command {
+    let mut c = stallscope();
+    c.env(LIB_ENV, fake_nvml())
+        .env("STALLSCOPE_FAKE_NVML", script);
+    c
+}
+
+fn text(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn doctor_lists_the_scripted_h100_and_how_each_reading_is_taken() {
+    let out = run_ok(on_fake_gpu("gpus=2").arg("doctor"));
+    let t = text(&out);
+    assert!(
+        t.contains("driver 550.90.07 · NVML 12.550.90.07 · CUDA 12.4"),
+        "{t}"
+    );
+    for gpu in 0..2 {
+        assert!(
+            t.contains(&format!("GPU {gpu} NVIDIA H100 80GB HBM3 · GPU-")),
+            "{t}"
+        );
+    }
+    assert!(t.contains("bus 00000000:19:00.0 · NVLinks 18"), "{t}");
+    assert!(!t.contains("    missing"), "every reading is present: {t}");
+    assert!(
+        t.contains("present  nvlink_tx_bytes (field 138): all links in one request"),
+        "{t}"
+    );
+}
+
+#[test]
+fn doctor_says_why_each_refused_reading_is_missing() {
+    let out = run_ok(
+        on_fake_gpu("no_all_links_scope,no_pcie_counters,no_gpm,no_process_permission")
+            .arg("doctor"),
+    );
+    let t = text(&out);
+    for expected in [
+        "missing  pcie_rx_bytes (field 198): field unknown to this driver",
+        "present  nvlink_rx_bytes (field 139): asked per link and summed over 18 links",
+        "missing  process_utilization: not permitted for this user",
+        "missing  gpm (sm, tensor, dram, pcie, nvlink): GPM needs a Hopper or newer GPU",
+        "present  power_instant (field 186)",
+    ] {
+        assert!(t.contains(expected), "{expected:?} not in:\n{t}");
+    }
+    let pcie_card = text(&run_ok(on_fake_gpu("pcie_only").arg("doctor")));
+    assert!(
+        pcie_card.contains("missing  nvlink_tx_bytes (field 138): no NVLink on this device"),
+        "{pcie_card}"
+    );
+}
+
+#[test]
+fn without_a_loaded_driver_doctor_says_so_and_still_lists_the_node() {
+    let out = run_ok(on_fake_gpu("no_driver").arg("doctor"));
+    let t = text(&out);
+    assert!(t.contains("missing  no NVIDIA driver found ("), "{t}");
+    assert!(
+        t.contains("Driver Not Loaded") || t.contains("not loaded"),
+        "{t}"
+    );
+    assert!(t.contains("present  cpu (process schedstat, state)"), "{t}");
+}
+
+#[test]
+fn nvml_bench_times_every_call_the_source_makes() {
+    let out = run_ok(on_fake_gpu("").args(["nvml-bench", "--rounds", "50"]));
+    let t = text(&out);
+    for call in [
+        "nvmlDeviceGetFieldValues (fast batch)",
+        "nvmlDeviceGetClockInfo (SM)",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetProcessUtilization",
+        "nvmlGpmSampleGet + nvmlGpmMetricsGet",
+    ] {
+        let line = t
+            .lines()
+            .find(|l| l.contains(call))
+            .unwrap_or_else(|| panic!("{call} not timed:\n{t}"));
+        let us: f64 = line
+            .split_whitespace()
+            .last()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no µs figure in {line:?}"));
+        assert!((0.0..10_000.0).contains(&us), "{line}");
+    }
+}
+
+/// Relative difference of `got` from `want`.
+fn off(got: f64, want: f64) -> f64 {
+    (got - want).abs() / want
+}
+
+/// The example under `run` on a GPU doing an NVLink all-reduce plus 2 GB/s of PCIe each way,
+/// on a driver that refuses the all-links scope: the `gpu:` figures are the scripted rates
+/// times the iteration time, so PCIe bytes, NVLink bytes summed over 18 links from KiB,
+/// power and energy all came through the real calls in their units.
+#[test]
+fn run_shows_the_bytes_and_energy_the_gpu_was_scripted_to_move() {
+    if !have_torch() {
+        return;
+    }
+    let pcie = 2e9;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    let out = run_ok(
+        on_fake_gpu(&format!(
+            "activity=allreduce_nvlink,pcie={pcie},no_all_links_scope"
+        ))
+        .args(["run", "-q", "-o"])
+        .arg(dir.path().join("p.stallscope"))
+        .arg("--summary-json")
+        .arg(&json)
+        .args(["--", &python(), &example()])
+        .args([
+            "--iters",
+            "25",
+            "--workers",
+            "0",
+            "--batch",
+            "4",
+            "--images",
+            "64",
+        ])
+        .args(["--data-dir", &data_dir()]),
+    );
+    let s = read_json(&json);
+    let rank = &s["ranks"][0];
+    let g = &rank["gpu"];
+    assert_eq!(g["gpu"], "0", "{s:#}");
+    let per_iteration_s =
+        rank["wall_seconds"].as_f64().unwrap() / rank["iterations"].as_f64().unwrap();
+    let scripted = Activity::h100_allreduce_nvlink();
+    let f = |k: &str| {
+        g[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing: {g:#}"))
+    };
+    let within = 0.05;
+    assert!(
+        off(f("pcie_rx_bytes_per_iteration"), pcie * per_iteration_s) < within,
+        "{g:#}"
+    );
+    assert!(
+        off(f("pcie_tx_bytes_per_iteration"), pcie * per_iteration_s) < within,
+        "{g:#}"
+    );
+    let nvlink = scripted.nvlink_tx_bytes_per_s + scripted.nvlink_rx_bytes_per_s;
+    assert!(
+        off(f("nvlink_bytes_per_iteration"), nvlink * per_iteration_s) < within,
+        "{g:#}"
+    );
+    let watts = scripted.power_mw as f64 / 1e3;
+    assert!(off(f("power_watts"), watts) < 0.01, "{g:#}");
+    assert!(
+        off(f("energy_joules_per_iteration"), watts * per_iteration_s) < within,
+        "{g:#}"
+    );
+    assert!(
+        off(f("busy_fraction"), scripted.util_pct / 100.0) < 0.05,
+        "{g:#}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("gpu: rank 0 on GPU 0: 20% busy, PCIe in "),
+        "{stderr}"
+    );
+}
+
+/// NVML that loses its GPU at iteration 15 of 40: said once per GPU source, the training
+/// and its summary go on, and the per-iteration GPU figures are over the iterations that had
+/// readings, not diluted by the ones after the loss.
+#[test]
+fn a_gpu_lost_mid_run_is_reported_once_and_the_job_goes_on() {
+    use std::io::{BufRead, BufReader, Read};
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    let lost = dir.path().join("gpu-lost");
+    let mut child = on_fake_gpu(&format!("lost_when={}", lost.display()))
+        .args(["run", "-q", "-o"])
+        .arg(dir.path().join("p.stallscope"))
+        .arg("--summary-json")
+        .arg(&json)
+        .args(["--", &python(), &example()])
+        .args([
+            "--iters",
+            "40",
+            "--workers",
+            "0",
+            "--batch",
+            "4",
+            "--images",
+            "64",
+        ])
+        .args(["--data-dir", &data_dir()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    // Bounds the run (the training takes ~5 s here); ends it by pid only while it runs.
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if finished.recv_timeout(COMMAND_LIMIT).is_err() {
+            kill(pid, libc::SIGKILL);
+        }
+    });
+    for line in stdout.lines().map_while(Result::ok) {
+        if line.starts_with("iter 15 ") {
+            std::fs::write(&lost, "").unwrap();
+        }
+    }
+    let status = child.wait().unwrap();
+    let _ = done.send(());
+    watchdog.join().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(status.success(), "{status:?}\n{stderr}");
+    let s = read_json(&json);
+    assert_eq!(s["exit_code"], 0);
+    assert_eq!(s["job"]["iterations"], 39, "{s:#}");
+    let down: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("stallscope: source gpu") && l.contains("is down"))
+        .collect();
+    assert_eq!(down.len(), 2, "once per GPU source (fast, slow):\n{stderr}");
+    assert!(
+        down.iter().all(|l| l.contains("the GPU is lost")),
+        "{down:#?}"
+    );
+    let rank = &s["ranks"][0];
+    let g = &rank["gpu"];
+    let read = g["read_fraction"].as_f64().unwrap();
+    assert!(
+        read > 0.2 && read < 0.6,
+        "readings on iterations 1–15 of 39: {g:#}"
+    );
+    let per_iteration_s =
+        rank["wall_seconds"].as_f64().unwrap() / rank["iterations"].as_f64().unwrap();
+    let watts = Activity::h100_busy().power_mw as f64 / 1e3;
+    let joules = g["energy_joules_per_iteration"].as_f64().unwrap();
+    assert!(off(joules, watts * per_iteration_s) < 0.1, "{g:#}");
+    assert!(stderr.contains("NVML readings on only "), "{stderr}");
+}
+
+/// The node agent reads the GPUs too, and says which.
+#[test]
+fn the_agent_starts_the_gpu_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken-for-this-test\n").unwrap();
+    let log = dir.path().join("agent.log");
+    let mut agent = on_fake_gpu("gpus=2")
+        .args(["agent", "--collector", "127.0.0.1:9", "--token-file"])
+        .arg(&token)
+        .arg("--socket")
+        .arg(dir.path().join("agent.sock"))
+        .args(["--node", "n0"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = agent.id();
+    let said = wait_for(Duration::from_secs(20), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("GPU sources: NVML: 2 GPU(s)"))
+    });
+    kill(pid, libc::SIGTERM);
+    let ended = wait_for(Duration::from_secs(20), || {
+        agent.try_wait().ok().flatten().is_some()
+    });
+    if !ended {
+        let _ = agent.kill();
+        let _ = agent.wait();
+    }
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(said, "{log}");
+    assert!(ended, "the agent did not end on SIGTERM: {log}");
+}
