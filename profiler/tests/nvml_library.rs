@@ -202,6 +202,48 @@ fn run_shows_the_bytes_and_energy_the_gpu_was_scripted_to_move() {
     );
 }
 
+/// Two ranks on a two-GPU node: each rank is matched with its own GPU (by its local rank)
+/// and shows that GPU's host-to-device copies.
+#[test]
+fn each_local_rank_shows_its_own_gpu() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    run_ok(
+        on_fake_gpu("gpus=2,activity=copying_in")
+            .args(["run", "-q", "-o"])
+            .arg(dir.path().join("p.stallscope"))
+            .arg("--summary-json")
+            .arg(&json)
+            .args(["--", &python(), &example()])
+            .args([
+                "--nproc",
+                "2",
+                "--port",
+                "29583",
+                "--iters",
+                "12",
+                "--workers",
+                "0",
+            ])
+            .args(["--batch", "4", "--images", "64", "--data-dir", &data_dir()]),
+    );
+    let s = read_json(&json);
+    let ranks = s["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2, "{s:#}");
+    let h2d = Activity::h100_copying_in().pcie_rx_bytes_per_s;
+    for r in ranks {
+        let rank = r["rank"].as_u64().unwrap();
+        assert_eq!(r["gpu"]["gpu"], rank.to_string(), "{r:#}");
+        let per_iteration_s =
+            r["wall_seconds"].as_f64().unwrap() / r["iterations"].as_f64().unwrap();
+        let rx = r["gpu"]["pcie_rx_bytes_per_iteration"].as_f64().unwrap();
+        assert!(off(rx, h2d * per_iteration_s) < 0.05, "{r:#}");
+    }
+}
+
 /// NVML that loses its GPU at iteration 15 of 40: said once per GPU source, the training
 /// and its summary go on, and the per-iteration GPU figures are over the iterations that had
 /// readings, not diluted by the ones after the loss.
