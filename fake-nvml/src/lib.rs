@@ -21,6 +21,7 @@
 //! | `pcie=B` | plus B bytes/s over PCIe each way |
 //! | `no_all_links_scope` | `scopeId = UINT_MAX` refused: NVLink only per link (older drivers) |
 //! | `no_pcie_counters` | fields 197/198 unknown (drivers before the PCIe byte counters) |
+//! | `pcie_32bit` | fields 197/198 as unsigned int, wrapping every 4.29 GB |
 //! | `no_gpm` | GPM not supported (GPUs before Hopper) |
 //! | `pcie_only` | no NVLinks (a PCIe card) |
 //! | `no_process_permission` | per-process utilisation not permitted |
@@ -78,6 +79,8 @@ pub struct Script {
     pub all_links_scope: bool,
     /// Fields 197/198 known.
     pub pcie_counters: bool,
+    /// Fields 197/198 given in 32 bits (so they wrap), not 64.
+    pub pcie_32bit: bool,
     /// GPM supported.
     pub gpm: bool,
     /// NVLinks per device.
@@ -98,6 +101,7 @@ impl Script {
             activity: Activity::h100_busy(),
             all_links_scope: true,
             pcie_counters: true,
+            pcie_32bit: false,
             gpm: true,
             nvlinks: H100_NVLINKS,
             process_permission: true,
@@ -128,6 +132,7 @@ impl Script {
                 "pcie" => pcie = Some(number()?),
                 "no_all_links_scope" => s.all_links_scope = false,
                 "no_pcie_counters" => s.pcie_counters = false,
+                "pcie_32bit" => s.pcie_32bit = true,
                 "no_gpm" => s.gpm = false,
                 "pcie_only" => s.nvlinks = 0,
                 "no_process_permission" => s.process_permission = false,
@@ -495,9 +500,10 @@ fn answer_field(f: &Fake, r: &FastReading, v: &mut sys::nvmlFieldValue_t) {
             Err(INVALID_ARGUMENT)
         }
     };
+    let narrow = f.script.pcie_32bit;
     let value: Result<(u64, bool), Ret> = match v.fieldId {
-        NVML_FI_DEV_PCIE_COUNT_TX_BYTES => pcie(r.pcie_tx_bytes).map(|b| (b, false)),
-        NVML_FI_DEV_PCIE_COUNT_RX_BYTES => pcie(r.pcie_rx_bytes).map(|b| (b, false)),
+        NVML_FI_DEV_PCIE_COUNT_TX_BYTES => pcie(r.pcie_tx_bytes).map(|b| (b, narrow)),
+        NVML_FI_DEV_PCIE_COUNT_RX_BYTES => pcie(r.pcie_rx_bytes).map(|b| (b, narrow)),
         NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => nvlink(r.nvlink_tx_bytes).map(|k| (k, false)),
         NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX => nvlink(r.nvlink_rx_bytes).map(|k| (k, false)),
         NVML_FI_DEV_NVLINK_LINK_COUNT => Ok((u64::from(f.script.nvlinks), true)),
@@ -508,7 +514,8 @@ fn answer_field(f: &Fake, r: &FastReading, v: &mut sys::nvmlFieldValue_t) {
     v.timestamp = f.started.elapsed().as_micros() as i64;
     v.latencyUsec = 0;
     match value {
-        // NVML gives link counts and power as unsigned int, counters as unsigned long long.
+        // Link counts and power as unsigned int (a counter so given wraps at 2^32), the other
+        // counters as unsigned long long.
         Ok((x, true)) => {
             v.nvmlReturn = SUCCESS;
             v.valueType = sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;

@@ -203,7 +203,9 @@ fn run_shows_the_bytes_and_energy_the_gpu_was_scripted_to_move() {
 }
 
 /// Two ranks on a two-GPU node: each rank is matched with its own GPU (by its local rank)
-/// and shows that GPU's host-to-device copies.
+/// and shows that GPU's host-to-device copies, though the driver gives the PCIe counters in
+/// 32 bits (at 35.2 GB/s they wrap every 122 ms). At 20 Hz a wrap not unwrapped would lose
+/// 50 of every 122 ms of bytes.
 #[test]
 fn each_local_rank_shows_its_own_gpu() {
     if !have_torch() {
@@ -212,8 +214,8 @@ fn each_local_rank_shows_its_own_gpu() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("s.json");
     run_ok(
-        on_fake_gpu("gpus=2,activity=copying_in")
-            .args(["run", "-q", "-o"])
+        on_fake_gpu("gpus=2,activity=copying_in,pcie_32bit")
+            .args(["run", "-q", "--rate", "20", "-o"])
             .arg(dir.path().join("p.stallscope"))
             .arg("--summary-json")
             .arg(&json)
@@ -325,7 +327,10 @@ fn a_gpu_lost_mid_run_is_reported_once_and_the_job_goes_on() {
         rank["wall_seconds"].as_f64().unwrap() / rank["iterations"].as_f64().unwrap();
     let watts = Activity::h100_busy().power_mw as f64 / 1e3;
     let joules = g["energy_joules_per_iteration"].as_f64().unwrap();
-    assert!(off(joules, watts * per_iteration_s) < 0.1, "{g:#}");
+    // Over the read iterations alone it is the power times their time; diluted over all 39 it
+    // would be about 60% lower. The read iterations' own times are not in the summary, and
+    // the other trainings of this binary make iteration times vary by some 10–20%.
+    assert!(off(joules, watts * per_iteration_s) < 0.3, "{g:#}");
     assert!(stderr.contains("NVML readings on only "), "{stderr}");
 }
 

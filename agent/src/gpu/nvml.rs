@@ -69,12 +69,37 @@ struct Gpm {
     previous: Option<usize>,
 }
 
+/// A counter NVML may give in fewer than 64 bits, unwrapped into one that only grows.
+/// Fields 197/198 are documented as "can be wrapped", and code that reads them takes them as
+/// unsigned int: 32 bits wrap every 4.29 GB, every 78 ms at 55 GB/s, so each wrap is seen as
+/// long as two reads are closer than that (the fast tier at 100 Hz reads every 10 ms).
+/// A 64-bit counter that goes down was reset, and is left for the analysis to skip.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Unwrapped {
+    last: Option<u64>,
+    /// Added for the wraps seen so far.
+    wrapped: u64,
+}
+
+impl Unwrapped {
+    /// The unwrapped value of `raw`, a counter of `bits` bits.
+    fn next(&mut self, raw: u64, bits: u32) -> u64 {
+        if bits < 64 && self.last.is_some_and(|last| raw < last) {
+            self.wrapped += 1u64 << bits;
+        }
+        self.last = Some(raw);
+        self.wrapped + raw
+    }
+}
+
 struct Dev {
     device: Device<'static>,
     handle: sys::nvmlDevice_t,
     nvlink: Option<NvlinkScope>,
     /// Field-value request of the fast tier, reused every round.
     fields: Vec<sys::nvmlFieldValue_t>,
+    /// One per entry of `fields`: the counters' wraps.
+    unwrapped: Vec<Unwrapped>,
     gpm: Option<Gpm>,
     /// µs, NVML timestamp of the newest per-process sample seen.
     last_process_ts: u64,
@@ -152,6 +177,16 @@ fn field_u64(f: &sys::nvmlFieldValue_t) -> Option<u64> {
     }
 }
 
+/// Bits of a field value's type: where a counter of that type wraps.
+fn field_bits(f: &sys::nvmlFieldValue_t) -> u32 {
+    match f.valueType {
+        sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT
+        | sys::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT => 32,
+        sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_SHORT => 16,
+        _ => 64,
+    }
+}
+
 fn field(id: u32, scope: c_uint) -> sys::nvmlFieldValue_t {
     // SAFETY: a plain C struct; all-zero is a valid request before the id is set.
     let mut f: sys::nvmlFieldValue_t = unsafe { std::mem::zeroed() };
@@ -201,6 +236,7 @@ impl NvmlBackend {
                 handle,
                 nvlink: None,
                 fields: Vec::new(),
+                unwrapped: Vec::new(),
                 gpm: None,
                 last_process_ts: 0,
             };
@@ -539,6 +575,7 @@ impl GpuBackend for NvmlBackend {
         entries.push((Metric::Gpm, gpm));
         let caps = Capabilities { entries, notes };
         dev.fields = Self::fast_fields(dev, &caps);
+        dev.unwrapped = vec![Unwrapped::default(); dev.fields.len()];
         caps
     }
 
@@ -552,18 +589,24 @@ impl GpuBackend for NvmlBackend {
                 self.devs[i].fields = fields;
                 return Err(call_error("nvmlDeviceGetFieldValues", index, e));
             }
-            for f in &fields {
+            let unwrapped = &mut self.devs[i].unwrapped;
+            for (f, counter) in fields.iter().zip(unwrapped.iter_mut()) {
                 let Some(v) = (f.nvmlReturn == SUCCESS).then(|| field_u64(f)).flatten() else {
                     continue;
                 };
                 let add = |slot: &mut Option<u64>, v: u64| *slot = Some(slot.unwrap_or(0) + v);
+                let mut count = || counter.next(v, field_bits(f));
                 match f.fieldId {
-                    NVML_FI_DEV_PCIE_COUNT_TX_BYTES => r.pcie_tx_bytes = Some(v),
-                    NVML_FI_DEV_PCIE_COUNT_RX_BYTES => r.pcie_rx_bytes = Some(v),
+                    NVML_FI_DEV_PCIE_COUNT_TX_BYTES => r.pcie_tx_bytes = Some(count()),
+                    NVML_FI_DEV_PCIE_COUNT_RX_BYTES => r.pcie_rx_bytes = Some(count()),
                     NVML_FI_DEV_POWER_INSTANT => r.power_mw = Some(v),
-                    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION => r.energy_mj = Some(v),
-                    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => add(&mut r.nvlink_tx_bytes, v * 1024),
-                    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX => add(&mut r.nvlink_rx_bytes, v * 1024),
+                    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION => r.energy_mj = Some(count()),
+                    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => {
+                        add(&mut r.nvlink_tx_bytes, count() * 1024)
+                    }
+                    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX => {
+                        add(&mut r.nvlink_rx_bytes, count() * 1024)
+                    }
                     _ => {}
                 }
             }
@@ -625,5 +668,31 @@ impl GpuBackend for NvmlBackend {
             r.gpm = gpm.map_err(|e| call_error("nvmlGpmMetricsGet", index, e))?;
         }
         Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Unwrapped;
+
+    #[test]
+    fn a_32_bit_counter_keeps_growing_across_its_wraps() {
+        let mut c = Unwrapped::default();
+        let step = 1_500_000_000u64; // 1.5 GB between reads: a wrap every third read
+        let mut truth = 4_000_000_000u64;
+        let mut got = Vec::new();
+        for _ in 0..10 {
+            got.push(c.next(truth % (1 << 32), 32));
+            truth += step;
+        }
+        let deltas: Vec<u64> = got.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(deltas.iter().all(|d| *d == step), "{deltas:?}");
+    }
+
+    #[test]
+    fn a_64_bit_counter_that_goes_down_is_left_as_a_reset() {
+        let mut c = Unwrapped::default();
+        assert_eq!(c.next(9_000_000_000, 64), 9_000_000_000);
+        assert_eq!(c.next(5, 64), 5);
     }
 }
