@@ -80,8 +80,14 @@ impl GpuUsage {
     /// Adds iteration `[a, b]` on GPU `gpu` (NVML index label).
     pub fn add(&mut self, store: &SeriesStore, gpu: &str, (a, b): (Nanos, Nanos), timed: bool) {
         let on_gpu = |name: &'static str| store.on_gpu(name, gpu);
-        if self.gpu.is_empty() {
-            self.gpu = gpu.to_string();
+        if self.gpu != gpu {
+            // The first iterations may go by a guess (local rank, the node's only GPU) that
+            // better evidence (NVML seeing the process on a device) corrects: the figures are
+            // of the GPU the rank is on now.
+            *self = GpuUsage {
+                gpu: gpu.to_string(),
+                ..GpuUsage::default()
+            };
         }
         if self.uuid.is_none() {
             self.uuid = [
@@ -233,6 +239,50 @@ pub fn render_line(rank: u32, g: &RankGpu) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind};
+
+    /// Two GPUs whose PCIe counters grow 1 and 2 GB per second, sampled every 100 ms.
+    fn two_gpus() -> SeriesStore {
+        let mut store = SeriesStore::default();
+        for gpu in 0..2u32 {
+            store.declare(SeriesDecl {
+                id: SeriesId(gpu),
+                name: names::GPU_PCIE_RX_BYTES.into(),
+                unit: "bytes".into(),
+                kind: SeriesKind::Counter,
+                labels: vec![("gpu".into(), gpu.to_string())],
+            });
+        }
+        for k in 0..=20u64 {
+            store.ingest(&SampleBatch {
+                t_ns: k * 100_000_000,
+                dur_ns: 0,
+                values: vec![
+                    (SeriesId(0), k * 100_000_000),
+                    (SeriesId(1), k * 200_000_000),
+                ],
+            });
+        }
+        store
+    }
+
+    #[test]
+    fn a_rank_found_on_another_gpu_shows_that_gpu_alone() {
+        let store = two_gpus();
+        let mut usage = GpuUsage::default();
+        usage.add(&store, "0", (0, 500_000_000), false);
+        usage.add(&store, "1", (500_000_000, 1_000_000_000), false);
+        usage.add(&store, "1", (1_000_000_000, 1_500_000_000), false);
+        let g = usage.figures(None);
+        assert_eq!(g.gpu, "1");
+        assert_eq!(usage.iterations, 2);
+        let rx = g.pcie_rx_bytes_per_iteration.unwrap();
+        assert!(
+            (rx - 1e9).abs() < 1.0,
+            "2 GB/s over 0.5 s, not mixed with GPU 0: {rx}"
+        );
+    }
 
     #[test]
     fn bytes_read_as_people_write_them() {

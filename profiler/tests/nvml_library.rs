@@ -246,6 +246,46 @@ fn each_local_rank_shows_its_own_gpu() {
     }
 }
 
+/// NVML's per-process utilisation (the two-call query, its samples and timestamps) is the
+/// better evidence of which GPU a rank drives: the scripted driver puts local rank k on GPU
+/// 1 − k, and each rank's figures are of that GPU, not of the one its local rank suggests.
+#[test]
+fn the_gpu_nvml_sees_a_rank_on_beats_the_local_rank_guess() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    run_ok(
+        on_fake_gpu("gpus=2,activity=copying_in,processes")
+            .args(["run", "-q", "-o"])
+            .arg(dir.path().join("p.stallscope"))
+            .arg("--summary-json")
+            .arg(&json)
+            .args(["--", &python(), &example()])
+            .args([
+                "--nproc",
+                "2",
+                "--port",
+                "29587",
+                "--iters",
+                "12",
+                "--workers",
+                "0",
+            ])
+            .args(["--batch", "4", "--images", "64", "--data-dir", &data_dir()]),
+    );
+    let s = read_json(&json);
+    let ranks = s["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2, "{s:#}");
+    for r in ranks {
+        let rank = r["rank"].as_u64().unwrap();
+        assert_eq!(r["gpu"]["gpu"], (1 - rank).to_string(), "{r:#}");
+        let uuid = r["gpu"]["uuid"].as_str().unwrap();
+        assert!(uuid.ends_with(&format!("{}", 1 - rank)), "{uuid}");
+    }
+}
+
 /// NVML that loses its GPU at iteration 15 of 40: said once per GPU source, the training
 /// and its summary go on, and the per-iteration GPU figures are over the iterations that had
 /// readings, not diluted by the ones after the loss.
