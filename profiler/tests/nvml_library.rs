@@ -7,11 +7,12 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::*;
+use serde_json::Value;
 use stallscope_agent::gpu::fake::Activity;
 use stallscope_agent::gpu::nvml::LIB_ENV;
 
@@ -36,7 +37,26 @@ fn on_fake_gpu(script: &str) -> Command {
     c
 }
 
-fn text(out: &std::process::Output) -> String {
+/// Example flags for a short single-process-per-rank run.
+const SMALL: &[&str] = &["--workers", "0", "--batch", "4", "--images", "64"];
+
+/// The example under `stallscope run RUN_FLAGS` on the scripted GPU; its output and summary.
+fn run_on_fake_gpu(
+    dir: &Path,
+    script: &str,
+    run_flags: &[&str],
+    example_flags: &[&str],
+) -> (Output, Value) {
+    let out = run_ok(&mut example_under(
+        on_fake_gpu(script),
+        dir,
+        run_flags,
+        example_flags,
+    ));
+    (out, read_json(&dir.join("s.json")))
+}
+
+fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
@@ -138,29 +158,13 @@ fn run_shows_the_bytes_and_energy_the_gpu_was_scripted_to_move() {
     }
     let pcie = 2e9;
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("s.json");
-    let out = run_ok(
-        on_fake_gpu(&format!(
-            "activity=allreduce_nvlink,pcie={pcie},no_all_links_scope"
-        ))
-        .args(["run", "-q", "-o"])
-        .arg(dir.path().join("p.stallscope"))
-        .arg("--summary-json")
-        .arg(&json)
-        .args(["--", &python(), &example()])
-        .args([
-            "--iters",
-            "25",
-            "--workers",
-            "0",
-            "--batch",
-            "4",
-            "--images",
-            "64",
-        ])
-        .args(["--data-dir", &data_dir()]),
+    let script = format!("activity=allreduce_nvlink,pcie={pcie},no_all_links_scope");
+    let (out, s) = run_on_fake_gpu(
+        dir.path(),
+        &script,
+        &[],
+        &[&["--iters", "25"], SMALL].concat(),
     );
-    let s = read_json(&json);
     let rank = &s["ranks"][0];
     let g = &rank["gpu"];
     assert_eq!(g["gpu"], "0", "{s:#}");
@@ -212,27 +216,9 @@ fn each_local_rank_shows_its_own_gpu() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("s.json");
-    run_ok(
-        on_fake_gpu("gpus=2,activity=copying_in,pcie_32bit")
-            .args(["run", "-q", "--rate", "20", "-o"])
-            .arg(dir.path().join("p.stallscope"))
-            .arg("--summary-json")
-            .arg(&json)
-            .args(["--", &python(), &example()])
-            .args([
-                "--nproc",
-                "2",
-                "--port",
-                "29583",
-                "--iters",
-                "12",
-                "--workers",
-                "0",
-            ])
-            .args(["--batch", "4", "--images", "64", "--data-dir", &data_dir()]),
-    );
-    let s = read_json(&json);
+    let two_ranks = [&["--nproc", "2", "--port", "29583", "--iters", "12"], SMALL].concat();
+    let script = "gpus=2,activity=copying_in,pcie_32bit";
+    let (_, s) = run_on_fake_gpu(dir.path(), script, &["--rate", "20"], &two_ranks);
     let ranks = s["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2, "{s:#}");
     let h2d = Activity::h100_copying_in().pcie_rx_bytes_per_s;
@@ -255,27 +241,13 @@ fn the_gpu_nvml_sees_a_rank_on_beats_the_local_rank_guess() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("s.json");
-    run_ok(
-        on_fake_gpu("gpus=2,activity=copying_in,processes")
-            .args(["run", "-q", "-o"])
-            .arg(dir.path().join("p.stallscope"))
-            .arg("--summary-json")
-            .arg(&json)
-            .args(["--", &python(), &example()])
-            .args([
-                "--nproc",
-                "2",
-                "--port",
-                "29587",
-                "--iters",
-                "12",
-                "--workers",
-                "0",
-            ])
-            .args(["--batch", "4", "--images", "64", "--data-dir", &data_dir()]),
+    let two_ranks = [&["--nproc", "2", "--port", "29587", "--iters", "12"], SMALL].concat();
+    let (_, s) = run_on_fake_gpu(
+        dir.path(),
+        "gpus=2,activity=copying_in,processes",
+        &[],
+        &two_ranks,
     );
-    let s = read_json(&json);
     let ranks = s["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2, "{s:#}");
     for r in ranks {
@@ -296,25 +268,10 @@ fn a_gpu_lost_mid_run_is_reported_once_and_the_job_goes_on() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("s.json");
     let lost = dir.path().join("gpu-lost");
-    let mut child = on_fake_gpu(&format!("lost_when={}", lost.display()))
-        .args(["run", "-q", "-o"])
-        .arg(dir.path().join("p.stallscope"))
-        .arg("--summary-json")
-        .arg(&json)
-        .args(["--", &python(), &example()])
-        .args([
-            "--iters",
-            "40",
-            "--workers",
-            "0",
-            "--batch",
-            "4",
-            "--images",
-            "64",
-        ])
-        .args(["--data-dir", &data_dir()])
+    let script = format!("lost_when={}", lost.display());
+    let flags = [&["--iters", "40"], SMALL].concat();
+    let mut child = example_under(on_fake_gpu(&script), dir.path(), &[], &flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -344,7 +301,7 @@ fn a_gpu_lost_mid_run_is_reported_once_and_the_job_goes_on() {
     watchdog.join().unwrap();
     let stderr = stderr.join().unwrap();
     assert!(status.success(), "{status:?}\n{stderr}");
-    let s = read_json(&json);
+    let s = read_json(&dir.path().join("s.json"));
     assert_eq!(s["exit_code"], 0);
     assert_eq!(s["job"]["iterations"], 39, "{s:#}");
     let down: Vec<&str> = stderr

@@ -202,19 +202,33 @@ pub fn kill(pid: u32, sig: i32) {
 /// example.py [example_flags] --data-dir <shared>`: runs the real example under stallscope,
 /// which must succeed, and returns its output and summary JSON.
 pub fn run_example(dir: &Path, run_flags: &[&str], example_flags: &[&str]) -> (Output, Value) {
-    let json = dir.join("s.json");
-    let out = run_ok(
-        stallscope()
-            .args(["run", "-q", "-o"])
-            .arg(dir.join("p.stallscope"))
-            .arg("--summary-json")
-            .arg(&json)
-            .args(run_flags)
-            .args(["--", &python(), &example()])
-            .args(example_flags)
-            .args(["--data-dir", &data_dir()]),
-    );
-    (out, read_json(&json))
+    let out = run_ok(&mut example_under(
+        stallscope(),
+        dir,
+        run_flags,
+        example_flags,
+    ));
+    (out, read_json(&dir.join("s.json")))
+}
+
+/// `stallscope` (as given: its environment set) with the arguments of [`run_example`], to be
+/// run by the caller.
+pub fn example_under(
+    mut stallscope: Command,
+    dir: &Path,
+    run_flags: &[&str],
+    example_flags: &[&str],
+) -> Command {
+    stallscope
+        .args(["run", "-q", "-o"])
+        .arg(dir.join("p.stallscope"))
+        .arg("--summary-json")
+        .arg(dir.join("s.json"))
+        .args(run_flags)
+        .args(["--", &python(), &example()])
+        .args(example_flags)
+        .args(["--data-dir", &data_dir()]);
+    stallscope
 }
 
 /// Generates the example's images (64 of them) in [`data_dir`] before a test's clock starts,
