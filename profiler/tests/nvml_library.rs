@@ -98,6 +98,13 @@ fn doctor_says_why_each_refused_reading_is_missing() {
     ] {
         assert!(t.contains(expected), "{expected:?} not in:\n{t}");
     }
+    let narrow = text(&run_ok(on_fake_gpu("pcie_32bit").arg("doctor")));
+    assert!(
+        narrow.contains(
+            "present  pcie_rx_bytes (field 198): 32-bit counter, unwrapped (wraps every 4.3 GB)"
+        ),
+        "{narrow}"
+    );
     let pcie_card = text(&run_ok(on_fake_gpu("pcie_only").arg("doctor")));
     assert!(
         pcie_card.contains("missing  nvlink_tx_bytes (field 138): no NVLink on this device"),

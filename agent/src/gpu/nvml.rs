@@ -24,6 +24,7 @@ use nvml_wrapper::sys_exports::field_id::{
 };
 use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
+use stallscope_analysis::gpu_usage::human_bytes;
 use sys::NvmlLib;
 
 use super::backend::{
@@ -289,10 +290,20 @@ fn probe_field(
     id: u32,
     scope: c_uint,
 ) -> Result<(), String> {
+    probe_field_bits(lib, handle, id, scope).map(drop)
+}
+
+/// [`probe_field`], with the bits of the value's type when the driver answers.
+fn probe_field_bits(
+    lib: &NvmlLib,
+    handle: sys::nvmlDevice_t,
+    id: u32,
+    scope: c_uint,
+) -> Result<u32, String> {
     let mut f = [field(id, scope)];
     get_fields(lib, handle, &mut f)?;
     if f[0].nvmlReturn == SUCCESS {
-        Ok(())
+        Ok(field_bits(&f[0]))
     } else {
         Err(return_text(f[0].nvmlReturn))
     }
@@ -507,11 +518,20 @@ impl GpuBackend for NvmlBackend {
         let links = self.infos[i].nvlinks.unwrap_or(0);
         let mut entries = Vec::new();
         let mut notes = Vec::new();
-        let mut plain = |m: Metric, id: u32| {
-            entries.push((m, probe_field(lib, dev.handle, id, 0)));
-        };
-        plain(Metric::PcieTx, NVML_FI_DEV_PCIE_COUNT_TX_BYTES);
-        plain(Metric::PcieRx, NVML_FI_DEV_PCIE_COUNT_RX_BYTES);
+        for (m, id) in [
+            (Metric::PcieTx, NVML_FI_DEV_PCIE_COUNT_TX_BYTES),
+            (Metric::PcieRx, NVML_FI_DEV_PCIE_COUNT_RX_BYTES),
+        ] {
+            let bits = probe_field_bits(lib, dev.handle, id, 0);
+            if let Some(b) = bits.as_ref().ok().filter(|b| **b < 64) {
+                let wraps = human_bytes((1u64 << b) as f64);
+                notes.push((
+                    m,
+                    format!("{b}-bit counter, unwrapped (wraps every {wraps})"),
+                ));
+            }
+            entries.push((m, bits.map(drop)));
+        }
         for (m, id) in [
             (Metric::NvlinkTx, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
             (Metric::NvlinkRx, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX),
