@@ -112,15 +112,29 @@ pub struct Recorder {
 pub type Tap = Box<dyn FnMut(&JobTimeline, &[IterationBreakdown]) + Send>;
 
 impl Recorder {
-    /// A recorder writing to `writer` (when there is one) that starts with `header`.
+    /// A recorder writing to `writer` that starts with `header`.
     pub fn new(
         writer: ProfileWriter,
         header: RunHeader,
         status_mode: StatusMode,
         regex_steps: bool,
     ) -> Recorder {
+        Self::start(Some(writer), header, status_mode, regex_steps)
+    }
+
+    /// A recorder that writes no profile (an agent: its records go to the collector).
+    pub fn unwritten(header: RunHeader) -> Recorder {
+        Self::start(None, header, StatusMode::Off, false)
+    }
+
+    fn start(
+        writer: Option<ProfileWriter>,
+        header: RunHeader,
+        status_mode: StatusMode,
+        regex_steps: bool,
+    ) -> Recorder {
         let mut r = Recorder {
-            writer: Some(writer),
+            writer,
             write_error: None,
             job: JobTimeline::default(),
             status: StatusModel::default(),
@@ -128,27 +142,6 @@ impl Recorder {
             pinned: None,
             pending_markers: Vec::new(),
             regex_steps,
-            emitted: BTreeMap::new(),
-            descendants: Arc::default(),
-            loops: LoopPids::default(),
-            loops_seen: BTreeSet::new(),
-            tap: None,
-        };
-        r.emit(Frame::Header(header));
-        r
-    }
-
-    /// A recorder that writes no profile (an agent: its records go to the collector).
-    pub fn unwritten(header: RunHeader) -> Recorder {
-        let mut r = Recorder {
-            writer: None,
-            write_error: None,
-            job: JobTimeline::default(),
-            status: StatusModel::default(),
-            status_mode: StatusMode::Off,
-            pinned: None,
-            pending_markers: Vec::new(),
-            regex_steps: false,
             emitted: BTreeMap::new(),
             descendants: Arc::default(),
             loops: LoopPids::default(),
