@@ -211,21 +211,23 @@ impl CrossNode {
         self.first_iter = first_iter;
     }
 
-    /// Takes one rank's iteration. Repeats of a report already taken are dropped.
-    pub fn report(&mut self, it: &NodeIteration) {
+    /// Takes one rank's iteration; whether it was new. Repeats of a report already taken (an
+    /// agent resends what a collector that died had not acknowledged) are dropped.
+    pub fn report(&mut self, it: &NodeIteration) -> bool {
         let (rank, iter) = (it.breakdown.rank, it.breakdown.iter);
         if self.joined.get(&rank).is_some_and(|j| j.contains(iter)) {
-            return;
+            return false;
         }
         self.rank_nodes.insert(it.breakdown.rank, it.node.clone());
         if let Some(w) = it.world_size {
             self.world_size = Some(self.world_size.map_or(w, |o| o.max(w)));
         }
-        self.pending
-            .entry(it.breakdown.iter)
-            .or_default()
-            .entry(it.breakdown.rank)
-            .or_insert_with(|| it.clone());
+        let reports = self.pending.entry(iter).or_default();
+        if reports.contains_key(&rank) {
+            return false;
+        }
+        reports.insert(rank, it.clone());
+        true
     }
 
     fn to_collector(&self, node: &str, t: Nanos) -> Nanos {

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::attribution::IterationBreakdown;
+use crate::gpu_usage::IterationGpu;
 use crate::marker::Marker;
 use crate::series::{SampleBatch, SeriesDecl};
 use crate::Nanos;
@@ -114,6 +115,17 @@ pub struct NodeIteration {
     pub world_size: Option<u32>,
 }
 
+/// One rank's attributed iteration with what its GPU did, as an agent of protocol 3 on ships
+/// it ([`Frame::NodeIteration`] is what earlier agents sent, and what a node without NVIDIA
+/// GPUs still could).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// The iteration, as [`Frame::NodeIteration`] carries it.
+    pub iteration: NodeIteration,
+    /// The rank's GPU in the iteration; `None` on a rank without one.
+    pub gpu: Option<IterationGpu>,
+}
+
 /// A node's clock against the collector's: `node_ns = collector_ns + offset_ns + drift`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeClock {
@@ -190,9 +202,21 @@ pub enum Frame {
     /// The result of `stallscope experiment`: the configurations run and the stalls by
     /// difference.
     Experiment(Box<crate::experiment::ExperimentReport>),
+    /// One rank's attributed iteration and its GPU's readings, as its node's agent shipped
+    /// them (agents of protocol 3 on).
+    NodeReport(Box<NodeReport>),
 }
 
 impl Frame {
+    /// The rank's iteration a node's agent shipped, in either of the frames that carry one.
+    pub fn node_iteration(&self) -> Option<&NodeIteration> {
+        match self {
+            Frame::NodeIteration(it) => Some(it),
+            Frame::NodeReport(r) => Some(&r.iteration),
+            _ => None,
+        }
+    }
+
     /// Encodes with postcard.
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_stdvec(self).expect("frames always encode")

@@ -12,6 +12,86 @@ use crate::series::{names, LABEL_UUID};
 use crate::timeline::SeriesStore;
 use crate::Nanos;
 
+/// What a rank's GPU did in one iteration: the readings [`GpuUsage`] sums, and what a node's
+/// agent ships with the iteration so that a job's collector shows every rank's GPU. In whole
+/// units (ppm, mW, bytes, mJ) so that frames stay exact and compact. A reading NVML did not
+/// give is `None`, never 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IterationGpu {
+    /// NVML index of the GPU.
+    pub gpu: String,
+    /// Its UUID (`GPU-…`), when NVML gave one.
+    pub uuid: Option<String>,
+    /// Whether the iteration's GPU times came from CUDA events.
+    pub cuda_timed: bool,
+    /// Share of the iteration a kernel ran (NVML utilisation, time-weighted), parts per
+    /// million.
+    pub busy_ppm: Option<u32>,
+    /// mW, mean board power over the iteration.
+    pub power_mw: Option<u64>,
+    /// bytes received over PCIe in the iteration.
+    pub pcie_rx_bytes: Option<u64>,
+    /// bytes sent over PCIe in the iteration.
+    pub pcie_tx_bytes: Option<u64>,
+    /// bytes over NVLink in the iteration, both directions.
+    pub nvlink_bytes: Option<u64>,
+    /// mJ the GPU used in the iteration.
+    pub energy_mj: Option<u64>,
+    /// bytes of one batch as the loop's DataLoader returned it (`batch_bytes` meta), when the
+    /// loop said.
+    pub batch_bytes: Option<u64>,
+}
+
+impl IterationGpu {
+    /// Reads iteration `[a, b]` on GPU `gpu` (NVML index label) from the series NVML filled.
+    pub fn read(
+        store: &SeriesStore,
+        gpu: &str,
+        (a, b): (Nanos, Nanos),
+        cuda_timed: bool,
+        batch_bytes: Option<u64>,
+    ) -> IterationGpu {
+        let on_gpu = |name: &'static str| store.on_gpu(name, gpu);
+        let uuid = [
+            names::GPU_PCIE_RX_BYTES,
+            names::GPU_UTIL_PCT,
+            names::GPU_POWER_MW,
+        ]
+        .into_iter()
+        .filter_map(on_gpu)
+        .find_map(|d| d.label(LABEL_UUID).map(str::to_string));
+        let delta = |name| on_gpu(name).and_then(|d| store.counter_delta(d.id, a, b));
+        let mean = |name| on_gpu(name).and_then(|d| store.gauge_mean(d.id, a, b));
+        let nvlink = [names::GPU_NVLINK_RX_BYTES, names::GPU_NVLINK_TX_BYTES]
+            .into_iter()
+            .filter_map(delta)
+            .reduce(|x, y| x + y);
+        let whole = |v: f64| v.max(0.0).round() as u64;
+        IterationGpu {
+            gpu: gpu.to_string(),
+            uuid,
+            cuda_timed,
+            busy_ppm: mean(names::GPU_UTIL_PCT).map(|p| (p * 1e4).clamp(0.0, 1e6).round() as u32),
+            power_mw: mean(names::GPU_POWER_MW).map(whole),
+            pcie_rx_bytes: delta(names::GPU_PCIE_RX_BYTES).map(whole),
+            pcie_tx_bytes: delta(names::GPU_PCIE_TX_BYTES).map(whole),
+            nvlink_bytes: nvlink.map(whole),
+            energy_mj: delta(names::GPU_ENERGY_MJ).map(whole),
+            batch_bytes,
+        }
+    }
+
+    /// Whether NVML gave any reading in the iteration.
+    pub fn any_reading(&self) -> bool {
+        self.busy_ppm.is_some()
+            || self.power_mw.is_some()
+            || self.pcie_rx_bytes.is_some()
+            || self.pcie_tx_bytes.is_some()
+            || self.nvlink_bytes.is_some()
+            || self.energy_mj.is_some()
+    }
+}
+
 /// Sums over one rank's counted iterations on its GPU.
 #[derive(Clone, Debug, Default)]
 pub struct GpuUsage {
@@ -27,6 +107,8 @@ pub struct GpuUsage {
     pub wall_ns: u64,
     /// Iterations with at least one GPU reading (a GPU lost mid-run gives none after).
     pub read: u64,
+    /// bytes of one batch, as the loop last said.
+    pub batch_bytes: Option<u64>,
     /// ns × (busy share) where utilisation was read, and the ns it was read over.
     busy: Option<(f64, f64)>,
     /// ns × mW where power was read, and the ns it was read over.
@@ -55,74 +137,56 @@ impl PerIteration {
     }
 }
 
-/// Adds one iteration's `v`; whether there was one.
-fn add(acc: &mut Option<PerIteration>, v: Option<f64>) -> bool {
-    let Some(v) = v else {
-        return false;
-    };
-    let sum = acc.get_or_insert_with(PerIteration::default);
-    sum.total += v;
-    sum.iterations += 1;
-    true
+/// Adds one iteration's `v`.
+fn add(acc: &mut Option<PerIteration>, v: Option<u64>) {
+    if let Some(v) = v {
+        let sum = acc.get_or_insert_with(PerIteration::default);
+        sum.total += v as f64;
+        sum.iterations += 1;
+    }
 }
 
-/// Adds one iteration's time-weighted `mean` over `ns`; whether there was one.
-fn add_mean(acc: &mut Option<(f64, f64)>, mean: Option<f64>, ns: f64) -> bool {
-    let Some(m) = mean else {
-        return false;
-    };
-    let (sum, over) = acc.unwrap_or((0.0, 0.0));
-    *acc = Some((sum + m * ns, over + ns));
-    true
+/// Adds one iteration's time-weighted `mean` over `ns`.
+fn add_mean(acc: &mut Option<(f64, f64)>, mean: Option<f64>, ns: f64) {
+    if let Some(m) = mean {
+        let (sum, over) = acc.unwrap_or((0.0, 0.0));
+        *acc = Some((sum + m * ns, over + ns));
+    }
 }
 
 impl GpuUsage {
-    /// Adds iteration `[a, b]` on GPU `gpu` (NVML index label).
-    pub fn add(&mut self, store: &SeriesStore, gpu: &str, (a, b): (Nanos, Nanos), timed: bool) {
-        let on_gpu = |name: &'static str| store.on_gpu(name, gpu);
-        if self.gpu != gpu {
+    /// Adds one iteration's readings, over `wall_ns` of the rank's time.
+    pub fn add(&mut self, it: &IterationGpu, wall_ns: u64) {
+        if self.gpu != it.gpu {
             // The first iterations may go by a guess (local rank, the node's only GPU) that
             // better evidence (NVML seeing the process on a device) corrects: the figures are
             // of the GPU the rank is on now.
             *self = GpuUsage {
-                gpu: gpu.to_string(),
+                gpu: it.gpu.clone(),
                 ..GpuUsage::default()
             };
         }
-        if self.uuid.is_none() {
-            self.uuid = [
-                names::GPU_PCIE_RX_BYTES,
-                names::GPU_UTIL_PCT,
-                names::GPU_POWER_MW,
-            ]
-            .into_iter()
-            .filter_map(on_gpu)
-            .find_map(|d| d.label(LABEL_UUID).map(str::to_string));
+        if it.uuid.is_some() {
+            self.uuid.clone_from(&it.uuid);
         }
-        let delta = |name| on_gpu(name).and_then(|d| store.counter_delta(d.id, a, b));
-        let mean = |name| on_gpu(name).and_then(|d| store.gauge_mean(d.id, a, b));
-        let ns = (b - a) as f64;
+        if it.batch_bytes.is_some() {
+            self.batch_bytes = it.batch_bytes;
+        }
+        let ns = wall_ns as f64;
         self.iterations += 1;
-        self.cuda_timed += u64::from(timed);
-        self.wall_ns += b - a;
-        let busy = mean(names::GPU_UTIL_PCT).map(|p| p / 100.0);
-        let nvlink = [names::GPU_NVLINK_RX_BYTES, names::GPU_NVLINK_TX_BYTES]
-            .into_iter()
-            .filter_map(delta)
-            .reduce(|x, y| x + y);
-        let read = [
-            add_mean(&mut self.busy, busy, ns),
-            add_mean(&mut self.power, mean(names::GPU_POWER_MW), ns),
-            add(&mut self.pcie_rx, delta(names::GPU_PCIE_RX_BYTES)),
-            add(&mut self.pcie_tx, delta(names::GPU_PCIE_TX_BYTES)),
-            add(&mut self.nvlink, nvlink),
-            add(&mut self.energy, delta(names::GPU_ENERGY_MJ)),
-        ];
-        self.read += u64::from(read.contains(&true));
+        self.cuda_timed += u64::from(it.cuda_timed);
+        self.wall_ns += wall_ns;
+        self.read += u64::from(it.any_reading());
+        add_mean(&mut self.busy, it.busy_ppm.map(|p| f64::from(p) / 1e6), ns);
+        add_mean(&mut self.power, it.power_mw.map(|p| p as f64), ns);
+        add(&mut self.pcie_rx, it.pcie_rx_bytes);
+        add(&mut self.pcie_tx, it.pcie_tx_bytes);
+        add(&mut self.nvlink, it.nvlink_bytes);
+        add(&mut self.energy, it.energy_mj);
     }
 
-    /// The per-iteration figures, with the loop's batch size in bytes when it sent one.
-    pub fn figures(&self, batch_bytes: Option<u64>) -> RankGpu {
+    /// The per-iteration figures.
+    pub fn figures(&self) -> RankGpu {
         let n = self.iterations.max(1) as f64;
         RankGpu {
             gpu: self.gpu.clone(),
@@ -136,7 +200,7 @@ impl GpuUsage {
             pcie_tx_bytes_per_iteration: self.pcie_tx.map(PerIteration::mean),
             nvlink_bytes_per_iteration: self.nvlink.map(PerIteration::mean),
             energy_joules_per_iteration: self.energy.map(|e| e.mean() / 1e3),
-            batch_bytes,
+            batch_bytes: self.batch_bytes,
             cuda_timed_fraction: self.cuda_timed as f64 / n,
             read_fraction: self.read as f64 / n,
         }
@@ -194,8 +258,9 @@ pub fn human_bytes(bytes: f64) -> String {
     }
 }
 
-/// One line for the text summary: `rank 0 on GPU 0: 87% busy, …`.
-pub fn render_line(rank: u32, g: &RankGpu) -> String {
+/// One line for the text summary: `rank 0 on GPU 0: 87% busy, …`, or `rank 3 on node-b GPU
+/// 1: …` when the rank's node is known (a job across nodes).
+pub fn render_line(rank: u32, node: Option<&str>, g: &RankGpu) -> String {
     let mut parts = Vec::new();
     if let Some(b) = g.busy_fraction {
         parts.push(format!("{:.0}% busy", b * 100.0));
@@ -233,7 +298,12 @@ pub fn render_line(rank: u32, g: &RankGpu) -> String {
             g.read_fraction * 100.0
         ));
     }
-    format!("gpu: rank {rank} on GPU {}: {}", g.gpu, parts.join(", "))
+    let on = node.map_or_else(String::new, |n| format!("{n} "));
+    format!(
+        "gpu: rank {rank} on {on}GPU {}: {}",
+        g.gpu,
+        parts.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -271,10 +341,11 @@ mod tests {
     fn a_rank_found_on_another_gpu_shows_that_gpu_alone() {
         let store = two_gpus();
         let mut usage = GpuUsage::default();
-        usage.add(&store, "0", (0, 500_000_000), false);
-        usage.add(&store, "1", (500_000_000, 1_000_000_000), false);
-        usage.add(&store, "1", (1_000_000_000, 1_500_000_000), false);
-        let g = usage.figures(None);
+        for (gpu, a) in [("0", 0), ("1", 500_000_000), ("1", 1_000_000_000)] {
+            let b = a + 500_000_000;
+            usage.add(&IterationGpu::read(&store, gpu, (a, b), false, None), b - a);
+        }
+        let g = usage.figures();
         assert_eq!(g.gpu, "1");
         assert_eq!(usage.iterations, 2);
         let rx = g.pcie_rx_bytes_per_iteration.unwrap();
@@ -302,8 +373,13 @@ mod tests {
             read_fraction: 1.0,
             ..RankGpu::default()
         };
-        let line = render_line(3, &g);
+        let line = render_line(3, None, &g);
         assert!(line.starts_with("gpu: rank 3 on GPU 0: 87% busy"), "{line}");
+        let across = render_line(3, Some("node-b"), &g);
+        assert!(
+            across.starts_with("gpu: rank 3 on node-b GPU 0: 87%"),
+            "{across}"
+        );
         assert!(
             line.contains("PCIe in 25.2 MB/iteration (2.00× the 12.6 MB batch)"),
             "{line}"

@@ -10,7 +10,7 @@
 //! summary's figures are folded into running aggregates ([`RunningSummary`]) as iterations
 //! are attributed, and only the most recent [`RECENT_BREAKDOWNS`] breakdowns are kept.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::aggregate::RunningSummary;
 
@@ -21,7 +21,7 @@ use crate::attribution::{
 use crate::category::Category;
 use crate::crossnode::CrossNode;
 use crate::frame::{Frame, ProcessInfo, RunEnd, RunHeader, SourceStatus};
-use crate::gpu_usage::GpuUsage;
+use crate::gpu_usage::{GpuUsage, IterationGpu};
 use crate::loops::MarkerLog;
 use crate::series::{names, LABEL_GPU, LABEL_UUID, LINK_LOOPBACK, LINK_NIC};
 use crate::timeline::SeriesStore;
@@ -72,8 +72,12 @@ pub struct JobTimeline {
     pub markers_rejected: u64,
     /// Ranks of other nodes, as their agents attributed them (a collector's job profile).
     pub nodes: CrossNode,
-    /// What each rank's GPU did over its counted (post-warm-up) iterations, by rank.
+    /// What each rank's GPU did over its counted (post-warm-up) iterations, by rank: the
+    /// node's own ranks, and other nodes' as their agents read them.
     pub gpu_usage: BTreeMap<u32, GpuUsage>,
+    /// What the GPU did in each iteration of the last attribution round, by (rank,
+    /// iteration): what an agent ships with the iteration. Cleared every round.
+    round_gpu: HashMap<(u32, u64), IterationGpu>,
 }
 
 impl JobTimeline {
@@ -103,7 +107,23 @@ impl JobTimeline {
                 self.end = Some(e.clone());
             }
             Frame::NodeClock(c) => self.nodes.clock(c),
-            Frame::NodeIteration(it) => self.nodes.report(it),
+            Frame::NodeIteration(it) => {
+                self.nodes.report(it);
+            }
+            Frame::NodeReport(r) => {
+                let it = &r.iteration;
+                let warmup = self.header.as_ref().map_or(0, |h| h.warmup_iters);
+                let fresh = self.nodes.report(it);
+                if let Some(gpu) = r.gpu.as_ref().filter(|_| fresh) {
+                    let b = &it.breakdown;
+                    if b.iter >= u64::from(warmup) {
+                        self.gpu_usage
+                            .entry(b.rank)
+                            .or_default()
+                            .add(gpu, b.end_ns.saturating_sub(b.start_ns));
+                    }
+                }
+            }
             Frame::NodeHealth(h) => self.nodes.health(h),
         }
     }
@@ -315,6 +335,12 @@ impl JobTimeline {
             .collect()
     }
 
+    /// What rank `rank`'s GPU did in iteration `iter`, when the last attribution round
+    /// attributed it and the rank runs on a GPU NVML reads.
+    pub fn gpu_reading(&self, rank: u32, iter: u64) -> Option<&IterationGpu> {
+        self.round_gpu.get(&(rank, iter))
+    }
+
     /// Attributes every iteration that is ready at `now` (ns, the node clock), and joins the
     /// other nodes' iterations that are ready. With `finishing`, attributes everything whose
     /// bounds are known. Returns the new ones.
@@ -322,6 +348,7 @@ impl JobTimeline {
         let ranks = self.markers.ranks();
         let links = self.links();
         let warmup = self.header.as_ref().map_or(0, |h| h.warmup_iters) as u64;
+        self.round_gpu.clear();
         let mut out = Vec::new();
         for (pid, rank) in &ranks {
             let Some(marks) = self.markers.procs.get(pid) else {
@@ -360,13 +387,20 @@ impl JobTimeline {
                     gpu: gpu_index.as_deref().map(|g| self.gpu_series(*pid, g)),
                 };
                 out.push(attribute(&input, &self.series, &rank_series, &links));
-                if let Some(gpu) = gpu_index.filter(|_| iter >= warmup) {
-                    self.gpu_usage.entry(*rank).or_default().add(
+                if let Some(gpu) = gpu_index {
+                    let batch = marks.meta.get("batch_bytes").and_then(|b| b.parse().ok());
+                    let reading = IterationGpu::read(
                         &self.series,
                         &gpu,
                         (start, end),
                         input.gpu.is_some(),
+                        batch,
                     );
+                    if iter >= warmup {
+                        let usage = self.gpu_usage.entry(*rank).or_default();
+                        usage.add(&reading, end - start);
+                    }
+                    self.round_gpu.insert((*rank, iter), reading);
                 }
                 iter += 1;
             }
@@ -501,5 +535,75 @@ mod tests {
             let err = (r.figures.median_iteration_seconds - exact).abs() / exact;
             assert!(err <= 2.0 * MEDIAN_MAX_RELATIVE_ERROR, "{r:?}");
         }
+    }
+
+    /// A collector's job: each node's agent ships its rank's GPU readings with the iteration;
+    /// the summary shows every rank's GPU, warm-up left out, and a resent report (an agent
+    /// replaying what a dead collector had not acknowledged) counted once.
+    #[test]
+    fn a_collector_shows_the_gpu_of_every_nodes_rank_once() {
+        use crate::frame::{NodeIteration, NodeReport};
+        use crate::gpu_usage::IterationGpu;
+        let mut job = JobTimeline::default();
+        job.ingest(&Frame::Header(RunHeader {
+            warmup_iters: 2,
+            ..RunHeader::default()
+        }));
+        let report = |node: &str, rank: u32, iter: u64, rx: u64| {
+            let start = iter * 100_000_000;
+            let mut split = Split::default();
+            split.add(Category::Compute, 100_000_000);
+            Frame::NodeReport(Box::new(NodeReport {
+                iteration: NodeIteration {
+                    node: node.into(),
+                    breakdown: IterationBreakdown {
+                        rank,
+                        pid: 7,
+                        iter,
+                        start_ns: start,
+                        end_ns: start + 100_000_000,
+                        split,
+                        evidence: Vec::new(),
+                        coverage: Coverage::default(),
+                    },
+                    comm: Vec::new(),
+                    world_size: Some(2),
+                },
+                gpu: Some(IterationGpu {
+                    gpu: "0".into(),
+                    busy_ppm: Some(500_000 + 400_000 * rank),
+                    pcie_rx_bytes: Some(rx),
+                    energy_mj: Some(30_000),
+                    batch_bytes: Some(1_000_000),
+                    ..IterationGpu::default()
+                }),
+            }))
+        };
+        for iter in 0..10 {
+            // Warm-up iterations move far more bytes: they must not count.
+            let rx = if iter < 2 { 50_000_000 } else { 2_000_000 };
+            job.ingest(&report("node-a", 0, iter, rx));
+            job.ingest(&report("node-b", 1, iter, 3 * rx));
+        }
+        for iter in 5..10 {
+            job.ingest(&report("node-b", 1, iter, 999_000_000)); // resent
+        }
+        job.attribute_ready(0, true);
+        for iter in 8..10 {
+            job.ingest(&report("node-b", 1, iter, 999_000_000)); // resent after the join
+        }
+        let s = summarize(&job);
+        let gpu = |rank: usize| s.ranks[rank].gpu.clone().expect("a GPU per rank");
+        assert_eq!(s.ranks[1].node.as_deref(), Some("node-b"));
+        assert_eq!(gpu(0).pcie_rx_bytes_per_iteration, Some(2e6));
+        assert_eq!(gpu(1).pcie_rx_bytes_per_iteration, Some(6e6));
+        assert_eq!(gpu(1).batch_bytes, Some(1_000_000));
+        assert!((gpu(1).busy_fraction.unwrap() - 0.9).abs() < 1e-9);
+        assert_eq!(gpu(0).energy_joules_per_iteration, Some(30.0));
+        let text = crate::summary::render_text(&s);
+        assert!(
+            text.contains("gpu: rank 1 on node-b GPU 0: 90% busy, PCIe in 6.0 MB/iteration (6.00× the 1.0 MB batch)"),
+            "{text}"
+        );
     }
 }

@@ -15,7 +15,7 @@ use crate::aggregate::Totals;
 use crate::category::{Category, Split};
 use crate::crossnode::StragglerWindow;
 use crate::finding::{find, Finding, FindingInput};
-use crate::gpu_usage::{render_line, RankGpu};
+use crate::gpu_usage::{render_line, GpuUsage, RankGpu};
 use crate::job::JobTimeline;
 use crate::secs;
 
@@ -237,14 +237,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             pid: *pid,
             node: job.nodes.rank_nodes.get(rank).cloned(),
             figures: figures(totals),
-            gpu: job.gpu_usage.get(rank).map(|u| {
-                let batch = job
-                    .markers
-                    .procs
-                    .get(pid)
-                    .and_then(|m| m.meta.get("batch_bytes"));
-                u.figures(batch.and_then(|b| b.parse().ok()))
-            }),
+            gpu: job.gpu_usage.get(rank).map(GpuUsage::figures),
         })
         .collect();
     let job_figures = figures(&job.totals.job);
@@ -421,7 +414,7 @@ pub fn render_text(s: &Summary) -> String {
     }
     for r in &s.ranks {
         if let Some(g) = &r.gpu {
-            let _ = writeln!(out, "{}", render_line(r.rank, g));
+            let _ = writeln!(out, "{}", render_line(r.rank, r.node.as_deref(), g));
         }
     }
     for n in &s.nodes {

@@ -25,7 +25,8 @@ use crate::Nanos;
 
 /// Version of this protocol; both sides must speak the same one. 2: breakdowns may carry the
 /// CUDA-event evidence (`Basis::Gpu*` beyond `H2dPcieBytes`), which version 1 cannot decode.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// 3: iterations travel as [`Frame::NodeReport`], with the rank's GPU readings.
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// bytes, the largest message either side accepts (1 MiB).
 pub const MAX_MESSAGE: u32 = 1 << 20;
@@ -65,7 +66,7 @@ pub enum AgentMsg {
     Record {
         /// Sequence number, one more than the previous record's.
         seq: u64,
-        /// [`Frame::NodeIteration`], [`Frame::NodeHealth`] or [`Frame::Source`].
+        /// [`Frame::NodeReport`], [`Frame::NodeIteration`] or [`Frame::NodeHealth`].
         frame: Frame,
     },
     /// The agent is shutting down after sending everything.

@@ -82,30 +82,28 @@ impl JobTask {
                 self.publish(JobUpdate::Clock(c));
             }
             Ingest::Record { seq, frame, ack } => {
-                let update = match &frame {
-                    Frame::NodeIteration(it) => {
-                        let end_ns = self
-                            .job
-                            .nodes
-                            .clocks
-                            .get(&it.node)
-                            .map_or(it.breakdown.end_ns, |c| c.to_collector(it.breakdown.end_ns));
-                        Some(JobUpdate::Iteration {
-                            node: it.node.clone(),
-                            rank: it.breakdown.rank,
-                            iter: it.breakdown.iter,
-                            end_ns,
-                            split: it.breakdown.split,
-                        })
-                    }
-                    Frame::NodeHealth(h) => {
-                        let before = self.dropped.insert(h.node.clone(), h.records_dropped);
-                        (before.unwrap_or(0) != h.records_dropped).then(|| JobUpdate::Dropped {
-                            node: h.node.clone(),
-                            records: h.records_dropped,
-                        })
-                    }
-                    _ => None,
+                let update = if let Some(it) = frame.node_iteration() {
+                    let end_ns = self
+                        .job
+                        .nodes
+                        .clocks
+                        .get(&it.node)
+                        .map_or(it.breakdown.end_ns, |c| c.to_collector(it.breakdown.end_ns));
+                    Some(JobUpdate::Iteration {
+                        node: it.node.clone(),
+                        rank: it.breakdown.rank,
+                        iter: it.breakdown.iter,
+                        end_ns,
+                        split: it.breakdown.split,
+                    })
+                } else if let Frame::NodeHealth(h) = &frame {
+                    let before = self.dropped.insert(h.node.clone(), h.records_dropped);
+                    (before.unwrap_or(0) != h.records_dropped).then(|| JobUpdate::Dropped {
+                        node: h.node.clone(),
+                        records: h.records_dropped,
+                    })
+                } else {
+                    None
                 };
                 self.emit(frame);
                 // Keyed by the connection's ack cell: one entry per connection, found without

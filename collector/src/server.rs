@@ -386,6 +386,10 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
             it.node = node.to_string();
             Ok(Frame::NodeIteration(it))
         }
+        Frame::NodeReport(mut r) => {
+            r.iteration.node = node.to_string();
+            Ok(Frame::NodeReport(r))
+        }
         Frame::NodeHealth(mut h) => {
             h.node = node.to_string();
             Ok(Frame::NodeHealth(h))

@@ -20,7 +20,9 @@ use stallscope_agent::sampler::{self, ExtraRoots, Pids, SamplerConfig, SharedPid
 use stallscope_agent::shipper::{Shipper, ShipperConfig};
 use stallscope_agent::sink::Sink;
 use stallscope_analysis::attribution::IterationBreakdown;
-use stallscope_analysis::frame::{CommSpan, Frame, NodeHealth, NodeIteration, RunHeader};
+use stallscope_analysis::frame::{
+    CommSpan, Frame, NodeHealth, NodeIteration, NodeReport, RunHeader,
+};
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::marker::phase;
 
@@ -110,7 +112,10 @@ fn tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap {
     let mut last_health: Option<(Instant, NodeHealth)> = None;
     Box::new(move |job: &JobTimeline, new: &[IterationBreakdown]| {
         for b in new {
-            shipper.push(Frame::NodeIteration(node_iteration(job, b, offset)));
+            shipper.push(Frame::NodeReport(Box::new(NodeReport {
+                iteration: node_iteration(job, b, offset),
+                gpu: job.gpu_reading(b.rank, b.iter).cloned(),
+            })));
         }
         if last_health
             .as_ref()

@@ -341,16 +341,19 @@ fn agents_stream_to_a_collector_across_namespaces_through_refusals_and_a_restart
         .any(|n| n["node"] == "intruder"));
 }
 
-#[test]
-fn a_slowed_rank_on_another_node_is_named_straggler() {
-    if !have_torch() {
-        return;
-    }
-    generate_images();
-    let dir = tempfile::tempdir().unwrap();
-    let d = |n: &str| -> PathBuf { dir.path().join(n) };
+/// A job of two nodes on loopback: a collector, an agent per node (`node-a`, `node-b`; `node`
+/// may add to each agent's command) and one rank of the example per node, with `example`'s
+/// flags. `slot` (0, 1, …) keeps the ports of tests that run at once apart. Returns the
+/// collector's summary and its log, after every process ended.
+fn loopback_job(
+    slot: u32,
+    dir: &Path,
+    node: impl Fn(&str, &mut Command),
+    example: &[&str],
+) -> (serde_json::Value, String) {
+    let d = |n: &str| -> PathBuf { dir.join(n) };
     std::fs::write(d("token"), "t\n").unwrap();
-    let port = 17600 + std::process::id() % 300;
+    let port = 17000 + std::process::id() % 300 * 4 + slot;
     let listen = format!("127.0.0.1:{port}");
     let mut col = Reaped::spawn(
         &mut collector(
@@ -369,23 +372,17 @@ fn a_slowed_rank_on_another_node_is_named_straggler() {
     let mut agents: Vec<Reaped> = ["a", "b"]
         .iter()
         .map(|n| {
-            Reaped::spawn(
-                &mut agent(
-                    None,
-                    &listen,
-                    &d("token"),
-                    &d(&format!("{n}.sock")),
-                    &format!("node-{n}"),
-                ),
-                &d(&format!("agent-{n}.log")),
-            )
+            let name = format!("node-{n}");
+            let mut cmd = agent(None, &listen, &d("token"), &d(&format!("{n}.sock")), &name);
+            node(&name, &mut cmd);
+            Reaped::spawn(&mut cmd, &d(&format!("agent-{n}.log")))
         })
         .collect();
     assert!(wait_for(Duration::from_secs(10), || {
         log_has(&d("collector.log"), "node-a joined")
             && log_has(&d("collector.log"), "node-b joined")
     }));
-    let gloo_port = (29700 + std::process::id() % 200).to_string();
+    let gloo_port = (28000 + std::process::id() % 300 * 4 + slot).to_string();
     let mut ranks: Vec<Reaped> = [(0, "a"), (1, "b")]
         .iter()
         .map(|(r, n)| {
@@ -396,7 +393,7 @@ fn a_slowed_rank_on_another_node_is_named_straggler() {
                     *r,
                     "127.0.0.1",
                     &gloo_port,
-                    &["--iters", "25", "--data-delay-ms", "1:30"],
+                    example,
                 ),
                 &d(&format!("rank{r}.log")),
             )
@@ -414,7 +411,23 @@ fn a_slowed_rank_on_another_node_is_named_straggler() {
         assert!(a.stop(libc::SIGTERM, Duration::from_secs(20)));
     }
     assert!(col.stop(libc::SIGTERM, Duration::from_secs(20)));
-    let s = read_json(&d("job.json"));
+    let log = std::fs::read_to_string(d("collector.log")).unwrap();
+    (read_json(&d("job.json")), log)
+}
+
+#[test]
+fn a_slowed_rank_on_another_node_is_named_straggler() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let (s, log) = loopback_job(
+        0,
+        dir.path(),
+        |_, _| {},
+        &["--iters", "25", "--data-delay-ms", "1:30"],
+    );
     let main = &s["stragglers"];
     let named: Vec<u64> = main
         .as_array()
@@ -434,6 +447,48 @@ fn a_slowed_rank_on_another_node_is_named_straggler() {
         r0["categories"]["peer_wait"]["fraction"].as_f64().unwrap() > 0.3,
         "rank 0 waits for rank 1: {s:#}"
     );
-    let text = std::fs::read_to_string(d("collector.log")).unwrap();
-    assert!(text.contains("straggler: rank 1 on node node-b"), "{text}");
+    assert!(log.contains("straggler: rank 1 on node node-b"), "{log}");
+}
+
+/// Each node's agent reads its own GPU (the scripted library, moving 1 GB/s over PCIe on
+/// node-a and 3 GB/s on node-b) and ships the readings with every iteration: the collector's
+/// summary shows each rank's GPU, from its node, at the rate that node's GPU was scripted to
+/// move.
+#[test]
+fn the_collector_shows_each_nodes_gpu() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let rate = |node: &str| if node == "node-a" { 1e9 } else { 3e9 };
+    let (s, log) = loopback_job(
+        1,
+        dir.path(),
+        |node, cmd| {
+            fake_gpu(cmd, &format!("activity=copying_in,pcie={}", rate(node)));
+        },
+        &["--iters", "15"],
+    );
+    for r in s["ranks"].as_array().unwrap() {
+        let node = r["node"].as_str().unwrap();
+        let g = &r["gpu"];
+        let per_iteration_s =
+            r["wall_seconds"].as_f64().unwrap() / r["iterations"].as_f64().unwrap();
+        let rx = g["pcie_rx_bytes_per_iteration"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{node}'s GPU readings reach the collector: {r:#}"));
+        let want = rate(node) * per_iteration_s;
+        assert!(
+            (rx - want).abs() / want < 0.05,
+            "{node}: {rx} vs {want}: {r:#}"
+        );
+        assert!(g["batch_bytes"].as_u64().is_some_and(|b| b > 0), "{r:#}");
+        let rank = r["rank"].as_u64().unwrap();
+        assert!(
+            log.contains(&format!("gpu: rank {rank} on {node} GPU 0: ")),
+            "{log}"
+        );
+    }
+    assert_eq!(s["ranks"].as_array().unwrap().len(), 2, "{s:#}");
 }

@@ -7,33 +7,18 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
 use stallscope_agent::gpu::fake::Activity;
-use stallscope_agent::gpu::nvml::LIB_ENV;
-
-/// The scripted library, built beside the binary under test (`scripts/test.sh` builds it).
-fn fake_nvml() -> PathBuf {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_stallscope"));
-    let lib = bin.with_file_name("libstallscope_fake_nvml.so");
-    assert!(
-        lib.exists(),
-        "{} is missing: build it first with `cargo build -p stallscope-fake-nvml` \
-         (scripts/test.sh does)",
-        lib.display()
-    );
-    lib
-}
 
 /// `stallscope ARGS` on the scripted GPU described by `script` (`STALLSCOPE_FAKE_NVML`).
 fn on_fake_gpu(script: &str) -> Command {
     let mut c = stallscope();
-    c.env(LIB_ENV, fake_nvml())
-        .env("STALLSCOPE_FAKE_NVML", script);
+    fake_gpu(&mut c, script);
     c
 }
 

@@ -280,16 +280,30 @@ fn every_variant() -> Vec<Frame> {
             _ => None,
         })
         .expect("a breakdown above");
-    frames.push(Frame::NodeIteration(
-        stallscope_analysis::frame::NodeIteration {
-            node: "b".into(),
-            breakdown,
-            comm: vec![stallscope_analysis::frame::CommSpan { begin: 1, end: 2 }],
-            world_size: Some(2),
+    let iteration = stallscope_analysis::frame::NodeIteration {
+        node: "b".into(),
+        breakdown,
+        comm: vec![stallscope_analysis::frame::CommSpan { begin: 1, end: 2 }],
+        world_size: Some(2),
+    };
+    frames.push(Frame::NodeIteration(iteration.clone()));
+    frames.push(Frame::NodeReport(Box::new(
+        stallscope_analysis::frame::NodeReport {
+            iteration,
+            gpu: Some(stallscope_analysis::gpu_usage::IterationGpu {
+                gpu: "0".into(),
+                uuid: Some("GPU-00000000-1111-2222-3333-444444444444".into()),
+                cuda_timed: true,
+                busy_ppm: Some(874_000),
+                pcie_rx_bytes: Some(25_200_000),
+                energy_mj: Some(9_270),
+                batch_bytes: Some(12_600_000),
+                ..Default::default()
+            }),
         },
-    ));
+    )));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 13];
+    let mut seen = [false; 14];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -305,6 +319,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeIteration(_) => 10,
             Frame::NodeHealth(_) => 11,
             Frame::Experiment(_) => 12,
+            Frame::NodeReport(_) => 13,
         };
         seen[i] = true;
     }

@@ -4,7 +4,8 @@
 //! the collector's acknowledgements, and a Bye at the end.
 //!
 //! What one agent ships is what `stallscope agent` ships: one [`Frame::NodeHealth`] first,
-//! then one [`Frame::NodeIteration`] per attributed iteration. A simulated agent is a node with
+//! then one [`Frame::NodeReport`] per attributed iteration, with the readings of the rank's
+//! GPU (every field NVML can give, as on an H100). A simulated agent is a node with
 //! one rank whose iterations end at `rate` Hz, so one frame is one rank's iteration, the unit
 //! the collector joins. Iteration `k` of every agent ends at `go + phase + k / rate`, the
 //! phases spread evenly over one period so that the load is as smooth as unsynchronised nodes
@@ -19,7 +20,8 @@ use std::time::Duration;
 
 use stallscope_analysis::attribution::{Basis, Coverage, Evidence, IterationBreakdown};
 use stallscope_analysis::category::{Category, Split};
-use stallscope_analysis::frame::{CommSpan, Frame, NodeHealth, NodeIteration};
+use stallscope_analysis::frame::{CommSpan, Frame, NodeHealth, NodeIteration, NodeReport};
+use stallscope_analysis::gpu_usage::IterationGpu;
 use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VERSION};
 use stallscope_analysis::Nanos;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -82,10 +84,52 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
-/// The numbers a frame carries, per [`NodeIteration`]: start and end, 7 categories, each
-/// evidence entry, the 2 coverage figures, and begin and end of each collective.
-pub fn values_per_frame(it: &NodeIteration) -> usize {
-    2 + it.breakdown.split.ns.len() + it.breakdown.evidence.len() + 2 + 2 * it.comm.len()
+/// The numbers a frame carries, per [`NodeReport`]: start and end, 7 categories, each
+/// evidence entry, the 2 coverage figures, begin and end of each collective, and the GPU's
+/// readings (busy, power, PCIe in and out, NVLink, energy, batch bytes).
+pub fn values_per_frame(r: &NodeReport) -> usize {
+    let it = &r.iteration;
+    let gpu = r.gpu.as_ref().map_or(0, |g| {
+        [
+            g.busy_ppm.is_some(),
+            g.power_mw.is_some(),
+            g.pcie_rx_bytes.is_some(),
+            g.pcie_tx_bytes.is_some(),
+            g.nvlink_bytes.is_some(),
+            g.energy_mj.is_some(),
+            g.batch_bytes.is_some(),
+        ]
+        .into_iter()
+        .filter(|v| *v)
+        .count()
+    });
+    2 + it.breakdown.split.ns.len() + it.breakdown.evidence.len() + 2 + 2 * it.comm.len() + gpu
+}
+
+/// What an H100 busy in a DDP step reads over one iteration of `wall_ns`: 87% busy, 300 W,
+/// a 12.6 MB batch in, NVLink at 378 GB/s each way for the collective's 20%.
+fn gpu_reading(wall_ns: u64) -> IterationGpu {
+    let s = wall_ns as f64 / 1e9;
+    IterationGpu {
+        gpu: "0".into(),
+        uuid: Some("GPU-5f4c7a1e-8b2d-4c3f-9e6a-1d2b3c4d5e6f".into()),
+        cuda_timed: true,
+        busy_ppm: Some(870_000),
+        power_mw: Some(300_000),
+        pcie_rx_bytes: Some(12_600_000),
+        pcie_tx_bytes: Some(40_000),
+        nvlink_bytes: Some((2.0 * 378e9 * 0.2 * s) as u64),
+        energy_mj: Some((300.0 * s * 1e3) as u64),
+        batch_bytes: Some(12_600_000),
+    }
+}
+
+/// [`iteration`] with its GPU's readings, as a GPU node's agent ships it.
+pub fn report(index: usize, agents: usize, iter: u64, end_ns: Nanos, wall_ns: u64) -> NodeReport {
+    NodeReport {
+        iteration: iteration(index, agents, iter, end_ns, wall_ns),
+        gpu: Some(gpu_reading(wall_ns)),
+    }
 }
 
 /// Iteration `iter` of agent `index`, ending at `end_ns` after `wall_ns`: 60% compute, 10%
@@ -295,8 +339,8 @@ async fn ship(
                 let now = monotonic_ns();
                 while first_end + iter * period_ns <= now {
                     let end = first_end + iter * period_ns;
-                    let it = iteration(index, plan.agents, iter, end, period_ns);
-                    conn.record(Frame::NodeIteration(it)).await?;
+                    let it = report(index, plan.agents, iter, end, period_ns);
+                    conn.record(Frame::NodeReport(Box::new(it))).await?;
                     iter += 1;
                 }
             }

@@ -231,7 +231,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         let error = outcomes.iter().find_map(|o| o.error.clone());
         let offered_fps = connected as f64 * args.rate;
         let frames_per_s = window.frames as f64 / window.wall_s.max(1e-9);
-        let values = agents::values_per_frame(&agents::iteration(0, n, 0, 1, 1)) as f64;
+        let values = agents::values_per_frame(&agents::report(0, n, 0, 1, 1)) as f64;
         // Each agent's first record is its health report, not an iteration.
         let iterations_sent = sent.saturating_sub(connected as u64);
         let sustained = connected == n

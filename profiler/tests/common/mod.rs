@@ -246,3 +246,24 @@ pub fn generate_images() {
         &data_dir(),
     ]));
 }
+
+/// The scripted `libnvidia-ml` (`fake-nvml/`), built beside the binary under test
+/// (`scripts/test.sh` builds it).
+pub fn fake_nvml() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_stallscope"));
+    let lib = bin.with_file_name("libstallscope_fake_nvml.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: build it first with `cargo build -p stallscope-fake-nvml` \
+         (scripts/test.sh does)",
+        lib.display()
+    );
+    lib
+}
+
+/// Puts `cmd` on the scripted GPU described by `script` (`STALLSCOPE_FAKE_NVML`, see
+/// `fake-nvml/`), loaded through `STALLSCOPE_NVML_LIB`.
+pub fn fake_gpu<'a>(cmd: &'a mut Command, script: &str) -> &'a mut Command {
+    cmd.env(stallscope_agent::gpu::nvml::LIB_ENV, fake_nvml())
+        .env("STALLSCOPE_FAKE_NVML", script)
+}
