@@ -45,6 +45,8 @@ pub enum JobUpdate {
         end_ns: Nanos,
         /// The node's split (peer wait among its own ranks only).
         split: Split,
+        /// Share of the iteration the rank's GPU was busy, ppm, when its agent read one.
+        gpu_busy_ppm: Option<u32>,
     },
     /// Iterations joined across nodes, split again.
     Joined(Vec<IterationBreakdown>),

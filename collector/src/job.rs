@@ -95,6 +95,10 @@ impl JobTask {
                         iter: it.breakdown.iter,
                         end_ns,
                         split: it.breakdown.split,
+                        gpu_busy_ppm: match &frame {
+                            Frame::NodeReport(r) => r.gpu.as_ref().and_then(|g| g.busy_ppm),
+                            _ => None,
+                        },
                     })
                 } else if let Frame::NodeHealth(h) = &frame {
                     let before = self.dropped.insert(h.node.clone(), h.records_dropped);

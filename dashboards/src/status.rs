@@ -1,5 +1,6 @@
-//! The one-line live status: iterations, median iteration time over the recent window, and
-//! the largest stall in that window.
+//! The one-line live status: iterations, median iteration time over the recent window, the
+//! largest stall in that window and, on GPUs, how busy they were: the first number a GPU
+//! user looks at, live.
 
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::category::{Category, Split};
@@ -16,6 +17,8 @@ pub struct StatusModel {
     pub iterations: u64,
     /// Ranks seen.
     pub ranks: std::collections::BTreeSet<u32>,
+    /// The GPU's busy share of the most recent iterations that had one (any rank), ppm.
+    gpu_busy: std::collections::VecDeque<u32>,
 }
 
 impl StatusModel {
@@ -28,6 +31,14 @@ impl StatusModel {
             if self.recent.len() > WINDOW {
                 self.recent.pop_front();
             }
+        }
+    }
+
+    /// Takes an iteration's GPU busy share, ppm (NVML utilisation over the iteration).
+    pub fn gpu_busy(&mut self, ppm: u32) {
+        self.gpu_busy.push_back(ppm);
+        if self.gpu_busy.len() > WINDOW {
+            self.gpu_busy.pop_front();
         }
     }
 
@@ -51,7 +62,7 @@ impl StatusModel {
             ),
             None => "no stalls".into(),
         };
-        format!(
+        let mut line = format!(
             "stallscope: {} it × {} rank{} · median {:.3} s · {} · compute {:.0}%",
             self.iterations,
             self.ranks.len(),
@@ -59,7 +70,13 @@ impl StatusModel {
             secs(median),
             stall,
             split.get(Category::Compute) as f64 * 100.0 / split.total().max(1) as f64
-        )
+        );
+        if !self.gpu_busy.is_empty() {
+            let sum: u64 = self.gpu_busy.iter().map(|p| u64::from(*p)).sum();
+            let mean = sum as f64 / self.gpu_busy.len() as f64 / 1e4;
+            line.push_str(&format!(" · GPU {mean:.0}% busy"));
+        }
+        line
     }
 }
 
@@ -93,5 +110,11 @@ mod tests {
         assert!(s.contains("2 it × 2 ranks"), "{s}");
         assert!(s.contains("median 0.200 s"), "{s}");
         assert!(s.contains("largest stall data_prep 60%"), "{s}");
+        assert!(!s.contains("GPU"), "no GPU, no GPU figure: {s}");
+        for ppm in [800_000, 900_000] {
+            m.gpu_busy(ppm);
+        }
+        let s = m.render();
+        assert!(s.ends_with(" · GPU 85% busy"), "{s}");
     }
 }

@@ -76,6 +76,10 @@ fn say(update: &JobUpdate, status: &mut StatusModel, clocks: &mut Vec<(String, f
             "stallscope collector: node {node} dropped {records} records while the collector was away (its buffer was full)"
         ),
         JobUpdate::Joined(b) => status.update(b),
+        JobUpdate::Iteration {
+            gpu_busy_ppm: Some(ppm),
+            ..
+        } => status.gpu_busy(*ppm),
         JobUpdate::Iteration { .. } => {}
     }
 }

@@ -303,6 +303,15 @@ impl Recorder {
             }
         }
         self.status.update(&new);
+        for b in &new {
+            if let Some(ppm) = self
+                .job
+                .gpu_reading(b.rank, b.iter)
+                .and_then(|g| g.busy_ppm)
+            {
+                self.status.gpu_busy(ppm);
+            }
+        }
         if let Some(tap) = self.tap.as_mut() {
             tap(&self.job, &new);
         }
