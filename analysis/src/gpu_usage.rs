@@ -81,14 +81,20 @@ impl IterationGpu {
         }
     }
 
-    /// Whether NVML gave any reading in the iteration.
-    pub fn any_reading(&self) -> bool {
-        self.busy_ppm.is_some()
-            || self.power_mw.is_some()
-            || self.pcie_rx_bytes.is_some()
-            || self.pcie_tx_bytes.is_some()
-            || self.nvlink_bytes.is_some()
-            || self.energy_mj.is_some()
+    /// How many of the six NVML readings (busy, power, PCIe in and out, NVLink, energy) the
+    /// iteration has; 0 when NVML gave none (a GPU lost mid-run).
+    pub fn readings(&self) -> usize {
+        [
+            self.busy_ppm.is_some(),
+            self.power_mw.is_some(),
+            self.pcie_rx_bytes.is_some(),
+            self.pcie_tx_bytes.is_some(),
+            self.nvlink_bytes.is_some(),
+            self.energy_mj.is_some(),
+        ]
+        .into_iter()
+        .filter(|present| *present)
+        .count()
     }
 }
 
@@ -176,7 +182,7 @@ impl GpuUsage {
         self.iterations += 1;
         self.cuda_timed += u64::from(it.cuda_timed);
         self.wall_ns += wall_ns;
-        self.read += u64::from(it.any_reading());
+        self.read += u64::from(it.readings() > 0);
         add_mean(&mut self.busy, it.busy_ppm.map(|p| f64::from(p) / 1e6), ns);
         add_mean(&mut self.power, it.power_mw.map(|p| p as f64), ns);
         add(&mut self.pcie_rx, it.pcie_rx_bytes);

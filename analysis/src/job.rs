@@ -112,11 +112,10 @@ impl JobTimeline {
             }
             Frame::NodeReport(r) => {
                 let it = &r.iteration;
-                let warmup = self.header.as_ref().map_or(0, |h| h.warmup_iters);
                 let fresh = self.nodes.report(it);
                 if let Some(gpu) = r.gpu.as_ref().filter(|_| fresh) {
                     let b = &it.breakdown;
-                    if b.iter >= u64::from(warmup) {
+                    if b.iter >= self.warmup() {
                         self.gpu_usage
                             .entry(b.rank)
                             .or_default()
@@ -335,6 +334,13 @@ impl JobTimeline {
             .collect()
     }
 
+    /// Iterations at the start of each rank left out of the summary (the header's).
+    fn warmup(&self) -> u64 {
+        self.header
+            .as_ref()
+            .map_or(0, |h| u64::from(h.warmup_iters))
+    }
+
     /// What rank `rank`'s GPU did in iteration `iter`, when the last attribution round
     /// attributed it and the rank runs on a GPU NVML reads.
     pub fn gpu_reading(&self, rank: u32, iter: u64) -> Option<&IterationGpu> {
@@ -347,7 +353,7 @@ impl JobTimeline {
     pub fn attribute_ready(&mut self, now: Nanos, finishing: bool) -> Vec<IterationBreakdown> {
         let ranks = self.markers.ranks();
         let links = self.links();
-        let warmup = self.header.as_ref().map_or(0, |h| h.warmup_iters) as u64;
+        let warmup = self.warmup();
         self.round_gpu.clear();
         let mut out = Vec::new();
         for (pid, rank) in &ranks {

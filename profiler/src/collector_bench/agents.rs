@@ -89,20 +89,10 @@ pub struct Outcome {
 /// readings (busy, power, PCIe in and out, NVLink, energy, batch bytes).
 pub fn values_per_frame(r: &NodeReport) -> usize {
     let it = &r.iteration;
-    let gpu = r.gpu.as_ref().map_or(0, |g| {
-        [
-            g.busy_ppm.is_some(),
-            g.power_mw.is_some(),
-            g.pcie_rx_bytes.is_some(),
-            g.pcie_tx_bytes.is_some(),
-            g.nvlink_bytes.is_some(),
-            g.energy_mj.is_some(),
-            g.batch_bytes.is_some(),
-        ]
-        .into_iter()
-        .filter(|v| *v)
-        .count()
-    });
+    let gpu = r
+        .gpu
+        .as_ref()
+        .map_or(0, |g| g.readings() + usize::from(g.batch_bytes.is_some()));
     2 + it.breakdown.split.ns.len() + it.breakdown.evidence.len() + 2 + 2 * it.comm.len() + gpu
 }
 
