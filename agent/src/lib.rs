@@ -9,6 +9,7 @@
 pub mod clock;
 pub mod gpu;
 pub mod markers;
+pub mod node;
 pub mod proctree;
 pub mod sampler;
 pub mod shipper;

@@ -9,6 +9,7 @@
 //! while a pass runs are simply not in it. Everything reads below a proc root, so tests run it
 //! on captured text.
 
+use stallscope_analysis::process::ancestors;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, Read};
@@ -57,17 +58,9 @@ pub fn launchers(tree: &[ProcEntry], loops: &BTreeSet<u32>) -> Vec<u32> {
     let parent: HashMap<u32, u32> = tree.iter().map(|e| (e.pid, e.ppid)).collect();
     let mut above = HashSet::new();
     for &pid in loops.iter().filter(|p| parent.contains_key(p)) {
-        let mut p = pid;
-        // Bounded: a parent chain in a consistent tree is acyclic, a racy scan may not be.
-        for _ in 0..64 {
-            match parent.get(&p) {
-                Some(&up) if parent.contains_key(&up) => {
-                    above.insert(up);
-                    p = up;
-                }
-                _ => break,
-            }
-        }
+        above.extend(
+            ancestors(pid, |p| parent.get(&p).copied()).take_while(|up| parent.contains_key(up)),
+        );
     }
     tree.iter()
         .map(|e| e.pid)

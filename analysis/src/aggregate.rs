@@ -126,6 +126,30 @@ impl WallMedian {
     }
 }
 
+impl WallMedian {
+    /// The `q` quantile (0–1) by nearest rank, ns; 0 when empty. Exact while
+    /// [`WallMedian::is_exact`], else within [`MEDIAN_MAX_RELATIVE_ERROR`].
+    pub fn quantile(&self, q: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let k = ((q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64).clamp(1, self.count) - 1;
+        if let Some(exact) = &self.exact {
+            let mut walls = exact.clone();
+            walls.sort_unstable();
+            return walls[k as usize];
+        }
+        let mut seen = 0;
+        for (b, c) in &self.histogram {
+            seen += c;
+            if seen > k {
+                return bucket_value(*b);
+            }
+        }
+        0
+    }
+}
+
 /// Sums over a set of counted iterations.
 #[derive(Clone, Debug)]
 pub struct Totals {

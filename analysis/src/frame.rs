@@ -205,6 +205,18 @@ pub enum Frame {
     /// One rank's attributed iteration and its GPU's readings, as its node's agent shipped
     /// them (agents of protocol 3 on).
     NodeReport(Box<NodeReport>),
+    /// A node's resources over the last second (CPU, run queue, NICs, disks, PSI, GPUs), as its
+    /// agent measured them (agents of protocol 4 on).
+    NodeResources(Box<NodeResourcesReport>),
+}
+
+/// A node's resources as its agent measured them, in the agent's clock.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeResourcesReport {
+    /// The node (set by the collector from the agent's Hello).
+    pub node: String,
+    /// What the agent's meter read over its last bucket.
+    pub resources: crate::view::NodeResources,
 }
 
 impl Frame {

@@ -23,6 +23,7 @@ use crate::crossnode::CrossNode;
 use crate::frame::{Frame, ProcessInfo, RunEnd, RunHeader, SourceStatus};
 use crate::gpu_usage::{GpuUsage, IterationGpu};
 use crate::loops::MarkerLog;
+use crate::process::ancestors;
 use crate::series::{names, LABEL_GPU, LABEL_UUID, LINK_LOOPBACK, LINK_NIC};
 use crate::timeline::SeriesStore;
 use crate::Nanos;
@@ -98,7 +99,7 @@ impl JobTimeline {
             Frame::ProcessExit { pid, .. } => {
                 self.exited.insert(*pid);
             }
-            Frame::Breakdown(_) | Frame::Experiment(_) => {}
+            Frame::Breakdown(_) | Frame::Experiment(_) | Frame::NodeResources(_) => {}
             Frame::Source(s) => {
                 self.sources.insert(s.source.clone(), s.clone());
             }
@@ -130,24 +131,13 @@ impl JobTimeline {
     /// The data-loader processes of loop `pid`: descendants that said `role=loader`, or, when
     /// none did, every descendant.
     fn loader_pids(&self, pid: u32) -> Vec<u32> {
-        let descends = |mut p: u32| {
-            for _ in 0..64 {
-                match self.processes.get(&p) {
-                    Some(info) if info.ppid == pid => return true,
-                    Some(info) if info.ppid > 1 => p = info.ppid,
-                    _ => return false,
-                }
-            }
-            false
-        };
+        let descends =
+            |p: u32| ancestors(p, |q| self.processes.get(&q).map(|i| i.ppid)).any(|up| up == pid);
         let mut marked: Vec<u32> = self
             .markers
             .procs
             .values()
-            .filter(|m| {
-                m.meta.get("role").map(String::as_str) == Some("loader")
-                    && m.meta.get("parent").and_then(|p| p.parse().ok()) == Some(pid)
-            })
+            .filter(|m| m.info().is_loader() && m.info().parent == Some(pid))
             .map(|m| m.pid)
             .collect();
         if marked.is_empty() {
@@ -155,8 +145,7 @@ impl JobTimeline {
                 .markers
                 .procs
                 .get(&pid)
-                .and_then(|m| m.meta.get("workers"))
-                .is_some_and(|w| w == "0");
+                .is_some_and(|m| m.info().workers == Some(0));
             if !says_no_workers {
                 marked = self
                     .processes
@@ -394,7 +383,7 @@ impl JobTimeline {
                 };
                 out.push(attribute(&input, &self.series, &rank_series, &links));
                 if let Some(gpu) = gpu_index {
-                    let batch = marks.meta.get("batch_bytes").and_then(|b| b.parse().ok());
+                    let batch = marks.info().batch_bytes;
                     let reading = IterationGpu::read(
                         &self.series,
                         &gpu,

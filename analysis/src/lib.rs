@@ -19,11 +19,14 @@ pub mod finding;
 pub mod frame;
 pub mod gpu_usage;
 pub mod job;
+pub mod journal;
 pub mod loops;
 pub mod marker;
+pub mod process;
 pub mod series;
 pub mod summary;
 pub mod timeline;
+pub mod view;
 pub mod wire;
 
 /// Nanoseconds on the node's `CLOCK_MONOTONIC`.

@@ -59,6 +59,45 @@ impl GpuIterTimes {
     }
 }
 
+/// What a process said of itself in `meta` markers, parsed once as they arrive: the keys
+/// attribution, the summary, the live model and the agent read. A value that does not parse
+/// is absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessMeta {
+    /// `role`: `loader` for a DataLoader worker.
+    pub role: Option<String>,
+    /// `parent`: the pid of the loop a loader works for.
+    pub parent: Option<u32>,
+    /// `workers`: the DataLoader's `num_workers`.
+    pub workers: Option<u32>,
+    /// `batch_size`: samples per batch, per rank.
+    pub batch_size: Option<u64>,
+    /// `batch_bytes`: bytes of one batch as the DataLoader returned it.
+    pub batch_bytes: Option<u64>,
+    /// `world_size`: ranks in the job.
+    pub world_size: Option<u32>,
+}
+
+impl ProcessMeta {
+    /// Takes one key and value (other keys are ignored).
+    pub fn set(&mut self, key: &str, value: &str) {
+        match key {
+            "role" => self.role = Some(value.to_string()),
+            "parent" => self.parent = value.parse().ok(),
+            "workers" => self.workers = value.parse().ok(),
+            "batch_size" => self.batch_size = value.parse().ok(),
+            "batch_bytes" => self.batch_bytes = value.parse().ok(),
+            "world_size" => self.world_size = value.parse().ok(),
+            _ => {}
+        }
+    }
+
+    /// Whether it said it is a DataLoader worker.
+    pub fn is_loader(&self) -> bool {
+        self.role.as_deref() == Some("loader")
+    }
+}
+
 /// What one process sent.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessMarks {
@@ -75,6 +114,8 @@ pub struct ProcessMarks {
     open: HashMap<String, Nanos>,
     /// Latest metadata per key (`workers`, `role`, `parent`, `local_rank`, …).
     pub meta: BTreeMap<String, String>,
+    /// The keys of `meta` that are read, parsed.
+    info: ProcessMeta,
     last_seq: Option<u64>,
     /// Datagrams known lost (sequence gaps).
     pub dropped: u64,
@@ -86,6 +127,11 @@ pub struct ProcessMarks {
 }
 
 impl ProcessMarks {
+    /// What it said of itself, parsed.
+    pub fn info(&self) -> &ProcessMeta {
+        &self.info
+    }
+
     /// Whether it runs a training loop (it has sent a step).
     pub fn is_loop(&self) -> bool {
         !self.steps.is_empty()
@@ -214,6 +260,7 @@ impl MarkerLog {
                     return;
                 }
                 for (k, v) in kv {
+                    p.info.set(k, v);
                     p.meta.insert(k.clone(), v.clone());
                 }
             }

@@ -241,11 +241,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         })
         .collect();
     let job_figures = figures(&job.totals.job);
-    let workers = job
-        .markers
-        .loops()
-        .filter_map(|m| m.meta.get("workers").and_then(|w| w.parse().ok()))
-        .max();
+    let workers = job.markers.loops().filter_map(|m| m.info().workers).max();
     let finding = find(&FindingInput {
         job: &job_figures,
         ranks: &ranks,

@@ -1,10 +1,11 @@
 //! The job task: everything the connections receive goes through here, in one place.
 //!
-//! Each record is written to the job profile and given to the [`JobTimeline`] — the same
-//! code `stallscope summary` replays the profile through — and every [`TICK`] the task joins
-//! the iterations that are ready across nodes, flushes the profile, and only then acknowledges
-//! the records to their agents: an acknowledged record is in the file, so an agent may forget
-//! it. Updates go out on the live feed as they happen.
+//! Each record goes to the [`Journal`] — which writes it to the job profile and gives it to the
+//! same timeline `stallscope summary` replays the profile through — and every [`TICK`] the
+//! task joins the iterations that are ready across nodes, flushes the profile, and only then
+//! acknowledges the records to their agents: an acknowledged record is in the file, so an
+//! agent may forget it. Node events go out on the broadcast as they happen; the live model
+//! goes to the [`FeedHub`] every tick.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,8 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stallscope_analysis::frame::{Frame, RunEnd, RunHeader};
-use stallscope_analysis::job::JobTimeline;
-use stallscope_analysis::summary::{summarize, Summary};
+use stallscope_analysis::journal::{Breakdowns, Journal};
+use stallscope_analysis::summary::Summary;
+use stallscope_analysis::view::hub::FeedHub;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::feed::JobUpdate;
@@ -26,11 +28,9 @@ pub const TICK: Duration = Duration::from_millis(100);
 
 /// The job task's state.
 pub struct JobTask {
-    writer: Option<ProfileWriter>,
-    /// Why the profile stopped being written, if it did.
-    pub write_error: Option<String>,
-    job: JobTimeline,
+    journal: Journal,
     feed: broadcast::Sender<JobUpdate>,
+    hub: Arc<FeedHub>,
     /// Per connection (by the address of its ack cell), the cell and the highest sequence
     /// number written since the last flush.
     unflushed: HashMap<usize, (Arc<AtomicU64>, u64)>,
@@ -38,32 +38,26 @@ pub struct JobTask {
 }
 
 impl JobTask {
-    /// A task writing to `writer`, starting the profile with `header`.
+    /// A task of job `name` writing to `writer`, starting the profile with `header`; node
+    /// events go to `feed`, the live model to `hub`.
     pub fn new(
         writer: ProfileWriter,
         header: RunHeader,
+        name: &str,
         feed: broadcast::Sender<JobUpdate>,
+        hub: Arc<FeedHub>,
     ) -> JobTask {
-        let mut t = JobTask {
-            writer: Some(writer),
-            write_error: None,
-            job: JobTimeline::default(),
+        JobTask {
+            journal: Journal::new(Some(Box::new(writer)), header, name, Breakdowns::NotWritten),
             feed,
+            hub,
             unflushed: HashMap::new(),
             dropped: BTreeMap::new(),
-        };
-        t.emit(Frame::Header(header));
-        t
+        }
     }
 
     fn emit(&mut self, frame: Frame) {
-        if let Some(w) = self.writer.as_mut() {
-            if let Err(e) = w.write(&frame) {
-                self.write_error = Some(e.to_string());
-                self.writer = None;
-            }
-        }
-        self.job.ingest(&frame);
+        self.journal.emit(frame);
     }
 
     fn publish(&self, u: JobUpdate) {
@@ -84,7 +78,8 @@ impl JobTask {
             Ingest::Record { seq, frame, ack } => {
                 let update = if let Some(it) = frame.node_iteration() {
                     let end_ns = self
-                        .job
+                        .journal
+                        .timeline()
                         .nodes
                         .clocks
                         .get(&it.node)
@@ -123,16 +118,11 @@ impl JobTask {
         }
     }
 
-    /// Joins what is ready, flushes, acknowledges.
+    /// Joins what is ready, flushes, acknowledges, publishes the model.
     pub fn tick(&mut self, finishing: bool) {
-        let joined = self.job.attribute_ready(monotonic_ns(), finishing);
-        if let Some(w) = self.writer.as_mut() {
-            if let Err(e) = w.flush() {
-                self.write_error = Some(e.to_string());
-                self.writer = None;
-            }
-        }
-        if self.writer.is_some() {
+        let joined = self.journal.attribute(monotonic_ns(), finishing);
+        self.journal.flush();
+        if self.journal.is_writing() {
             for (_, (ack, seq)) in self.unflushed.drain() {
                 ack.store(seq, Ordering::Release);
             }
@@ -140,23 +130,22 @@ impl JobTask {
         if !joined.is_empty() {
             self.publish(JobUpdate::Joined(joined));
         }
+        let update = self.journal.take_update();
+        self.hub.publish(self.journal.view(), update);
     }
 
     /// Writes the end of the profile and returns the job summary.
     pub fn finish(mut self) -> (Summary, Option<String>) {
         self.tick(true);
-        self.emit(Frame::End(RunEnd {
+        let end = RunEnd {
             ended_mono_ns: monotonic_ns(),
             exit_code: 0,
             markers_dropped: 0,
             markers_rejected: 0,
-        }));
-        if let Some(w) = self.writer.take() {
-            if let Err(e) = w.finish() {
-                self.write_error = Some(e.to_string());
-            }
-        }
-        (summarize(&self.job), self.write_error)
+        };
+        let done = self.journal.finish(monotonic_ns(), end);
+        self.hub.end();
+        done
     }
 }
 

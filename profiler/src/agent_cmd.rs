@@ -12,30 +12,24 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
-use stallscope_agent::markers::{MarkerEvent, MarkerListener};
+use stallscope_agent::markers::MarkerListener;
+use stallscope_agent::node::feed::FeedHub;
+use stallscope_agent::node::gpu_thread::spawn_gpu;
+use stallscope_agent::node::recorder::{Event, Inbox, Recorder, Stderr};
+use stallscope_agent::node::report::{shipping_tap, TrackSenders};
 use stallscope_agent::sampler::{self, ExtraRoots, Pids, SamplerConfig, SharedPids};
 use stallscope_agent::shipper::{Shipper, ShipperConfig};
-use stallscope_agent::sink::Sink;
-use stallscope_analysis::attribution::IterationBreakdown;
-use stallscope_analysis::frame::{
-    CommSpan, Frame, NodeHealth, NodeIteration, NodeReport, RunHeader,
-};
-use stallscope_analysis::job::JobTimeline;
-use stallscope_analysis::marker::phase;
+use stallscope_analysis::frame::RunHeader;
 
 use crate::cli::AgentArgs;
 use crate::python_env;
-use crate::recorder::{Event, Inbox, Recorder, Tap};
 
 /// Where an agent receives markers when neither `--socket` nor `$STALLSCOPE_SOCKET` says
 /// (the marker package falls back to the same path).
 pub const AGENT_SOCKET: &str = "/tmp/stallscope/agent.sock";
-
-/// How often the node's health goes to the collector (when it changed).
-const HEALTH_EVERY: Duration = Duration::from_secs(2);
 
 /// How long the agent waits at exit for the collector to acknowledge what is left.
 const DRAIN_WITHIN: Duration = Duration::from_secs(10);
@@ -57,84 +51,6 @@ pub fn read_token(path: &Path) -> anyhow::Result<String> {
         bail!("the token file {} is empty", path.display());
     }
     Ok(token)
-}
-
-/// Hands markers on, and makes every process that sends one a root of the sampled job.
-#[derive(Clone)]
-struct TrackSenders {
-    inbox: Inbox,
-    roots: ExtraRoots,
-}
-
-impl Sink<MarkerEvent> for TrackSenders {
-    fn put(&self, item: MarkerEvent) -> bool {
-        if let MarkerEvent::Marker(m) = &item {
-            if let Ok(mut r) = self.roots.lock() {
-                r.insert(m.pid);
-            }
-        }
-        self.inbox.put(item)
-    }
-}
-
-/// Moves a node time by the injected offset.
-fn shift(t: u64, by: i64) -> u64 {
-    (t as i64).saturating_add(by).max(0) as u64
-}
-
-/// What the collector needs of one attributed iteration.
-fn node_iteration(job: &JobTimeline, b: &IterationBreakdown, offset: i64) -> NodeIteration {
-    let marks = job.markers.procs.get(&b.pid);
-    let comm = marks
-        .map(|m| m.spans_within(b.start_ns, b.end_ns))
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| s.phase == phase::COMM)
-        .map(|s| CommSpan {
-            begin: shift(s.begin, offset),
-            end: shift(s.end, offset),
-        })
-        .collect();
-    let world_size = marks.and_then(|m| m.meta.get("world_size").and_then(|w| w.parse().ok()));
-    let mut breakdown = b.clone();
-    breakdown.start_ns = shift(b.start_ns, offset);
-    breakdown.end_ns = shift(b.end_ns, offset);
-    NodeIteration {
-        node: String::new(),
-        breakdown,
-        comm,
-        world_size,
-    }
-}
-
-fn tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap {
-    let offset = shipper.clock_offset_ns();
-    let mut last_health: Option<(Instant, NodeHealth)> = None;
-    Box::new(move |job: &JobTimeline, new: &[IterationBreakdown]| {
-        for b in new {
-            shipper.push(Frame::NodeReport(Box::new(NodeReport {
-                iteration: node_iteration(job, b, offset),
-                gpu: job.gpu_reading(b.rank, b.iter).cloned(),
-            })));
-        }
-        if last_health
-            .as_ref()
-            .is_some_and(|(at, _)| at.elapsed() < HEALTH_EVERY)
-        {
-            return;
-        }
-        let health = NodeHealth {
-            node: String::new(),
-            records_dropped: shipper.dropped(),
-            markers_dropped: job.markers.dropped(),
-            markers_rejected: listener.rejected(),
-            sources_down: job.sources.values().filter(|s| !s.up).cloned().collect(),
-        };
-        if last_health.as_ref().is_none_or(|(_, h)| *h != health) {
-            shipper.push(Frame::NodeHealth(health.clone()));
-        }
-        last_health = Some((Instant::now(), health));
-    })
 }
 
 /// Runs the agent until SIGINT or SIGTERM; exit code 0.
@@ -204,7 +120,11 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         ..crate::run::header_for(&[], args.rate, 0)
     };
     let listener = Arc::new(listener);
-    let recorder = Recorder::unwritten(header).with_tap(tap(shipper.clone(), listener.clone()));
+    let hub = Arc::new(FeedHub::default());
+    let feed_socket = crate::run::open_feed(hub.clone(), "agent.feed");
+    let recorder = Recorder::new(None, header, &node, Box::new(Stderr), false)
+        .with_tap(shipping_tap(shipper.clone(), listener.clone()))
+        .with_feed(hub);
 
     let pids = SharedPids::default();
     let config = SamplerConfig {
@@ -220,7 +140,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         sampler::default_sources(&config.roots),
         inbox.clone(),
     );
-    let gpu_sampler = crate::run::spawn_gpu(&config, pids, inbox.clone()).map(|(handle, what)| {
+    let gpu_sampler = spawn_gpu(&config, pids, inbox.clone()).map(|(handle, what)| {
         eprintln!("stallscope agent: GPU sources: {what}");
         handle
     });
@@ -244,6 +164,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         g.stop();
     }
     drop(listener);
+    drop(feed_socket);
     let shipper = Arc::try_unwrap(shipper).map_err(|_| anyhow::anyhow!("shipper still shared"))?;
     let dropped = shipper.dropped();
     let left = shipper.finish(DRAIN_WITHIN);

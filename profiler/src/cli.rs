@@ -20,6 +20,9 @@ pub enum Command {
     /// Print the summary of a profile written by `stallscope run`, `stallscope collector`
     /// or `stallscope experiment`.
     Summary(SummaryArgs),
+    /// Attach to the live feed of a running `stallscope run`, agent or collector on this node
+    /// and print its live model (the status line, or every message as JSON with --json).
+    Feed(FeedArgs),
     /// Measure the stalls by difference between controlled runs of the training (Stash,
     /// DS-Analyzer): 1 process and all processes on synthetic data, over the nodes, real
     /// data with a warm and a cold page cache.
@@ -139,6 +142,9 @@ pub struct CollectorArgs {
     /// No live status lines (node events are still said).
     #[arg(short, long)]
     pub quiet: bool,
+    /// The job's name in the live feed and its views.
+    #[arg(long, value_name = "NAME")]
+    pub job: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -165,6 +171,10 @@ pub struct RunArgs {
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
+    /// The job's name in the live feed and its views (default: the training script's or
+    /// program's name).
+    #[arg(long, value_name = "NAME")]
+    pub job: Option<String>,
     /// Where /proc and /sys are (hidden; tests point them at captured files).
     #[command(flatten)]
     pub roots: RootArgs,
@@ -298,4 +308,20 @@ impl RootArgs {
             sys: self.sys_root.clone(),
         }
     }
+}
+
+#[derive(Debug, Args)]
+pub struct FeedArgs {
+    /// The feed socket (default: the newest in this user's feed directory, /run/stallscope
+    /// for root, else $XDG_RUNTIME_DIR/stallscope).
+    pub socket: Option<PathBuf>,
+    /// Print every message as one JSON line (the first a snapshot of the model, then updates).
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after N messages.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// Give up when the feed says nothing for this long, s.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
 }

@@ -12,11 +12,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::summary::{render_text, Summary};
+use stallscope_analysis::view::hub::{FeedHub, FeedMessage, SUBSCRIBER_QUEUE};
+use stallscope_analysis::view::JobView;
 use stallscope_collector::feed::{JobUpdate, FEED_CAPACITY};
 use stallscope_collector::job::{self, JobTask};
 use stallscope_collector::profile::ProfileWriter;
 use stallscope_collector::server::{self, ServerConfig};
-use stallscope_dashboards::status::StatusModel;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::cli::CollectorArgs;
@@ -42,7 +45,7 @@ pub fn listen_addr(listen: &str, has_token: bool) -> anyhow::Result<SocketAddr> 
     Ok(addr)
 }
 
-fn say(update: &JobUpdate, status: &mut StatusModel, clocks: &mut Vec<(String, f64, f64)>) {
+fn say(update: &JobUpdate) {
     match update {
         JobUpdate::NodeUp { node, peer } => {
             eprintln!("stallscope collector: node {node} joined from {peer}")
@@ -60,54 +63,69 @@ fn say(update: &JobUpdate, status: &mut StatusModel, clocks: &mut Vec<(String, f
             reason: None,
             ..
         } => eprintln!("stallscope collector: node {node} left"),
-        JobUpdate::NodeDown { .. } => {}
-        JobUpdate::Clock(c) => {
-            let entry = (
-                c.node.clone(),
-                c.offset_ns as f64 / 1e6,
-                c.uncertainty_ns as f64 / 1e6,
-            );
-            match clocks.iter_mut().find(|x| x.0 == c.node) {
-                Some(x) => *x = entry,
-                None => clocks.push(entry),
-            }
-        }
         JobUpdate::Dropped { node, records } => eprintln!(
             "stallscope collector: node {node} dropped {records} records while the collector was away (its buffer was full)"
         ),
-        JobUpdate::Joined(b) => status.update(b),
-        JobUpdate::Iteration {
-            gpu_busy_ppm: Some(ppm),
-            ..
-        } => status.gpu_busy(*ppm),
-        JobUpdate::Iteration { .. } => {}
+        _ => {}
     }
 }
 
-async fn print_feed(mut feed: broadcast::Receiver<JobUpdate>, quiet: bool) {
-    let mut status = StatusModel::default();
-    let mut clocks: Vec<(String, f64, f64)> = Vec::new();
-    let mut last = Instant::now();
+/// Says what happens to agents as it happens.
+async fn print_events(mut feed: broadcast::Receiver<JobUpdate>) {
     loop {
-        match tokio::time::timeout(Duration::from_millis(500), feed.recv()).await {
-            Ok(Ok(u)) => say(&u, &mut status, &mut clocks),
-            Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
-            Ok(Err(broadcast::error::RecvError::Closed)) => break,
-            Err(_) => {}
-        }
-        if !quiet && last.elapsed() >= STATUS_EVERY {
-            last = Instant::now();
-            let nodes: Vec<String> = clocks
-                .iter()
-                .map(|(n, o, u)| format!("{n} {o:+.3}±{u:.3} ms"))
-                .collect();
-            eprintln!(
-                "stallscope collector: nodes [{}] · {}",
-                nodes.join(", "),
-                status.render()
-            );
+        match feed.recv().await {
+            Ok(u) => say(&u),
+            Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => break,
         }
     }
+}
+
+/// Prints the live status every [`STATUS_EVERY`], drawn from the live model as a feed
+/// subscriber sees it (snapshot, then updates), until the job ends.
+fn print_status(feed: Receiver<FeedMessage>) {
+    let mut view: Option<JobView> = None;
+    let mut last = Instant::now();
+    loop {
+        match feed.recv_timeout(Duration::from_millis(500)) {
+            Ok(FeedMessage::Snapshot(v)) => view = Some((*v).clone()),
+            Ok(FeedMessage::Update(u)) => {
+                if let Some(v) = view.as_mut() {
+                    v.apply((*u).clone());
+                }
+            }
+            Ok(FeedMessage::End) | Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if last.elapsed() >= STATUS_EVERY {
+            last = Instant::now();
+            if let Some(v) = &view {
+                eprintln!("{}", collector_status(v));
+            }
+        }
+    }
+}
+
+/// The collector's status line: every node's clock offset, then the run's status line.
+pub fn collector_status(v: &JobView) -> String {
+    let nodes: Vec<String> = v
+        .nodes
+        .values()
+        .filter_map(|n| {
+            let (o, u) = (n.clock_offset_ns?, n.clock_uncertainty_ns?);
+            Some(format!(
+                "{} {:+.3}±{:.3} ms",
+                n.node,
+                o as f64 / 1e6,
+                u as f64 / 1e6
+            ))
+        })
+        .collect();
+    format!(
+        "stallscope collector: nodes [{}] · {}",
+        nodes.join(", "),
+        stallscope_dashboards::status::render(v)
+    )
 }
 
 async fn shutdown_signal() {
@@ -133,20 +151,28 @@ pub(crate) struct Collector {
 }
 
 impl Collector {
-    /// Starts serving `listener`, writing the job profile with `writer` from `header`.
+    /// Starts serving `listener`, writing the job profile with `writer` from `header`, and
+    /// publishing the live model of job `name` to `hub`.
     pub(crate) fn start(
         listener: tokio::net::TcpListener,
         config: ServerConfig,
         writer: ProfileWriter,
         header: RunHeader,
+        (name, hub): (&str, Arc<FeedHub>),
         quiet: bool,
     ) -> Collector {
         let (feed, feed_rx) = broadcast::channel(FEED_CAPACITY);
         let (stop, stop_rx) = watch::channel(false);
         let (tx, rx) = mpsc::channel(INGEST_QUEUE);
         let server = tokio::spawn(server::serve(listener, config, tx, stop_rx.clone()));
-        let printer = tokio::spawn(print_feed(feed_rx, quiet));
-        let task = JobTask::new(writer, header, feed.clone());
+        let printer = tokio::spawn(print_events(feed_rx));
+        if !quiet {
+            let rx = hub.subscribe(SUBSCRIBER_QUEUE);
+            let _ = std::thread::Builder::new()
+                .name("stallscope-status".into())
+                .spawn(move || print_status(rx));
+        }
+        let task = JobTask::new(writer, header, name, feed.clone(), hub);
         let job = tokio::spawn(job::run(task, rx, stop_rx));
         Collector {
             feed,
@@ -247,7 +273,12 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
             token,
             ..ServerConfig::default()
         };
-        let collector = Collector::start(listener, config, writer, header, args.quiet);
+        let hub = Arc::new(FeedHub::default());
+        let _feed_socket =
+            crate::run::open_feed(hub.clone(), &format!("collector-{}.feed", addr.port()));
+        let name = args.job.clone().unwrap_or_else(|| "job".into());
+        let collector =
+            Collector::start(listener, config, writer, header, (&name, hub), args.quiet);
         shutdown_signal().await;
         collector.stop().await
     })?;

@@ -7,10 +7,10 @@ mod collector_bench;
 mod collector_cmd;
 mod doctor;
 mod experiment;
+mod feed_cmd;
 mod launch;
 mod nvml_bench;
 mod python_env;
-mod recorder;
 mod run;
 mod summary_cmd;
 mod terminal;
@@ -22,6 +22,7 @@ fn main() {
     let result = match cli.command {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Summary(args) => summary_cmd::summary(args),
+        cli::Command::Feed(args) => feed_cmd::feed(args),
         cli::Command::Experiment(args) => experiment::experiment(args),
         cli::Command::Launch(args) => launch::launch(args),
         cli::Command::Doctor(args) => doctor::doctor(args),

@@ -15,10 +15,11 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use regex::bytes::Regex;
 use stallscope_agent::clock::monotonic_ns;
-use stallscope_agent::gpu::{self, nvml::NvmlBackend};
 use stallscope_agent::markers::MarkerListener;
-use stallscope_agent::sampler::{self, Pids, SamplerConfig, SamplerHandle, SharedPids};
-use stallscope_agent::sink::Sink;
+use stallscope_agent::node::feed::{self, FeedHub, FeedSocket};
+use stallscope_agent::node::gpu_thread::spawn_gpu;
+use stallscope_agent::node::recorder::{Event, Inbox, Recorder};
+use stallscope_agent::sampler::{self, Pids, SamplerConfig, SharedPids};
 use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::summary::render_text;
@@ -27,7 +28,7 @@ use stallscope_collector::profile::ProfileWriter;
 use crate::child::{exit_code, exit_like, Job};
 use crate::cli::RunArgs;
 use crate::python_env;
-use crate::recorder::{Event, Inbox, Recorder, StatusMode};
+use crate::terminal::StatusLine;
 
 /// The default profile name: `stallscope-YYYYMMDD-HHMMSS.stallscope` in local time.
 pub fn default_profile_path() -> PathBuf {
@@ -230,12 +231,21 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         _ => None,
     };
 
+    let header = header(args);
+    let name = args
+        .job
+        .clone()
+        .unwrap_or_else(|| stallscope_analysis::view::job_name(&header.command));
+    let hub = Arc::new(FeedHub::default());
+    let feed_socket = open_feed(hub.clone(), &format!("run-{}.feed", std::process::id()));
     let recorder = Recorder::new(
-        writer,
-        header(args),
-        StatusMode::for_stderr(args.quiet),
+        Some(Box::new(writer)),
+        header,
+        &name,
+        Box::new(StatusLine::for_stderr(args.quiet)),
         args.iter_regex.is_some(),
-    );
+    )
+    .with_feed(hub);
     let descendants = recorder.descendants.clone();
 
     let pids = SharedPids::default();
@@ -283,6 +293,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     summary.profile = Some(profile_path.display().to_string());
     summary.profiler_cpu_seconds = Some(own_cpu_seconds() - cpu_before);
     drop(dir);
+    drop(feed_socket);
     Ok(Recorded {
         status,
         summary,
@@ -290,31 +301,17 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     })
 }
 
-/// Starts the NVML thread: the GPU sources on a sampler of their own (NVML calls block), at
-/// the same rate, following the CPU sampler's pids. Without an NVIDIA driver, says so once and
-/// returns `None`: the run goes on without GPU sources. The agent starts one the same way.
-/// With the thread comes what it reads ("NVML: 1 GPU(s): 0 NVIDIA H100 80GB HBM3").
-pub(crate) fn spawn_gpu(
-    config: &SamplerConfig,
-    pids: SharedPids,
-    sink: impl Sink<sampler::SamplerEvent>,
-) -> Option<(SamplerHandle, String)> {
-    let backend = match NvmlBackend::open() {
-        Ok(b) => b,
+/// Serves the live model on `NAME` in this user's feed directory, saying where (or why not)
+/// once; the run goes on without a feed when it cannot be served.
+pub fn open_feed(hub: Arc<FeedHub>, name: &str) -> Option<FeedSocket> {
+    let served = stallscope_agent::node::feed_dir().and_then(|d| feed::serve(hub, &d.join(name)));
+    match served {
+        Ok(s) => Some(s),
         Err(e) => {
-            eprintln!("stallscope: {e}; no GPU sources");
-            return None;
+            eprintln!("stallscope: no live feed ({e}); the run goes on");
+            None
         }
-    };
-    let (fast, slow) = gpu::sources(Box::new(backend));
-    let what = stallscope_agent::sources::Source::describe(&fast);
-    let config = SamplerConfig {
-        pids: Pids::Follow(pids),
-        thread_name: "stallscope-nvml".into(),
-        ..config.clone()
-    };
-    let handle = sampler::spawn(config, vec![Box::new(fast), Box::new(slow)], sink);
-    Some((handle, what))
+    }
 }
 
 /// The node agent's marker socket, when an agent answers on it (`$STALLSCOPE_SOCKET`, else

@@ -63,3 +63,65 @@ impl PinnedStatus {
         write_all(&format!("\x1b7\x1b[r\x1b[{};1H\x1b[2K\x1b8", self.rows));
     }
 }
+
+/// Where `stallscope run` puts its live status: pinned to a terminal's bottom row and redrawn
+/// every second, a plain line every ten seconds elsewhere (logs, CI), or nowhere (`-q`).
+pub enum StatusLine {
+    /// No status; messages still go to stderr.
+    Off,
+    /// Pinned to the bottom row, once the first draw reserved it.
+    Terminal(Option<PinnedStatus>),
+    /// A plain line every ten seconds.
+    Lines,
+}
+
+impl StatusLine {
+    /// In place on a terminal, plain lines otherwise, or off.
+    pub fn for_stderr(quiet: bool) -> StatusLine {
+        use std::io::IsTerminal;
+        match (quiet, std::io::stderr().is_terminal()) {
+            (true, _) => StatusLine::Off,
+            (false, true) => StatusLine::Terminal(None),
+            (false, false) => StatusLine::Lines,
+        }
+    }
+}
+
+impl stallscope_agent::node::recorder::StatusOut for StatusLine {
+    fn every(&self) -> Option<std::time::Duration> {
+        match self {
+            StatusLine::Off => None,
+            StatusLine::Terminal(_) => Some(std::time::Duration::from_secs(1)),
+            StatusLine::Lines => Some(std::time::Duration::from_secs(10)),
+        }
+    }
+
+    fn draw(&mut self, view: &stallscope_analysis::view::JobView) {
+        let line = stallscope_dashboards::status::render(view);
+        match self {
+            StatusLine::Off => {}
+            StatusLine::Terminal(pinned) => {
+                if pinned.is_none() {
+                    *pinned = PinnedStatus::begin();
+                }
+                if let Some(p) = pinned.as_mut() {
+                    p.draw(&line);
+                }
+            }
+            StatusLine::Lines => write_all(&format!("{line}\n")),
+        }
+    }
+
+    fn say(&mut self, message: &str) {
+        self.clear();
+        eprintln!("{message}");
+    }
+
+    fn clear(&mut self) {
+        if let StatusLine::Terminal(pinned) = self {
+            if let Some(p) = pinned.take() {
+                p.end();
+            }
+        }
+    }
+}

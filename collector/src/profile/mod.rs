@@ -320,6 +320,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeHealth(_) => 11,
             Frame::Experiment(_) => 12,
             Frame::NodeReport(_) => 13,
+            Frame::NodeResources(_) => 14,
         };
         seen[i] = true;
     }

@@ -140,6 +140,20 @@ impl ProfileWriter {
     }
 }
 
+impl stallscope_analysis::journal::FrameSink for ProfileWriter {
+    fn write(&mut self, frame: &Frame) -> Result<(), String> {
+        ProfileWriter::write(self, frame).map_err(|e| e.to_string())
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        ProfileWriter::flush(self).map_err(|e| e.to_string())
+    }
+
+    fn finish(self: Box<Self>) -> Result<(), String> {
+        ProfileWriter::finish(*self).map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -168,7 +168,8 @@ pub fn run() -> anyhow::Result<i32> {
             token: Some(TOKEN.into()),
             ..ServerConfig::default()
         };
-        let collector = Collector::start(listener, config, writer, header, true);
+        let hub = std::sync::Arc::new(stallscope_analysis::view::hub::FeedHub::default());
+        let collector = Collector::start(listener, config, writer, header, ("bench", hub), true);
         tokio::spawn(measure(collector.subscribe(), probe.clone()));
         println!("addr {addr}");
         std::io::stdout().flush()?;

@@ -308,6 +308,7 @@ pub fn experiment(args: ExperimentArgs) -> anyhow::Result<i32> {
             no_auto: false,
             iter_regex: None,
             quiet: args.quiet,
+            job: None,
             roots: crate::cli::RootArgs::live(),
             command: launch_command(&args, &layout)?,
         };

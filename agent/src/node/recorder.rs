@@ -1,30 +1,30 @@
-//! The recorder: one thread that takes every event of the run, writes it to the profile as a
-//! frame, feeds the same frame to the job timeline, attributes iterations as they become
-//! ready, and keeps the live status line.
+//! The recorder: one thread that takes every event of the node (samples, markers, processes,
+//! sources), turns each into a frame for the [`Journal`] — which writes the profile, ingests,
+//! attributes and keeps the live model — and publishes the model to the feed and the status.
 //!
-//! Writing and ingesting go through one function ([`Recorder::emit`]), so the timeline the
-//! live run attributes from is exactly the one a replay of the profile rebuilds.
+//! Every frame goes through [`Journal::emit`], so the timeline the live run attributes from is
+//! exactly the one a replay of the profile rebuilds.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{IsTerminal, Write};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stallscope_agent::clock::monotonic_ns;
-use stallscope_agent::markers::MarkerEvent as Received;
-use stallscope_agent::proctree::ProcEntry;
-use stallscope_agent::sampler::{LoopPids, SamplerEvent};
-use stallscope_agent::sink::{Mailbox, Sink};
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::frame::{Frame, ProcessInfo, Role, RunEnd, RunHeader, SourceStatus};
 use stallscope_analysis::job::JobTimeline;
+use stallscope_analysis::journal::{Breakdowns, FrameSink, Journal};
 use stallscope_analysis::marker::{Marker, MarkerEvent};
-use stallscope_analysis::summary::{summarize, Summary};
-use stallscope_collector::profile::ProfileWriter;
-use stallscope_dashboards::status::StatusModel;
+use stallscope_analysis::process::ancestors;
+use stallscope_analysis::summary::Summary;
+use stallscope_analysis::view::JobView;
 
-use crate::terminal::PinnedStatus;
+use super::feed::FeedHub;
+use crate::clock::monotonic_ns;
+use crate::markers::MarkerEvent as Received;
+use crate::proctree::ProcEntry;
+use crate::sampler::{LoopPids, SamplerEvent};
+use crate::sink::{Mailbox, Sink};
 
 /// What the recorder is sent.
 pub enum Event {
@@ -57,41 +57,44 @@ impl Sink<Received> for Inbox {
     }
 }
 
-/// How often markers are written as a frame and ready iterations attributed.
+/// How often markers are written as a frame, ready iterations attributed and the model
+/// published to the feed (at most 10 updates a second).
 const ATTRIBUTE_EVERY: Duration = Duration::from_millis(100);
 /// How often the profile is flushed to the file.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
-/// Where the live status goes.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum StatusMode {
-    /// No status.
-    Off,
-    /// Redrawn in place on a terminal every second.
-    Terminal,
-    /// A plain line every ten seconds (logs, CI).
-    Lines,
+/// Where the live status and the recorder's messages go (the terminal, in the binary).
+pub trait StatusOut: Send {
+    /// How often [`StatusOut::draw`] is called; `None`: never.
+    fn every(&self) -> Option<Duration>;
+    /// Draws the model.
+    fn draw(&mut self, view: &JobView);
+    /// Says something once (a source down, a profile that cannot be written), clearing the
+    /// status first.
+    fn say(&mut self, message: &str);
+    /// Gives the terminal back (at the end).
+    fn clear(&mut self);
 }
 
-impl StatusMode {
-    /// In place on a terminal, plain lines otherwise, or off.
-    pub fn for_stderr(quiet: bool) -> StatusMode {
-        match (quiet, std::io::stderr().is_terminal()) {
-            (true, _) => StatusMode::Off,
-            (false, true) => StatusMode::Terminal,
-            (false, false) => StatusMode::Lines,
-        }
+/// No status; messages to stderr.
+pub struct Stderr;
+
+impl StatusOut for Stderr {
+    fn every(&self) -> Option<Duration> {
+        None
     }
+    fn draw(&mut self, _: &JobView) {}
+    fn say(&mut self, message: &str) {
+        eprintln!("{message}");
+    }
+    fn clear(&mut self) {}
 }
 
 /// The recorder's state.
 pub struct Recorder {
-    writer: Option<ProfileWriter>,
-    write_error: Option<String>,
-    job: JobTimeline,
-    status: StatusModel,
-    status_mode: StatusMode,
-    pinned: Option<PinnedStatus>,
+    journal: Journal,
+    status: Box<dyn StatusOut>,
+    feed: Option<Arc<FeedHub>>,
     pending_markers: Vec<Marker>,
     /// `--iter-regex`: steps come from stdout, not from the hook.
     regex_steps: bool,
@@ -109,37 +112,27 @@ pub struct Recorder {
 }
 
 /// See [`Recorder::with_tap`].
-pub type Tap = Box<dyn FnMut(&JobTimeline, &[IterationBreakdown]) + Send>;
+pub type Tap = Box<dyn FnMut(&JobTimeline, &JobView, &[IterationBreakdown]) + Send>;
 
 impl Recorder {
-    /// A recorder writing to `writer` that starts with `header`.
+    /// A recorder of job `name` writing to `sink` (none: an agent, whose records go to the
+    /// collector) that starts with `header`; `regex_steps`: steps come from `--iter-regex`.
     pub fn new(
-        writer: ProfileWriter,
+        sink: Option<Box<dyn FrameSink>>,
         header: RunHeader,
-        status_mode: StatusMode,
+        name: &str,
+        status: Box<dyn StatusOut>,
         regex_steps: bool,
     ) -> Recorder {
-        Self::start(Some(writer), header, status_mode, regex_steps)
-    }
-
-    /// A recorder that writes no profile (an agent: its records go to the collector).
-    pub fn unwritten(header: RunHeader) -> Recorder {
-        Self::start(None, header, StatusMode::Off, false)
-    }
-
-    fn start(
-        writer: Option<ProfileWriter>,
-        header: RunHeader,
-        status_mode: StatusMode,
-        regex_steps: bool,
-    ) -> Recorder {
-        let mut r = Recorder {
-            writer,
-            write_error: None,
-            job: JobTimeline::default(),
-            status: StatusModel::default(),
-            status_mode,
-            pinned: None,
+        let breakdowns = if sink.is_some() {
+            Breakdowns::Written
+        } else {
+            Breakdowns::NotWritten
+        };
+        Recorder {
+            journal: Journal::new(sink, header, name, breakdowns),
+            status,
+            feed: None,
             pending_markers: Vec::new(),
             regex_steps,
             emitted: BTreeMap::new(),
@@ -147,9 +140,14 @@ impl Recorder {
             loops: LoopPids::default(),
             loops_seen: BTreeSet::new(),
             tap: None,
-        };
-        r.emit(Frame::Header(header));
-        r
+        }
+    }
+
+    /// Publishes the live model to `feed` (at most every 100 ms, only while it has
+    /// subscribers).
+    pub fn with_feed(mut self, feed: Arc<FeedHub>) -> Recorder {
+        self.feed = Some(feed);
+        self
     }
 
     /// Calls `tap` after every attribution round (every 100 ms), before the timeline forgets
@@ -162,19 +160,16 @@ impl Recorder {
     /// Writes a frame to the profile and gives it to the timeline. A profile that cannot be
     /// written is reported once; the run goes on and is still summarised.
     fn emit(&mut self, frame: Frame) {
-        if let Some(w) = self.writer.as_mut() {
-            if let Err(e) = w.write(&frame) {
-                self.fail_writer(e.to_string());
-            }
-        }
-        self.job.ingest(&frame);
+        self.journal.emit(frame);
+        self.say_write_failure();
     }
 
-    fn fail_writer(&mut self, why: String) {
-        self.clear_status();
-        eprintln!("stallscope: cannot write the profile any more ({why}); the run goes on");
-        self.write_error = Some(why);
-        self.writer = None;
+    fn say_write_failure(&mut self) {
+        if let Some(why) = self.journal.take_write_failure() {
+            self.status.say(&format!(
+                "stallscope: cannot write the profile any more ({why}); the run goes on"
+            ));
+        }
     }
 
     fn on_event(&mut self, event: Event) -> Option<i32> {
@@ -194,10 +189,9 @@ impl Recorder {
                     self.on_marker(m);
                 }
             }
-            Event::Marker(Received::Rejected(why)) => {
-                self.clear_status();
-                eprintln!("stallscope: rejected a malformed marker ({why}); further ones are only counted");
-            }
+            Event::Marker(Received::Rejected(why)) => self.status.say(&format!(
+                "stallscope: rejected a malformed marker ({why}); further ones are only counted"
+            )),
             Event::RegexStep(m) => self.on_marker(m),
             Event::Finish(code) => return Some(code),
         }
@@ -216,11 +210,10 @@ impl Recorder {
 
     fn on_source(&mut self, status: SourceStatus) {
         if !status.up {
-            self.clear_status();
-            eprintln!(
+            self.status.say(&format!(
                 "stallscope: source {} is down: {} (the run goes on without it)",
                 status.source, status.message
-            );
+            ));
         }
         self.emit(Frame::Source(status));
     }
@@ -230,28 +223,25 @@ impl Recorder {
         pid: u32,
         by_pid: &BTreeMap<u32, &ProcEntry>,
     ) -> (Role, Option<u32>, Option<u32>) {
-        let ranks = self.job.markers.ranks();
+        let job = self.journal.timeline();
+        let ranks = job.markers.ranks();
         if let Some(r) = ranks.get(&pid) {
             return (Role::Rank, Some(*r), Some(pid));
         }
-        let loader = self
-            .job
+        let loader = job
             .markers
             .procs
             .get(&pid)
-            .is_some_and(|m| m.meta.get("role").map(String::as_str) == Some("loader"));
-        let mut p = pid;
-        for _ in 0..64 {
-            let Some(parent) = by_pid.get(&p).map(|e| e.ppid) else {
-                break;
-            };
-            if let Some(r) = ranks.get(&parent) {
+            .is_some_and(|m| m.info().is_loader());
+        let rank_above = ancestors(pid, |p| by_pid.get(&p).map(|e| e.ppid))
+            .find_map(|up| ranks.get(&up).map(|r| (*r, up)));
+        match rank_above {
+            Some((rank, rank_pid)) => {
                 let role = if loader { Role::Loader } else { Role::Helper };
-                return (role, Some(*r), Some(parent));
+                (role, Some(rank), Some(rank_pid))
             }
-            p = parent;
+            None => (Role::Launcher, None, None),
         }
-        (Role::Launcher, None, None)
     }
 
     fn on_processes(&mut self, t_ns: u64, live: &[ProcEntry], gone: &[u32]) {
@@ -294,53 +284,16 @@ impl Recorder {
             let ms = std::mem::take(&mut self.pending_markers);
             self.emit(Frame::Markers(ms));
         }
-        let new = self.job.attribute_ready(monotonic_ns(), finishing);
-        for b in &new {
-            if let Some(w) = self.writer.as_mut() {
-                if let Err(e) = w.write(&Frame::Breakdown(b.clone())) {
-                    self.fail_writer(e.to_string());
-                }
-            }
-        }
-        self.status.update(&new);
-        for b in &new {
-            if let Some(ppm) = self
-                .job
-                .gpu_reading(b.rank, b.iter)
-                .and_then(|g| g.busy_ppm)
-            {
-                self.status.gpu_busy(ppm);
-            }
-        }
+        let new = self.journal.attribute(monotonic_ns(), finishing);
+        self.say_write_failure();
         if let Some(tap) = self.tap.as_mut() {
-            tap(&self.job, &new);
+            tap(self.journal.timeline(), self.journal.view(), &new);
         }
-        self.job.prune();
-    }
-
-    /// Gives the terminal's status row back (before a message, and at the end).
-    fn clear_status(&mut self) {
-        if let Some(p) = self.pinned.take() {
-            p.end();
+        let update = self.journal.take_update();
+        if let Some(feed) = &self.feed {
+            feed.publish(self.journal.view(), update);
         }
-    }
-
-    fn draw_status(&mut self) {
-        let line = self.status.render();
-        match self.status_mode {
-            StatusMode::Off => {}
-            StatusMode::Terminal => {
-                if self.pinned.is_none() {
-                    self.pinned = PinnedStatus::begin();
-                }
-                if let Some(p) = self.pinned.as_mut() {
-                    p.draw(&line);
-                }
-            }
-            StatusMode::Lines => {
-                let _ = writeln!(std::io::stderr().lock(), "{line}");
-            }
-        }
+        self.journal.prune();
     }
 
     /// Runs until `Event::Finish` arrives on `rx` (or until every sender is gone), taking the
@@ -350,10 +303,6 @@ impl Recorder {
         let mut last_attr = Instant::now();
         let mut last_flush = Instant::now();
         let mut last_status = Instant::now();
-        let status_every = match self.status_mode {
-            StatusMode::Lines => Duration::from_secs(10),
-            _ => Duration::from_secs(1),
-        };
         let exit_code = loop {
             let until_next = ATTRIBUTE_EVERY.saturating_sub(last_attr.elapsed());
             match rx.recv_timeout(until_next) {
@@ -373,15 +322,16 @@ impl Recorder {
                 last_attr = Instant::now();
             }
             if last_flush.elapsed() >= FLUSH_EVERY {
-                if let Some(w) = self.writer.as_mut() {
-                    if let Err(e) = w.flush() {
-                        self.fail_writer(e.to_string());
-                    }
-                }
+                self.journal.flush();
+                self.say_write_failure();
                 last_flush = Instant::now();
             }
-            if self.status_mode != StatusMode::Off && last_status.elapsed() >= status_every {
-                self.draw_status();
+            if self
+                .status
+                .every()
+                .is_some_and(|every| last_status.elapsed() >= every)
+            {
+                self.status.draw(self.journal.view());
                 last_status = Instant::now();
             }
         };
@@ -390,18 +340,17 @@ impl Recorder {
             let _ = self.on_event(ev);
         }
         self.attribute(true);
-        self.emit(Frame::End(RunEnd {
+        let end = RunEnd {
             ended_mono_ns: monotonic_ns(),
             exit_code,
-            markers_dropped: self.job.markers.dropped(),
+            markers_dropped: self.journal.timeline().markers.dropped(),
             markers_rejected: rejected(),
-        }));
-        if let Some(w) = self.writer.take() {
-            if let Err(e) = w.finish() {
-                self.fail_writer(e.to_string());
-            }
+        };
+        let (summary, _) = self.journal.finish(monotonic_ns(), end);
+        if let Some(feed) = &self.feed {
+            feed.end();
         }
-        self.clear_status();
-        summarize(&self.job)
+        self.status.clear();
+        summary
     }
 }

@@ -1,0 +1,173 @@
+//! The live feed: the model of a running `stallscope run`, agent or collector, for a second
+//! process (`stallscope feed`, `stallscope top`) or a view in this one.
+//!
+//! The journal's owner publishes every attribution round (at most 10 a second) to a
+//! [`FeedHub`]. A subscriber first gets a snapshot of the whole model, then the updates. Each
+//! subscriber has a bounded queue; one that falls behind is dropped, so a stalled client never
+//! slows the recorder, and nothing is serialised while nobody listens.
+//!
+//! [`serve`] puts the hub on a Unix stream socket, owner-only (0600, in an owner-only
+//! directory): one JSON object per line, documented in the README ("The live feed").
+
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+pub use stallscope_analysis::view::hub::{FeedHub, FeedMessage, SUBSCRIBER_QUEUE};
+use stallscope_analysis::view::{JobView, ViewUpdate};
+
+/// The feed's protocol name and version, the first field of its first line.
+pub const FEED_SCHEMA: &str = "stallscope.feed/1";
+
+/// How long one write to a socket client may block before the client is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One line of the feed's JSON form.
+#[derive(Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Line<'a> {
+    Snapshot(&'a JobView),
+    Update(&'a ViewUpdate),
+    End(bool),
+}
+
+/// The JSON line of a message, without its newline: `{"snapshot":{…}}`, `{"update":{…}}` or
+/// `{"end":true}`.
+pub fn json_line(msg: &FeedMessage) -> String {
+    let line = match msg {
+        FeedMessage::Snapshot(v) => Line::Snapshot(v),
+        FeedMessage::Update(u) => Line::Update(u),
+        FeedMessage::End => Line::End(true),
+    };
+    serde_json::to_string(&line).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+/// A socket serving the feed; removed when dropped.
+pub struct FeedSocket {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+}
+
+impl FeedSocket {
+    /// Where it listens.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for FeedSocket {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wakes the accept loop, which then sees `stop`.
+        let _ = UnixStream::connect(&self.path);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Serves `hub` on a Unix stream socket at `path`, readable and writable by this user only.
+/// Each client is written to by a thread of its own; one that cannot keep up is dropped.
+pub fn serve(hub: Arc<FeedHub>, path: &Path) -> std::io::Result<FeedSocket> {
+    let _ = std::fs::remove_file(path);
+    // The socket is created under a umask that leaves it owner-only from the start.
+    // SAFETY: umask only swaps the process's file-creation mask.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above, restoring the previous mask.
+    unsafe { libc::umask(old) };
+    let listener = bound?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("stallscope-feed".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if let Ok(stream) = conn {
+                        let rx = hub.subscribe(SUBSCRIBER_QUEUE);
+                        let _ = std::thread::Builder::new()
+                            .name("stallscope-feed-client".into())
+                            .spawn(move || write_client(stream, rx));
+                    }
+                }
+            })?;
+    }
+    Ok(FeedSocket {
+        path: path.to_path_buf(),
+        stop,
+    })
+}
+
+fn write_client(stream: UnixStream, rx: Receiver<FeedMessage>) {
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let mut out = BufWriter::new(stream);
+    let hello = format!("{{\"feed\":\"{FEED_SCHEMA}\"}}\n");
+    if out.write_all(hello.as_bytes()).is_err() {
+        return;
+    }
+    while let Ok(msg) = rx.recv() {
+        let end = matches!(msg, FeedMessage::End);
+        let mut line = json_line(&msg);
+        line.push('\n');
+        if out
+            .write_all(line.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+            || end
+        {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_socket_is_owner_only_and_speaks_json_lines() {
+        use std::io::BufRead;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.feed");
+        let hub = Arc::new(FeedHub::default());
+        let socket = serve(hub.clone(), &path).unwrap();
+        let mode = std::fs::metadata(socket.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let client = UnixStream::connect(&path).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut lines = std::io::BufReader::new(client).lines();
+        assert_eq!(
+            lines.next().unwrap().unwrap(),
+            format!("{{\"feed\":\"{FEED_SCHEMA}\"}}")
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while hub.subscribers() == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        hub.publish(&JobView::new("train"), ViewUpdate::default());
+        hub.publish(&JobView::new("train"), ViewUpdate::default());
+        hub.end();
+        let snapshot = lines.next().unwrap().unwrap();
+        assert!(
+            snapshot
+                .starts_with("{\"snapshot\":{\"schema\":\"stallscope.view/1\",\"name\":\"train\""),
+            "{snapshot}"
+        );
+        assert!(lines.next().unwrap().unwrap().starts_with("{\"update\":"));
+        assert_eq!(lines.next().unwrap().unwrap(), "{\"end\":true}");
+    }
+}

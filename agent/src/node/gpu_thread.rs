@@ -1,0 +1,31 @@
+//! The NVML thread: the GPU sources on a sampler of their own, because NVML calls block.
+
+use crate::gpu::{self, nvml::NvmlBackend};
+use crate::sampler::{self, Pids, SamplerConfig, SamplerEvent, SamplerHandle, SharedPids};
+use crate::sink::Sink;
+
+/// Starts the NVML thread at the CPU sampler's rate, following the pids it publishes.
+/// Without an NVIDIA driver, says so once and returns `None`: the run goes on without GPU
+/// sources. With the thread comes what it reads ("NVML: 1 GPU(s): 0 NVIDIA H100 80GB HBM3").
+pub fn spawn_gpu(
+    config: &SamplerConfig,
+    pids: SharedPids,
+    sink: impl Sink<SamplerEvent>,
+) -> Option<(SamplerHandle, String)> {
+    let backend = match NvmlBackend::open() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("stallscope: {e}; no GPU sources");
+            return None;
+        }
+    };
+    let (fast, slow) = gpu::sources(Box::new(backend));
+    let what = crate::sources::Source::describe(&fast);
+    let config = SamplerConfig {
+        pids: Pids::Follow(pids),
+        thread_name: "stallscope-nvml".into(),
+        ..config.clone()
+    };
+    let handle = sampler::spawn(config, vec![Box::new(fast), Box::new(slow)], sink);
+    Some((handle, what))
+}

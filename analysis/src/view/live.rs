@@ -1,0 +1,351 @@
+//! Keeps a [`JobView`] up to date from the journal: every frame it writes, every iteration it
+//! attributes. Also collects what changed since the feed last asked ([`ViewUpdate`]).
+//!
+//! The summary inside the model is the end-of-run summary's code run on the job so far, so a
+//! live view says what the end of the run will say. It costs a sort of the exact wall times
+//! per rank, so it is refreshed once a second of the job's time for up to 64 ranks and less
+//! often above ([`LiveModel::summary_every_ns`]), and at the end.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::attribution::IterationBreakdown;
+use crate::frame::Frame;
+use crate::job::JobTimeline;
+use crate::summary::summarize;
+use crate::Nanos;
+
+use super::{
+    push_bounded, IterationParts, JobView, NodeMeter, NodeView, RankView, ViewUpdate,
+    RECENT_ITERATIONS, RESOURCE_HISTORY, STRAGGLER_WINDOWS,
+};
+
+/// Ranks whose summary is refreshed every second; more ranks refresh less often.
+const RANKS_PER_SECOND: usize = 64;
+
+/// The name of the node a single-node run's host field leaves empty.
+const LOCAL: &str = "local";
+
+/// A [`JobView`] and what changed in it since [`LiveModel::take_update`].
+#[derive(Debug, Default)]
+pub struct LiveModel {
+    view: JobView,
+    meter: NodeMeter,
+    /// The node this process samples (`run`, `agent`); `None` in a collector.
+    local_node: Option<String>,
+    pending: ViewUpdate,
+    dirty_ranks: BTreeSet<u32>,
+    dirty_nodes: BTreeSet<String>,
+    last_summary_ns: Option<Nanos>,
+    /// GPU busy shares (ppm) other nodes' agents reported, by (rank, iteration), until the
+    /// joined iteration is observed: at most [`REPORT_GPU_HELD`].
+    report_gpu: BTreeMap<(u32, u64), u32>,
+}
+
+/// Reported GPU readings held for iterations not yet joined.
+const REPORT_GPU_HELD: usize = 65_536;
+
+impl LiveModel {
+    /// An empty model of job `name`.
+    pub fn new(name: &str) -> LiveModel {
+        LiveModel {
+            view: JobView::new(name),
+            ..LiveModel::default()
+        }
+    }
+
+    /// The model as it stands.
+    pub fn view(&self) -> &JobView {
+        &self.view
+    }
+
+    /// Takes a frame the journal wrote: the header names the node, samples feed the node's
+    /// resources, other nodes' frames their health and clocks.
+    pub fn ingest(&mut self, frame: &Frame) {
+        match frame {
+            Frame::Header(h) => {
+                if self.view.name.is_empty() {
+                    self.view.name = job_name(&h.command);
+                }
+                let is_collector = h.command.get(1).is_some_and(|c| c == "collector");
+                if !is_collector {
+                    let node = if h.host.is_empty() { LOCAL } else { &h.host };
+                    self.local_node = Some(node.to_string());
+                }
+            }
+            Frame::NodeResources(r) => self.resources(&r.node, r.resources.clone()),
+            Frame::NodeReport(r) => {
+                let b = &r.iteration.breakdown;
+                if let Some(ppm) = r.gpu.as_ref().and_then(|g| g.busy_ppm) {
+                    if self.report_gpu.len() >= REPORT_GPU_HELD {
+                        self.report_gpu.pop_first();
+                    }
+                    self.report_gpu.insert((b.rank, b.iter), ppm);
+                }
+            }
+            Frame::NodeClock(c) => {
+                self.dirty_nodes.insert(c.node.clone());
+            }
+            Frame::NodeHealth(h) => {
+                self.dirty_nodes.insert(h.node.clone());
+            }
+            Frame::Source(_) => {
+                if let Some(n) = &self.local_node {
+                    self.dirty_nodes.insert(n.clone());
+                }
+            }
+            _ => {
+                if let Some(reading) = self.meter.ingest(frame) {
+                    if let Some(node) = self.local_node.clone() {
+                        self.resources(&node, reading);
+                    }
+                }
+            }
+        }
+    }
+
+    fn resources(&mut self, node: &str, r: super::NodeResources) {
+        let n = self.node_mut(node);
+        n.resources = Some(r.clone());
+        push_bounded(&mut n.history, r, RESOURCE_HISTORY);
+        self.dirty_nodes.insert(node.to_string());
+    }
+
+    fn node_mut(&mut self, node: &str) -> &mut NodeView {
+        self.view
+            .nodes
+            .entry(node.to_string())
+            .or_insert_with(|| NodeView {
+                node: node.to_string(),
+                ..NodeView::default()
+            })
+    }
+
+    /// The node of `rank`: as the collector joined it, else this process's node.
+    fn node_of(&self, job: &JobTimeline, rank: u32) -> String {
+        job.nodes
+            .rank_nodes
+            .get(&rank)
+            .cloned()
+            .or_else(|| self.local_node.clone())
+            .unwrap_or_else(|| LOCAL.to_string())
+    }
+
+    /// Between two summary refreshes, ns of the job's time: 1 s up to 64 ranks, then 1 s per
+    /// 64 ranks, at most 10 s.
+    pub fn summary_every_ns(&self) -> Nanos {
+        let ranks = self.view.ranks.len().max(1);
+        (ranks.div_ceil(RANKS_PER_SECOND) as Nanos).min(10) * 1_000_000_000
+    }
+
+    /// Takes the iterations an attribution round produced at `now` (ns, the clock the job
+    /// timeline runs on); refreshes the summary when it is due or the run is `finishing`.
+    pub fn observe(
+        &mut self,
+        job: &JobTimeline,
+        new: &[IterationBreakdown],
+        now: Nanos,
+        finishing: bool,
+    ) {
+        self.view.now_ns = self.view.now_ns.max(now);
+        for b in new {
+            let node = self.node_of(job, b.rank);
+            let gpu_busy_ppm = match job.gpu_reading(b.rank, b.iter) {
+                Some(g) => g.busy_ppm,
+                None => self.report_gpu.remove(&(b.rank, b.iter)),
+            };
+            let parts = IterationParts {
+                iter: b.iter,
+                end_ns: b.end_ns,
+                split: b.split,
+                gpu_busy_ppm,
+            };
+            let r = self.view.ranks.entry(b.rank).or_insert_with(|| RankView {
+                rank: b.rank,
+                node: node.clone(),
+                pid: b.pid,
+                ..RankView::default()
+            });
+            r.pid = b.pid;
+            r.node = node;
+            push_bounded(&mut r.recent, parts, RECENT_ITERATIONS);
+            self.pending.parts.push((b.rank, parts));
+            self.dirty_ranks.insert(b.rank);
+            self.view.attributed += 1;
+        }
+        let due = self
+            .last_summary_ns
+            .is_none_or(|t| now.saturating_sub(t) >= self.summary_every_ns());
+        if finishing || (due && !self.view.ranks.is_empty()) {
+            self.refresh(job, now);
+        }
+    }
+
+    /// Re-reads the summary and everything derived from the job timeline.
+    fn refresh(&mut self, job: &JobTimeline, now: Nanos) {
+        self.last_summary_ns = Some(now);
+        let mut summary = summarize(job);
+        let known = self.view.stragglers.back().map(|w| w.first_iter);
+        for w in std::mem::take(&mut summary.stragglers) {
+            if known.is_none_or(|k| w.first_iter > k) {
+                push_bounded(&mut self.view.stragglers, w.clone(), STRAGGLER_WINDOWS);
+                self.pending.stragglers.push(w);
+            }
+        }
+        let warmup = u64::from(summary.warmup_iterations);
+        for rs in &summary.ranks {
+            let Some(r) = self.view.ranks.get_mut(&rs.rank) else {
+                continue;
+            };
+            r.figures = rs.figures.clone();
+            r.gpu = rs.gpu.clone();
+            r.p95_iteration_seconds = p95_seconds(r.recent.iter().filter(|p| p.iter >= warmup));
+            self.dirty_ranks.insert(rs.rank);
+        }
+        self.view.batch_size = job
+            .markers
+            .loops()
+            .filter_map(|m| m.info().batch_size)
+            .max();
+        self.view.samples_per_second = self.view.batch_size.map(|batch| {
+            self.view
+                .ranks
+                .values()
+                .map(|r| r.window_median_ns())
+                .filter(|ns| *ns > 0)
+                .map(|ns| batch as f64 * 1e9 / ns as f64)
+                .sum()
+        });
+        self.refresh_nodes(job);
+        self.view.records_dropped = job.nodes.health.values().map(|h| h.records_dropped).sum();
+        self.view.summary = summary.clone();
+        self.pending.summary = Some(Box::new(summary));
+    }
+
+    fn refresh_nodes(&mut self, job: &JobTimeline) {
+        let mut ranks_of: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for r in self.view.ranks.values() {
+            ranks_of.entry(r.node.clone()).or_default().push(r.rank);
+        }
+        if let Some(local) = self.local_node.clone() {
+            let down: Vec<String> = job
+                .sources
+                .values()
+                .filter(|s| !s.up)
+                .map(|s| format!("{}: {}", s.source, s.message))
+                .collect();
+            let markers_dropped = job.markers.dropped();
+            let n = self.node_mut(&local);
+            n.sources_down = down;
+            n.markers_dropped = markers_dropped;
+        }
+        for (node, h) in &job.nodes.health {
+            let n = self.node_mut(node);
+            n.records_dropped = h.records_dropped;
+            n.markers_dropped = h.markers_dropped;
+            n.sources_down = h
+                .sources_down
+                .iter()
+                .map(|s| format!("{}: {}", s.source, s.message))
+                .collect();
+        }
+        for (node, c) in &job.nodes.clocks {
+            let n = self.node_mut(node);
+            n.clock_offset_ns = Some(c.offset_ns);
+            n.clock_uncertainty_ns = Some(c.uncertainty_ns);
+        }
+        for (node, ranks) in ranks_of {
+            self.node_mut(&node).ranks = ranks;
+        }
+        self.dirty_nodes.extend(self.view.nodes.keys().cloned());
+    }
+
+    /// What changed since the last call: the feed sends it to every client.
+    pub fn take_update(&mut self) -> ViewUpdate {
+        let mut u = std::mem::take(&mut self.pending);
+        u.now_ns = self.view.now_ns;
+        u.attributed = self.view.attributed;
+        u.samples_per_second = self.view.samples_per_second;
+        u.batch_size = self.view.batch_size;
+        u.records_dropped = self.view.records_dropped;
+        for rank in std::mem::take(&mut self.dirty_ranks) {
+            if let Some(r) = self.view.ranks.get(&rank) {
+                u.ranks.push(RankView {
+                    recent: Default::default(),
+                    ..r.clone()
+                });
+            }
+        }
+        for node in std::mem::take(&mut self.dirty_nodes) {
+            if let Some(n) = self.view.nodes.get(&node) {
+                u.nodes.push(NodeView {
+                    history: Default::default(),
+                    ..n.clone()
+                });
+            }
+        }
+        u
+    }
+}
+
+/// The job's name from its command: the script's file stem for `python3 train.py`, else the
+/// program's name.
+pub fn job_name(command: &[String]) -> String {
+    let is_python = command
+        .first()
+        .and_then(|p| std::path::Path::new(p).file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("python"));
+    let word = if is_python {
+        command.iter().skip(1).find(|a| !a.starts_with('-'))
+    } else {
+        command.first()
+    };
+    word.and_then(|w| std::path::Path::new(w).file_stem())
+        .and_then(|s| s.to_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The 95th percentile (nearest rank) of the iterations' wall times, s; 0 with none.
+fn p95_seconds<'a>(parts: impl Iterator<Item = &'a IterationParts>) -> f64 {
+    let mut walls: Vec<u64> = parts.map(IterationParts::wall_ns).collect();
+    if walls.is_empty() {
+        return 0.0;
+    }
+    walls.sort_unstable();
+    let k = ((0.95 * walls.len() as f64).ceil() as usize).clamp(1, walls.len()) - 1;
+    walls[k] as f64 / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_named_after_its_script_or_program() {
+        let c = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        assert_eq!(
+            job_name(&c("python3 -u examples/train.py --workers 2")),
+            "train"
+        );
+        assert_eq!(job_name(&c("/usr/bin/torchrun --nproc 2 t.py")), "torchrun");
+        assert_eq!(job_name(&[]), "");
+    }
+
+    #[test]
+    fn the_95th_percentile_is_by_nearest_rank() {
+        let parts: Vec<IterationParts> = (1..=100)
+            .map(|i| {
+                let mut split = crate::category::Split::default();
+                split.add(crate::category::Category::Compute, i * 1_000_000);
+                IterationParts {
+                    iter: i,
+                    end_ns: 0,
+                    split,
+                    gpu_busy_ppm: None,
+                }
+            })
+            .collect();
+        assert!((p95_seconds(parts.iter()) - 0.095).abs() < 1e-12);
+    }
+}

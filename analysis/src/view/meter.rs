@@ -1,0 +1,218 @@
+//! A node's resources over the last second, from the raw samples the journal sees.
+//!
+//! The attribution reads counters per iteration; the views want the node as a whole: how
+//! many cores the job used, how long its threads queued for a CPU, what the NICs, disks and
+//! GPUs moved. The meter folds every sample batch into one-second buckets as it arrives
+//! (counters as deltas between consecutive raw values of the same series, gauges as means),
+//! so it needs no history and replays the same from a profile.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::frame::Frame;
+use crate::series::{names, SeriesDecl, SeriesId, SeriesKind, LINK_NIC};
+use crate::Nanos;
+
+/// Length of one reading, ns.
+pub const BUCKET_NS: Nanos = 1_000_000_000;
+
+/// A node's resources over one bucket. A quantity no source measured is `None`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeResources {
+    /// ns, the bucket's start (the node's clock).
+    pub t_ns: Nanos,
+    /// ns, the bucket's length.
+    pub dur_ns: Nanos,
+    /// cores, CPU time the job's processes used per second.
+    pub cpu_busy_cores: Option<f64>,
+    /// s per s, time the loops' threads waited in the run queue (summed over them).
+    pub runq_delay: Option<f64>,
+    /// bytes/s received on the NICs (loopback left out).
+    pub nic_rx_bytes_per_s: Option<f64>,
+    /// bytes/s sent on the NICs.
+    pub nic_tx_bytes_per_s: Option<f64>,
+    /// bytes/s read from whole disks.
+    pub disk_read_bytes_per_s: Option<f64>,
+    /// bytes/s written to whole disks.
+    pub disk_write_bytes_per_s: Option<f64>,
+    /// Share of the time some task waited for a CPU (PSI `some`), 0–1.
+    pub psi_cpu: Option<f64>,
+    /// Share of the time some task waited for I/O (PSI `some`), 0–1.
+    pub psi_io: Option<f64>,
+    /// Share of the time some task waited for memory (PSI `some`), 0–1.
+    pub psi_memory: Option<f64>,
+    /// Mean GPU utilisation over the node's GPUs (NVML), 0–1.
+    pub gpu_busy: Option<f64>,
+    /// bytes/s received over PCIe by the GPUs (NVML field 198), summed.
+    pub pcie_rx_bytes_per_s: Option<f64>,
+    /// bytes/s sent over PCIe by the GPUs (NVML field 197), summed.
+    pub pcie_tx_bytes_per_s: Option<f64>,
+    /// bytes/s received over NVLink, summed.
+    pub nvlink_rx_bytes_per_s: Option<f64>,
+    /// bytes/s sent over NVLink, summed.
+    pub nvlink_tx_bytes_per_s: Option<f64>,
+}
+
+/// What a series contributes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Quantity {
+    CpuNs,
+    RunqNs,
+    NicRx,
+    NicTx,
+    DiskRead,
+    DiskWrite,
+    PsiCpuUs,
+    PsiIoUs,
+    PsiMemoryUs,
+    GpuUtilPct,
+    PcieRx,
+    PcieTx,
+    NvlinkRx,
+    NvlinkTx,
+}
+
+const QUANTITIES: usize = 14;
+
+impl Quantity {
+    fn of(d: &SeriesDecl) -> Option<Quantity> {
+        Some(match d.name.as_str() {
+            names::PROC_ALL_CPU_NS => Quantity::CpuNs,
+            names::PROC_RUNQ_NS => Quantity::RunqNs,
+            names::NET_RX_BYTES if d.label("link") == Some(LINK_NIC) => Quantity::NicRx,
+            names::NET_TX_BYTES if d.label("link") == Some(LINK_NIC) => Quantity::NicTx,
+            names::DISK_READ_BYTES => Quantity::DiskRead,
+            names::DISK_WRITE_BYTES => Quantity::DiskWrite,
+            names::PSI_SOME_US => match d.label("resource") {
+                Some("cpu") => Quantity::PsiCpuUs,
+                Some("io") => Quantity::PsiIoUs,
+                Some("memory") => Quantity::PsiMemoryUs,
+                _ => return None,
+            },
+            names::GPU_UTIL_PCT => Quantity::GpuUtilPct,
+            names::GPU_PCIE_RX_BYTES => Quantity::PcieRx,
+            names::GPU_PCIE_TX_BYTES => Quantity::PcieTx,
+            names::GPU_NVLINK_RX_BYTES => Quantity::NvlinkRx,
+            names::GPU_NVLINK_TX_BYTES => Quantity::NvlinkTx,
+            _ => return None,
+        })
+    }
+}
+
+/// One series the meter follows.
+#[derive(Clone, Copy, Debug)]
+struct Followed {
+    quantity: Quantity,
+    kind: SeriesKind,
+    /// The last raw value of a counter.
+    last: Option<u64>,
+}
+
+/// Sums over the open bucket: per quantity, the counter increase or the gauge sum and count.
+#[derive(Clone, Copy, Debug, Default)]
+struct Bucket {
+    start: Option<Nanos>,
+    sum: [f64; QUANTITIES],
+    count: [u32; QUANTITIES],
+}
+
+/// Folds one node's samples into one-second [`NodeResources`].
+#[derive(Debug, Default)]
+pub struct NodeMeter {
+    followed: HashMap<SeriesId, Followed>,
+    bucket: Bucket,
+}
+
+impl NodeMeter {
+    /// Takes a frame; returns a reading when a bucket closed.
+    pub fn ingest(&mut self, frame: &Frame) -> Option<NodeResources> {
+        match frame {
+            Frame::Series(d) => {
+                match Quantity::of(d) {
+                    Some(quantity) => {
+                        self.followed.insert(
+                            d.id,
+                            Followed {
+                                quantity,
+                                kind: d.kind,
+                                last: None,
+                            },
+                        );
+                    }
+                    None => {
+                        self.followed.remove(&d.id);
+                    }
+                }
+                None
+            }
+            Frame::Samples(batch) => {
+                let at = batch.at();
+                // A counter's increase belongs to (its previous sample, this one]: a bucket
+                // spans (start, end], its start the sample that closed the one before.
+                let start = *self.bucket.start.get_or_insert(at);
+                for (id, raw) in &batch.values {
+                    let Some(f) = self.followed.get_mut(id) else {
+                        continue;
+                    };
+                    let q = f.quantity as usize;
+                    match f.kind {
+                        SeriesKind::Counter => {
+                            if let Some(last) = f.last {
+                                // A counter that went back (a device reset) adds nothing.
+                                self.bucket.sum[q] += raw.saturating_sub(last) as f64;
+                                self.bucket.count[q] += 1;
+                            }
+                            f.last = Some(*raw);
+                        }
+                        SeriesKind::Gauge => {
+                            self.bucket.sum[q] += *raw as f64;
+                            self.bucket.count[q] += 1;
+                        }
+                    }
+                }
+                if at.saturating_sub(start) < BUCKET_NS {
+                    return None;
+                }
+                let r = self.reading(start, at - start);
+                self.bucket = Bucket {
+                    start: Some(at),
+                    ..Bucket::default()
+                };
+                Some(r)
+            }
+            _ => None,
+        }
+    }
+
+    fn reading(&self, t_ns: Nanos, dur_ns: Nanos) -> NodeResources {
+        let b = &self.bucket;
+        let secs = dur_ns as f64 / 1e9;
+        let rate = |q: Quantity, scale: f64| {
+            (b.count[q as usize] > 0).then(|| b.sum[q as usize] * scale / secs)
+        };
+        let gpu_busy = (b.count[Quantity::GpuUtilPct as usize] > 0).then(|| {
+            b.sum[Quantity::GpuUtilPct as usize]
+                / f64::from(b.count[Quantity::GpuUtilPct as usize])
+                / 100.0
+        });
+        NodeResources {
+            t_ns,
+            dur_ns,
+            cpu_busy_cores: rate(Quantity::CpuNs, 1e-9),
+            runq_delay: rate(Quantity::RunqNs, 1e-9),
+            nic_rx_bytes_per_s: rate(Quantity::NicRx, 1.0),
+            nic_tx_bytes_per_s: rate(Quantity::NicTx, 1.0),
+            disk_read_bytes_per_s: rate(Quantity::DiskRead, 1.0),
+            disk_write_bytes_per_s: rate(Quantity::DiskWrite, 1.0),
+            psi_cpu: rate(Quantity::PsiCpuUs, 1e-6),
+            psi_io: rate(Quantity::PsiIoUs, 1e-6),
+            psi_memory: rate(Quantity::PsiMemoryUs, 1e-6),
+            gpu_busy,
+            pcie_rx_bytes_per_s: rate(Quantity::PcieRx, 1.0),
+            pcie_tx_bytes_per_s: rate(Quantity::PcieTx, 1.0),
+            nvlink_rx_bytes_per_s: rate(Quantity::NvlinkRx, 1.0),
+            nvlink_tx_bytes_per_s: rate(Quantity::NvlinkTx, 1.0),
+        }
+    }
+}

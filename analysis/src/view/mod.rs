@@ -1,0 +1,317 @@
+//! The live job model: what every view renders — the status line, `stallscope top`,
+//! `/metrics`, the report — and what the feed sends to a second process.
+//!
+//! Views are pure functions of a [`JobView`], so each is tested on a model built in the test,
+//! without a process or a terminal. The model is fed by the journal that writes the profile
+//! ([`crate::journal::Journal`]), so replaying a profile rebuilds the very model the live run
+//! showed. Its memory is bounded whatever the job's length: per rank the last
+//! [`RECENT_ITERATIONS`] iterations' parts, per node the last [`RESOURCE_HISTORY`] resource
+//! readings, for the job the last [`STRAGGLER_WINDOWS`] straggler windows; everything else is
+//! a running total.
+//!
+//! A [`JobView`] is plain data (serde): the feed sends a snapshot of it, then
+//! [`ViewUpdate`]s that [`JobView::apply`] folds in, so a client's copy equals the server's.
+
+pub mod hub;
+mod live;
+mod meter;
+
+pub use live::{job_name, LiveModel};
+pub use meter::{NodeMeter, NodeResources};
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::category::{Category, Split};
+use crate::crossnode::StragglerWindow;
+use crate::gpu_usage::RankGpu;
+use crate::summary::{Figures, Summary};
+use crate::Nanos;
+
+/// The schema name of a [`JobView`] and of the feed's messages.
+pub const VIEW_SCHEMA: &str = "stallscope.view/1";
+
+/// Iterations of one rank in its rolling window (the status line's "recent").
+pub const WINDOW_ITERATIONS: usize = 32;
+
+/// Iterations per rank whose parts are kept for charts.
+pub const RECENT_ITERATIONS: usize = 512;
+
+/// Resource readings kept per node (one a second: two minutes) for sparklines.
+pub const RESOURCE_HISTORY: usize = 120;
+
+/// Straggler windows the model keeps, the most recent.
+pub const STRAGGLER_WINDOWS: usize = 64;
+
+/// One attributed iteration's parts, for charts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct IterationParts {
+    /// Iteration index.
+    pub iter: u64,
+    /// ns, when it ended (the node's clock; the collector's in a job model).
+    pub end_ns: Nanos,
+    /// ns per category; sums to the iteration's wall time.
+    pub split: Split,
+    /// Share of the iteration the rank's GPU was busy (NVML), ppm, when it has one.
+    pub gpu_busy_ppm: Option<u32>,
+}
+
+impl IterationParts {
+    /// Wall time, ns.
+    pub fn wall_ns(&self) -> u64 {
+        self.split.total()
+    }
+}
+
+/// One rank, live.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankView {
+    /// Global rank.
+    pub rank: u32,
+    /// Its node (the host in a single-node run).
+    pub node: String,
+    /// The loop's process id.
+    pub pid: u32,
+    /// Counted (post-warm-up) iterations and their totals, as the summary has them.
+    pub figures: Figures,
+    /// s, the iteration time below which 95% of its recent iterations fell.
+    pub p95_iteration_seconds: f64,
+    /// Its GPU per counted iteration, when it has one.
+    pub gpu: Option<RankGpu>,
+    /// The last [`RECENT_ITERATIONS`] iterations' parts, oldest first (warm-up included).
+    pub recent: VecDeque<IterationParts>,
+}
+
+impl RankView {
+    /// ns per category over its last [`WINDOW_ITERATIONS`] iterations.
+    pub fn window(&self) -> Split {
+        window_split(self.recent.iter().rev().take(WINDOW_ITERATIONS))
+    }
+
+    /// The largest stall of its recent window, if any.
+    pub fn largest_stall(&self) -> Option<Category> {
+        self.window().largest_stall()
+    }
+
+    /// ns, the median wall time of its recent window; 0 when empty.
+    pub fn window_median_ns(&self) -> u64 {
+        let mut walls: Vec<u64> = self
+            .recent
+            .iter()
+            .rev()
+            .take(WINDOW_ITERATIONS)
+            .map(IterationParts::wall_ns)
+            .collect();
+        walls.sort_unstable();
+        walls.get(walls.len() / 2).copied().unwrap_or(0)
+    }
+}
+
+fn window_split<'a>(parts: impl Iterator<Item = &'a IterationParts>) -> Split {
+    let mut split = Split::default();
+    for p in parts {
+        split.add_split(&p.split);
+    }
+    split
+}
+
+/// One node, live.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    /// Node name.
+    pub node: String,
+    /// Its ranks.
+    pub ranks: Vec<u32>,
+    /// The latest resource reading, when its sources gave one.
+    pub resources: Option<NodeResources>,
+    /// The last [`RESOURCE_HISTORY`] readings, oldest first.
+    pub history: VecDeque<NodeResources>,
+    /// ns, its clock minus the collector's (multi-node jobs).
+    pub clock_offset_ns: Option<i64>,
+    /// ns, the offset is right within this.
+    pub clock_uncertainty_ns: Option<u64>,
+    /// Records its agent dropped while the collector was away.
+    pub records_dropped: u64,
+    /// Marker datagrams lost on it.
+    pub markers_dropped: u64,
+    /// Sources on it that are down, with why.
+    pub sources_down: Vec<String>,
+}
+
+/// The job, live: the verdict and the figures every view starts with.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    /// Always [`VIEW_SCHEMA`].
+    pub schema: String,
+    /// The job's name (`--job`, else the command's name).
+    pub name: String,
+    /// The summary of everything attributed so far: the figures, the finding, coverage,
+    /// markers, sources down (refreshed at most once a second while running).
+    pub summary: Summary,
+    /// ns, the latest time the model has seen (the node's clock, the collector's in a job).
+    pub now_ns: Nanos,
+    /// Iterations attributed, warm-up included, all ranks.
+    pub attributed: u64,
+    /// Samples (inputs) per second over the ranks' recent windows, when the batch size is
+    /// known.
+    pub samples_per_second: Option<f64>,
+    /// Samples per iteration per rank (`batch_size` meta), when the hook said.
+    pub batch_size: Option<u64>,
+    /// Per rank.
+    pub ranks: BTreeMap<u32, RankView>,
+    /// Per node.
+    pub nodes: BTreeMap<String, NodeView>,
+    /// The most recent [`STRAGGLER_WINDOWS`] windows in which one rank held the others up.
+    pub stragglers: VecDeque<StragglerWindow>,
+    /// Records dropped by agents while the collector was away, all nodes.
+    pub records_dropped: u64,
+}
+
+impl JobView {
+    /// An empty model of job `name`.
+    pub fn new(name: &str) -> JobView {
+        JobView {
+            schema: VIEW_SCHEMA.into(),
+            name: name.into(),
+            ..JobView::default()
+        }
+    }
+
+    /// ns per category over every rank's recent window.
+    pub fn window(&self) -> Split {
+        let mut split = Split::default();
+        for r in self.ranks.values() {
+            split.add_split(&r.window());
+        }
+        split
+    }
+
+    /// The job's [`WINDOW_ITERATIONS`] most recent iterations, whichever their ranks, latest
+    /// last: what the status line speaks of.
+    pub fn recent(&self) -> Vec<&IterationParts> {
+        let mut parts: Vec<&IterationParts> = self
+            .ranks
+            .values()
+            .flat_map(|r| r.recent.iter().rev().take(WINDOW_ITERATIONS))
+            .collect();
+        parts.sort_by_key(|p| p.end_ns);
+        let skip = parts.len().saturating_sub(WINDOW_ITERATIONS);
+        parts.split_off(skip)
+    }
+
+    /// The highest iteration number any rank completed, plus one.
+    pub fn iterations(&self) -> u64 {
+        self.ranks
+            .values()
+            .filter_map(|r| r.recent.back())
+            .map(|p| p.iter + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The rank that held the others up in the latest straggler window.
+    pub fn straggler(&self) -> Option<&StragglerWindow> {
+        self.stragglers.back()
+    }
+
+    /// Mean GPU busy share over the nodes' latest readings, 0–1, when any node has a GPU.
+    pub fn gpu_busy(&self) -> Option<f64> {
+        let busy: Vec<f64> = self
+            .nodes
+            .values()
+            .filter_map(|n| n.resources.as_ref()?.gpu_busy)
+            .collect();
+        (!busy.is_empty()).then(|| busy.iter().sum::<f64>() / busy.len() as f64)
+    }
+
+    /// Folds in an update from the feed.
+    pub fn apply(&mut self, u: ViewUpdate) {
+        self.now_ns = u.now_ns;
+        self.attributed = u.attributed;
+        self.samples_per_second = u.samples_per_second;
+        self.batch_size = u.batch_size;
+        self.records_dropped = u.records_dropped;
+        if let Some(s) = u.summary {
+            self.summary = *s;
+        }
+        for r in u.ranks {
+            let recent = self
+                .ranks
+                .remove(&r.rank)
+                .map(|old| old.recent)
+                .unwrap_or_default();
+            self.ranks.insert(r.rank, RankView { recent, ..r });
+        }
+        for (rank, parts) in u.parts {
+            if let Some(r) = self.ranks.get_mut(&rank) {
+                push_bounded(&mut r.recent, parts, RECENT_ITERATIONS);
+            }
+        }
+        for n in u.nodes {
+            let mut history = self
+                .nodes
+                .remove(&n.node)
+                .map(|old| old.history)
+                .unwrap_or_default();
+            if let Some(res) = &n.resources {
+                if history.back().is_none_or(|h| h.t_ns != res.t_ns) {
+                    push_bounded(&mut history, res.clone(), RESOURCE_HISTORY);
+                }
+            }
+            self.nodes.insert(n.node.clone(), NodeView { history, ..n });
+        }
+        for w in u.stragglers {
+            push_bounded(&mut self.stragglers, w, STRAGGLER_WINDOWS);
+        }
+    }
+}
+
+/// What changed in a [`JobView`] since the last update: the feed sends these after its first
+/// snapshot. Ranks and nodes that changed are sent whole but without their histories, which
+/// grow by `parts` and by each node's latest resource reading.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ViewUpdate {
+    /// See [`JobView::now_ns`].
+    pub now_ns: Nanos,
+    /// See [`JobView::attributed`].
+    pub attributed: u64,
+    /// See [`JobView::samples_per_second`].
+    pub samples_per_second: Option<f64>,
+    /// See [`JobView::batch_size`].
+    pub batch_size: Option<u64>,
+    /// See [`JobView::records_dropped`].
+    pub records_dropped: u64,
+    /// The new summary, when it was refreshed.
+    pub summary: Option<Box<Summary>>,
+    /// Ranks whose figures changed, with empty `recent`.
+    pub ranks: Vec<RankView>,
+    /// New iterations' parts, by rank, in order.
+    pub parts: Vec<(u32, IterationParts)>,
+    /// Nodes that changed, with empty `history`.
+    pub nodes: Vec<NodeView>,
+    /// New straggler windows.
+    pub stragglers: Vec<StragglerWindow>,
+}
+
+impl ViewUpdate {
+    /// Whether it says nothing new but the time.
+    pub fn is_empty(&self) -> bool {
+        self.summary.is_none()
+            && self.ranks.is_empty()
+            && self.parts.is_empty()
+            && self.nodes.is_empty()
+            && self.stragglers.is_empty()
+    }
+}
+
+/// Appends `item`, dropping the oldest beyond `cap`.
+pub(crate) fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) {
+    q.push_back(item);
+    while q.len() > cap {
+        q.pop_front();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+use super::*;
+use crate::attribution::{Coverage, IterationBreakdown};
+use crate::frame::{Frame, RunHeader};
+use crate::job::JobTimeline;
+use crate::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind};
+
+const MS: u64 = 1_000_000;
+
+fn iteration(rank: u32, iter: u64, wall_ms: u64, prep_ms: u64) -> IterationBreakdown {
+    let mut split = Split::default();
+    split.add(Category::DataPrep, prep_ms * MS);
+    split.add(Category::Compute, (wall_ms - prep_ms) * MS);
+    IterationBreakdown {
+        rank,
+        pid: 100 + rank,
+        iter,
+        start_ns: iter * wall_ms * MS,
+        end_ns: (iter + 1) * wall_ms * MS,
+        split,
+        evidence: vec![],
+        coverage: Coverage::default(),
+    }
+}
+
+fn header(host: &str) -> Frame {
+    Frame::Header(RunHeader {
+        host: host.into(),
+        command: vec!["python3".into(), "train.py".into()],
+        ..RunHeader::default()
+    })
+}
+
+#[test]
+fn a_client_that_applies_the_updates_holds_the_servers_model() {
+    let job = JobTimeline::default();
+    let mut server = LiveModel::new("");
+    server.ingest(&header("node-a"));
+    let mut client: Option<JobView> = None;
+    for round in 0..40u64 {
+        let new: Vec<_> = (0..3)
+            .map(|rank| {
+                iteration(
+                    rank,
+                    round,
+                    100 + u64::from(rank) * 10,
+                    20 * u64::from(rank),
+                )
+            })
+            .collect();
+        server.observe(&job, &new, (round + 1) * 100 * MS, false);
+        let update = server.take_update();
+        match client.as_mut() {
+            // The feed's first message: a snapshot taken after the round's update.
+            None if round == 7 => client = Some(server.view().clone()),
+            None => {}
+            Some(c) => c.apply(update),
+        }
+    }
+    let client = client.expect("snapshot taken");
+    assert_eq!(&client, server.view());
+    assert_eq!(client.name, "train");
+    assert_eq!(client.ranks.len(), 3);
+    assert_eq!(client.ranks[&2].node, "node-a");
+    assert_eq!(client.iterations(), 40);
+}
+
+#[test]
+fn its_memory_is_bounded_however_long_the_job() {
+    let job = JobTimeline::default();
+    let mut m = LiveModel::new("long");
+    for round in 0..5_000u64 {
+        m.observe(&job, &[iteration(0, round, 10, 2)], round * 10 * MS, false);
+        let _ = m.take_update();
+    }
+    let v = m.view();
+    assert_eq!(v.ranks[&0].recent.len(), RECENT_ITERATIONS);
+    assert_eq!(v.ranks[&0].recent.back().map(|p| p.iter), Some(4_999));
+    assert_eq!(v.attributed, 5_000);
+    let w = v.window();
+    assert_eq!(w.total(), WINDOW_ITERATIONS as u64 * 10 * MS);
+    assert_eq!(v.window().largest_stall(), Some(Category::DataPrep));
+}
+
+fn decl(id: u32, name: &str, kind: SeriesKind, labels: &[(&str, &str)]) -> Frame {
+    Frame::Series(SeriesDecl {
+        id: SeriesId(id),
+        name: name.into(),
+        unit: String::new(),
+        kind,
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    })
+}
+
+#[test]
+fn the_node_meter_reads_rates_from_raw_counters() {
+    use crate::series::names;
+    let mut m = LiveModel::new("");
+    m.ingest(&header("node-a"));
+    m.ingest(&decl(
+        1,
+        names::PROC_ALL_CPU_NS,
+        SeriesKind::Counter,
+        &[("pid", "7")],
+    ));
+    m.ingest(&decl(
+        2,
+        names::NET_RX_BYTES,
+        SeriesKind::Counter,
+        &[("iface", "eth0"), ("link", "nic")],
+    ));
+    m.ingest(&decl(
+        3,
+        names::NET_RX_BYTES,
+        SeriesKind::Counter,
+        &[("iface", "lo"), ("link", "loopback")],
+    ));
+    m.ingest(&decl(
+        4,
+        names::GPU_UTIL_PCT,
+        SeriesKind::Gauge,
+        &[("gpu", "0")],
+    ));
+    m.ingest(&decl(
+        5,
+        names::PSI_SOME_US,
+        SeriesKind::Counter,
+        &[("resource", "io")],
+    ));
+    // 1.5 cores busy, 2 MB/s in on the NIC, 9 MB/s on loopback (left out), GPU 40%, 25% I/O
+    // pressure; sampled every 100 ms for 3 s.
+    for tick in 0..=30u64 {
+        let t = tick * 100 * MS;
+        m.ingest(&Frame::Samples(SampleBatch {
+            t_ns: t,
+            dur_ns: 0,
+            values: vec![
+                (SeriesId(1), tick * 150 * MS),
+                (SeriesId(2), tick * 200_000),
+                (SeriesId(3), tick * 900_000),
+                (SeriesId(4), 40),
+                (SeriesId(5), tick * 25_000),
+            ],
+        }));
+    }
+    let node = &m.view().nodes["node-a"];
+    assert_eq!(node.history.len(), 3, "three whole seconds read");
+    let r = node.resources.as_ref().expect("a reading");
+    let near = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < b * 1e-9);
+    assert!(near(r.cpu_busy_cores, 1.5), "{r:?}");
+    assert!(near(r.nic_rx_bytes_per_s, 2e6), "{r:?}");
+    assert!(near(r.gpu_busy, 0.4), "{r:?}");
+    assert!(near(r.psi_io, 0.25), "{r:?}");
+    assert_eq!(
+        r.disk_read_bytes_per_s, None,
+        "not measured is absent, not 0"
+    );
+}
