@@ -394,6 +394,10 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
             h.node = node.to_string();
             Ok(Frame::NodeHealth(h))
         }
+        Frame::NodeResources(mut r) => {
+            r.node = node.to_string();
+            Ok(Frame::NodeResources(r))
+        }
         other => Err(ConnError::Refused(format!(
             "agents send iterations and health reports, not {}",
             match other {
