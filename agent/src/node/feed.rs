@@ -129,6 +129,139 @@ fn write_client(stream: UnixStream, rx: Receiver<FeedMessage>) {
     }
 }
 
+/// A client of a feed socket: reads the hello, then each message, and keeps the model.
+pub struct FeedClient {
+    lines: std::io::Lines<std::io::BufReader<UnixStream>>,
+    view: Option<JobView>,
+    path: PathBuf,
+}
+
+/// What went wrong reading a feed.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    /// The socket could not be opened or read.
+    #[error("the feed at {path}: {source}")]
+    Io {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server speaks another protocol.
+    #[error("{path} speaks {hello}, this stallscope reads {{\"feed\":\"{FEED_SCHEMA}\"}}")]
+    Version {
+        /// The socket.
+        path: PathBuf,
+        /// Its first line.
+        hello: String,
+    },
+    /// A line that is not a feed message.
+    #[error("a malformed line from the feed at {path}: {line}")]
+    Malformed {
+        /// The socket.
+        path: PathBuf,
+        /// The line's first 80 characters.
+        line: String,
+    },
+}
+
+/// One line of the feed, as read.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ReadLine {
+    Snapshot(Box<JobView>),
+    Update(Box<ViewUpdate>),
+    End(serde::de::IgnoredAny),
+}
+
+impl FeedClient {
+    /// Attaches to the feed at `path`; a read that waits longer than `timeout` fails.
+    pub fn connect(path: &Path, timeout: Duration) -> Result<FeedClient, FeedError> {
+        use std::io::BufRead;
+        let io = |source| FeedError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let stream = UnixStream::connect(path).map_err(io)?;
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        let mut lines = std::io::BufReader::new(stream).lines();
+        let hello = lines
+            .next()
+            .unwrap_or_else(|| Err(std::io::ErrorKind::UnexpectedEof.into()))
+            .map_err(io)?;
+        if hello != format!("{{\"feed\":\"{FEED_SCHEMA}\"}}") {
+            return Err(FeedError::Version {
+                path: path.to_path_buf(),
+                hello,
+            });
+        }
+        Ok(FeedClient {
+            lines,
+            view: None,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The next message, as its JSON line and as folded into the model; `None` at the end
+    /// of the feed.
+    pub fn next_message(&mut self) -> Option<Result<(String, FeedMessage), FeedError>> {
+        let line = match self.lines.next()? {
+            Ok(l) => l,
+            Err(source) => {
+                return Some(Err(FeedError::Io {
+                    path: self.path.clone(),
+                    source,
+                }))
+            }
+        };
+        let msg = match serde_json::from_str::<ReadLine>(&line) {
+            Ok(ReadLine::Snapshot(v)) => {
+                self.view = Some((*v).clone());
+                FeedMessage::Snapshot(Arc::new(*v))
+            }
+            Ok(ReadLine::Update(u)) => {
+                if let Some(v) = self.view.as_mut() {
+                    v.apply((*u).clone());
+                }
+                FeedMessage::Update(Arc::new(*u))
+            }
+            Ok(ReadLine::End(_)) => FeedMessage::End,
+            Err(_) => {
+                return Some(Err(FeedError::Malformed {
+                    path: self.path.clone(),
+                    line: line.chars().take(80).collect(),
+                }))
+            }
+        };
+        Some(Ok((line, msg)))
+    }
+
+    /// The model as the messages so far make it (after the snapshot).
+    pub fn view(&self) -> Option<&JobView> {
+        self.view.as_ref()
+    }
+}
+
+/// The newest feed socket (`*.feed`) in this user's feed directory.
+pub fn newest_feed() -> std::io::Result<PathBuf> {
+    let dir = super::feed_dir()?;
+    std::fs::read_dir(&dir)?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "feed"))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()
+        .map(|(_, p)| p)
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "no live feed in {}: is a `stallscope run`, agent or collector running as this user?",
+                    dir.display()
+                ),
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
