@@ -1,14 +1,3 @@
-//! The node clock: `CLOCK_MONOTONIC`, the clock Python's `time.monotonic_ns()` reads.
+//! The node clock (`CLOCK_MONOTONIC`), read in one place: `stallscope_analysis::clock`.
 
-use stallscope_analysis::Nanos;
-
-/// ns on `CLOCK_MONOTONIC` now.
-pub fn monotonic_ns() -> Nanos {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use stallscope_analysis::clock::monotonic_ns;

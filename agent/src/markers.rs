@@ -23,7 +23,7 @@ use crate::sink::Sink;
 
 /// What the listener hands on.
 #[derive(Debug)]
-pub enum MarkerEvent {
+pub enum Datagram {
     /// A well-formed marker.
     Marker(Marker),
     /// The first malformed datagram (later ones are only counted).
@@ -45,7 +45,7 @@ const RECV_BUFFER: usize = 4 << 20;
 
 impl MarkerListener {
     /// Binds `path` (removing a stale socket file first) and starts receiving.
-    pub fn bind(path: &Path, tx: impl Sink<MarkerEvent>) -> io::Result<MarkerListener> {
+    pub fn bind(path: &Path, tx: impl Sink<Datagram>) -> io::Result<MarkerListener> {
         if path.exists() {
             std::fs::remove_file(path)?;
         }
@@ -116,12 +116,7 @@ fn set_recv_buffer(socket: &UnixDatagram, bytes: usize) {
     }
 }
 
-fn receive(
-    socket: UnixDatagram,
-    tx: impl Sink<MarkerEvent>,
-    stop: &AtomicBool,
-    rejected: &AtomicU64,
-) {
+fn receive(socket: UnixDatagram, tx: impl Sink<Datagram>, stop: &AtomicBool, rejected: &AtomicU64) {
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     while !stop.load(Ordering::Relaxed) {
         let n = match socket.recv(&mut buf) {
@@ -132,13 +127,13 @@ fn receive(
             Err(_) => break,
         };
         let event = match marker::parse(&buf[..n]) {
-            Ok(m) => MarkerEvent::Marker(m),
+            Ok(m) => Datagram::Marker(m),
             Err(e) => {
                 if rejected.fetch_add(1, Ordering::Relaxed) > 0 {
                     continue;
                 }
                 let shown: String = String::from_utf8_lossy(&buf[..n.min(80)]).into();
-                MarkerEvent::Rejected(format!("{e}: {shown:?}"))
+                Datagram::Rejected(format!("{e}: {shown:?}"))
             }
         };
         if !tx.put(event) {
@@ -168,11 +163,11 @@ mod tests {
         while got.len() < 3 {
             got.push(rx.recv_timeout(Duration::from_secs(5)).unwrap());
         }
-        assert!(matches!(&got[0], MarkerEvent::Marker(m) if m.t_ns == 10));
+        assert!(matches!(&got[0], Datagram::Marker(m) if m.t_ns == 10));
         assert!(
-            matches!(&got[1], MarkerEvent::Rejected(why) if why.contains("unknown marker protocol"))
+            matches!(&got[1], Datagram::Rejected(why) if why.contains("unknown marker protocol"))
         );
-        assert!(matches!(&got[2], MarkerEvent::Marker(m) if m.t_ns == 20));
+        assert!(matches!(&got[2], Datagram::Marker(m) if m.t_ns == 20));
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(listener.rejected(), 2);
         listener.stop();

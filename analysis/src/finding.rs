@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::category::Category;
-use crate::summary::{Figures, RankSummary};
+use crate::figures::{Figures, RankSummary};
 
 /// A stall share below which no change is suggested, 0–1.
 pub const MINOR_STALL: f64 = 0.05;
@@ -177,7 +177,7 @@ pub fn find(input: &FindingInput) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::summary::{Categories, Share};
+    use crate::figures::{Categories, Share};
 
     fn figures(prep: f64, compute: f64) -> Figures {
         Figures {

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::attribution::IterationBreakdown;
-use crate::gpu_usage::IterationGpu;
+use crate::gpu_usage::NvmlReading;
 use crate::marker::Marker;
 use crate::series::{SampleBatch, SeriesDecl};
 use crate::Nanos;
@@ -123,7 +123,7 @@ pub struct NodeReport {
     /// The iteration, as [`Frame::NodeIteration`] carries it.
     pub iteration: NodeIteration,
     /// The rank's GPU in the iteration; `None` on a rank without one.
-    pub gpu: Option<IterationGpu>,
+    pub gpu: Option<NvmlReading>,
 }
 
 /// A node's clock against the collector's: `node_ns = collector_ns + offset_ns + drift`.
@@ -216,7 +216,7 @@ pub struct NodeResourcesReport {
     /// The node (set by the collector from the agent's Hello).
     pub node: String,
     /// What the agent's meter read over its last bucket.
-    pub resources: crate::view::NodeResources,
+    pub resources: crate::resources::NodeResources,
 }
 
 impl Frame {

@@ -17,7 +17,7 @@ use crate::Nanos;
 /// units (ppm, mW, bytes, mJ) so that frames stay exact and compact. A reading NVML did not
 /// give is `None`, never 0.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IterationGpu {
+pub struct NvmlReading {
     /// NVML index of the GPU.
     pub gpu: String,
     /// Its UUID (`GPU-…`), when NVML gave one.
@@ -42,7 +42,7 @@ pub struct IterationGpu {
     pub batch_bytes: Option<u64>,
 }
 
-impl IterationGpu {
+impl NvmlReading {
     /// Reads iteration `[a, b]` on GPU `gpu` (NVML index label) from the series NVML filled.
     pub fn read(
         store: &SeriesStore,
@@ -50,7 +50,7 @@ impl IterationGpu {
         (a, b): (Nanos, Nanos),
         cuda_timed: bool,
         batch_bytes: Option<u64>,
-    ) -> IterationGpu {
+    ) -> NvmlReading {
         let on_gpu = |name: &'static str| store.on_gpu(name, gpu);
         let uuid = [
             names::GPU_PCIE_RX_BYTES,
@@ -67,7 +67,7 @@ impl IterationGpu {
             .filter_map(delta)
             .reduce(|x, y| x + y);
         let whole = |v: f64| v.max(0.0).round() as u64;
-        IterationGpu {
+        NvmlReading {
             gpu: gpu.to_string(),
             uuid,
             cuda_timed,
@@ -162,7 +162,7 @@ fn add_mean(acc: &mut Option<(f64, f64)>, mean: Option<f64>, ns: f64) {
 
 impl GpuUsage {
     /// Adds one iteration's readings, over `wall_ns` of the rank's time.
-    pub fn add(&mut self, it: &IterationGpu, wall_ns: u64) {
+    pub fn add(&mut self, it: &NvmlReading, wall_ns: u64) {
         if self.gpu != it.gpu {
             // The first iterations may go by a guess (local rank, the node's only GPU) that
             // better evidence (NVML seeing the process on a device) corrects: the figures are
@@ -349,7 +349,7 @@ mod tests {
         let mut usage = GpuUsage::default();
         for (gpu, a) in [("0", 0), ("1", 500_000_000), ("1", 1_000_000_000)] {
             let b = a + 500_000_000;
-            usage.add(&IterationGpu::read(&store, gpu, (a, b), false, None), b - a);
+            usage.add(&NvmlReading::read(&store, gpu, (a, b), false, None), b - a);
         }
         let g = usage.figures();
         assert_eq!(g.gpu, "1");

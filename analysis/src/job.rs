@@ -15,13 +15,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use crate::aggregate::RunningSummary;
 
 use crate::attribution::{
-    attribute, GpuIteration, GpuSeries, IterationBreakdown, IterationInput, Links, RankSeries,
+    attribute, CudaIteration, GpuSeries, IterationBreakdown, IterationInput, Links, RankSeries,
     ThreadSeries,
 };
 use crate::category::Category;
 use crate::crossnode::CrossNode;
 use crate::frame::{Frame, ProcessInfo, RunEnd, RunHeader, SourceStatus};
-use crate::gpu_usage::{GpuUsage, IterationGpu};
+use crate::gpu_usage::{GpuUsage, NvmlReading};
 use crate::loops::MarkerLog;
 use crate::process::ancestors;
 use crate::series::{names, LABEL_GPU, LABEL_UUID, LINK_LOOPBACK, LINK_NIC};
@@ -78,7 +78,7 @@ pub struct JobTimeline {
     pub gpu_usage: BTreeMap<u32, GpuUsage>,
     /// What the GPU did in each iteration of the last attribution round, by (rank,
     /// iteration): what an agent ships with the iteration. Cleared every round.
-    round_gpu: HashMap<(u32, u64), IterationGpu>,
+    round_gpu: HashMap<(u32, u64), NvmlReading>,
 }
 
 impl JobTimeline {
@@ -286,7 +286,7 @@ impl JobTimeline {
     /// What the GPU of loop `pid` saw of iteration `iter`, with the least exposed all-reduce
     /// of all ranks once every CUDA-timed loop has reported it; `None` for an untimed
     /// iteration.
-    fn gpu_iteration(&self, pid: u32, iter: u64) -> Option<GpuIteration> {
+    fn gpu_iteration(&self, pid: u32, iter: u64) -> Option<CudaIteration> {
         let own = self.markers.procs.get(&pid)?.gpu.get(&iter)?;
         let mut fastest = Some(u64::MAX);
         for q in self.markers.loops().filter(|q| q.gpu_timed()) {
@@ -295,7 +295,7 @@ impl JobTimeline {
                 None => fastest = None,
             }
         }
-        Some(GpuIteration {
+        Some(CudaIteration {
             iter_ns: own.iter_ns,
             data_idle_ns: own.data_idle_ns,
             comm_ns: own.comm_ns,
@@ -332,7 +332,7 @@ impl JobTimeline {
 
     /// What rank `rank`'s GPU did in iteration `iter`, when the last attribution round
     /// attributed it and the rank runs on a GPU NVML reads.
-    pub fn gpu_reading(&self, rank: u32, iter: u64) -> Option<&IterationGpu> {
+    pub fn gpu_reading(&self, rank: u32, iter: u64) -> Option<&NvmlReading> {
         self.round_gpu.get(&(rank, iter))
     }
 
@@ -384,7 +384,7 @@ impl JobTimeline {
                 out.push(attribute(&input, &self.series, &rank_series, &links));
                 if let Some(gpu) = gpu_index {
                     let batch = marks.info().batch_bytes;
-                    let reading = IterationGpu::read(
+                    let reading = NvmlReading::read(
                         &self.series,
                         &gpu,
                         (start, end),
@@ -538,7 +538,7 @@ mod tests {
     #[test]
     fn a_collector_shows_the_gpu_of_every_nodes_rank_once() {
         use crate::frame::{NodeIteration, NodeReport};
-        use crate::gpu_usage::IterationGpu;
+        use crate::gpu_usage::NvmlReading;
         let mut job = JobTimeline::default();
         job.ingest(&Frame::Header(RunHeader {
             warmup_iters: 2,
@@ -564,13 +564,13 @@ mod tests {
                     comm: Vec::new(),
                     world_size: Some(2),
                 },
-                gpu: Some(IterationGpu {
+                gpu: Some(NvmlReading {
                     gpu: "0".into(),
                     busy_ppm: Some(500_000 + 400_000 * rank),
                     pcie_rx_bytes: Some(rx),
                     energy_mj: Some(30_000),
                     batch_bytes: Some(1_000_000),
-                    ..IterationGpu::default()
+                    ..NvmlReading::default()
                 }),
             }))
         };

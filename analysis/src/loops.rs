@@ -7,7 +7,7 @@
 //!
 //! A loop on CUDA also sends, a few iterations late, what its GPU saw of each iteration
 //! (CUDA events read back lazily by the PyTorch hook): those `gpu_iter` metas are kept per
-//! iteration ([`GpuIterTimes`]) rather than as the latest value.
+//! iteration ([`CudaEventTimes`]) rather than as the latest value.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -27,7 +27,7 @@ pub struct Span {
 
 /// What the GPU of one loop saw of one iteration, from CUDA events on its stream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GpuIterTimes {
+pub struct CudaEventTimes {
     /// ns on the GPU from the previous step to this one (`gpu_iter_us`).
     pub iter_ns: Option<u64>,
     /// ns the GPU sat idle while the loop waited for data (`gpu_data_us`).
@@ -36,10 +36,10 @@ pub struct GpuIterTimes {
     pub comm_ns: Option<u64>,
 }
 
-impl GpuIterTimes {
+impl CudaEventTimes {
     /// The times in one `gpu_iter` meta, with its iteration; `None` when it is not one or the
     /// iteration is not a number.
-    fn from_meta(kv: &[(String, String)]) -> Option<(u64, GpuIterTimes)> {
+    fn from_meta(kv: &[(String, String)]) -> Option<(u64, CudaEventTimes)> {
         let get = |key: &str| kv.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
         let iter = get("gpu_iter")?.parse().ok()?;
         let ns = |key: &str| -> Option<u64> {
@@ -50,7 +50,7 @@ impl GpuIterTimes {
         };
         Some((
             iter,
-            GpuIterTimes {
+            CudaEventTimes {
                 iter_ns: ns("gpu_iter_us"),
                 data_idle_ns: ns("gpu_data_us"),
                 comm_ns: ns("gpu_comm_us"),
@@ -120,7 +120,7 @@ pub struct ProcessMarks {
     /// Datagrams known lost (sequence gaps).
     pub dropped: u64,
     /// What the GPU saw, by iteration number (CUDA loops only).
-    pub gpu: BTreeMap<u64, GpuIterTimes>,
+    pub gpu: BTreeMap<u64, CudaEventTimes>,
     /// The latest iteration whose GPU times arrived: they come in iteration order, so an
     /// earlier one still missing never will (the hook dropped it).
     pub gpu_latest: Option<u64>,
@@ -254,7 +254,7 @@ impl MarkerLog {
                 p.steps.insert(m.iter, m.t_ns);
             }
             MarkerEvent::Meta(kv) => {
-                if let Some((iter, times)) = GpuIterTimes::from_meta(kv) {
+                if let Some((iter, times)) = CudaEventTimes::from_meta(kv) {
                     p.gpu.insert(iter, times);
                     p.gpu_latest = Some(p.gpu_latest.map_or(iter, |l| l.max(iter)));
                     return;

@@ -8,13 +8,4 @@ pub mod job;
 pub mod profile;
 pub mod server;
 
-/// ns, `CLOCK_MONOTONIC`: the collector's clock, which agents' clocks are mapped onto.
-pub fn monotonic_ns() -> stallscope_analysis::Nanos {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use stallscope_analysis::clock::monotonic_ns;

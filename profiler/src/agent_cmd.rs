@@ -9,38 +9,26 @@
 //! what could not be delivered.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use stallscope_agent::markers::MarkerListener;
-use stallscope_agent::node::feed::FeedHub;
-use stallscope_agent::node::gpu_thread::spawn_gpu;
+use stallscope_agent::node::feed::{self, FeedHub};
 use stallscope_agent::node::recorder::{Event, Inbox, Recorder, Stderr};
 use stallscope_agent::node::report::{shipping_tap, TrackSenders};
-use stallscope_agent::sampler::{self, ExtraRoots, Pids, SamplerConfig, SharedPids};
+use stallscope_agent::node::{agent_socket, check_rate, header, host_name, Samplers};
+use stallscope_agent::sampler::ExtraRoots;
 use stallscope_agent::shipper::{Shipper, ShipperConfig};
 use stallscope_analysis::frame::RunHeader;
 
 use crate::cli::AgentArgs;
 use crate::python_env;
 
-/// Where an agent receives markers when neither `--socket` nor `$STALLSCOPE_SOCKET` says
-/// (the marker package falls back to the same path).
-pub const AGENT_SOCKET: &str = "/tmp/stallscope/agent.sock";
-
 /// How long the agent waits at exit for the collector to acknowledge what is left.
 const DRAIN_WITHIN: Duration = Duration::from_secs(10);
-
-/// The agent's marker socket: `--socket`, `$STALLSCOPE_SOCKET`, or [`AGENT_SOCKET`].
-pub fn agent_socket(given: Option<&Path>) -> PathBuf {
-    given
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("STALLSCOPE_SOCKET").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(AGENT_SOCKET))
-}
 
 /// Reads a token file: its first line, which must not be empty.
 pub fn read_token(path: &Path) -> anyhow::Result<String> {
@@ -55,9 +43,7 @@ pub fn read_token(path: &Path) -> anyhow::Result<String> {
 
 /// Runs the agent until SIGINT or SIGTERM; exit code 0.
 pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
-    if !(args.rate > 0.0 && args.rate <= 10_000.0) {
-        bail!("--rate must be between 0 and 10000 Hz, not {}", args.rate);
-    }
+    check_rate(args.rate).map_err(anyhow::Error::msg)?;
     if args.buffer == 0 {
         bail!("--buffer must hold at least one record");
     }
@@ -67,7 +53,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     };
     let node = match &args.node {
         Some(n) => n.clone(),
-        None => crate::run::host_name(),
+        None => host_name(),
     };
     let socket = agent_socket(args.socket.as_deref());
     if let Some(dir) = socket.parent() {
@@ -117,33 +103,26 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
 
     let header = RunHeader {
         command: vec!["stallscope".into(), "agent".into()],
-        ..crate::run::header_for(&[], args.rate, 0)
+        ..header(&[], args.rate, 0)
     };
     let listener = Arc::new(listener);
     let hub = Arc::new(FeedHub::default());
-    let feed_socket = crate::run::open_feed(hub.clone(), "agent.feed");
+    let feed_socket = feed::open(hub.clone(), "agent.feed");
     let recorder = Recorder::new(None, header, &node, Box::new(Stderr), false)
         .with_tap(shipping_tap(shipper.clone(), listener.clone()))
         .with_feed(hub);
 
-    let pids = SharedPids::default();
-    let config = SamplerConfig {
-        rate_hz: args.rate,
-        roots: args.roots.roots(),
-        pids: Pids::DiscoverAndPublish(pids.clone()),
-        extra_roots: Some(roots),
-        loops: Some(recorder.loops.clone()),
-        ..SamplerConfig::new(0)
-    };
-    let sampler = sampler::spawn(
-        config.clone(),
-        sampler::default_sources(&config.roots),
-        inbox.clone(),
+    let samplers = Samplers::start(
+        args.rate,
+        args.roots.roots(),
+        0,
+        Some(roots),
+        recorder.loops.clone(),
+        &inbox,
     );
-    let gpu_sampler = spawn_gpu(&config, pids, inbox.clone()).map(|(handle, what)| {
+    if let Some(what) = &samplers.gpu_described {
         eprintln!("stallscope agent: GPU sources: {what}");
-        handle
-    });
+    }
 
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]).context("signals")?;
@@ -159,10 +138,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         let listener = listener.clone();
         recorder.run(rx, inbox, move || listener.rejected())
     };
-    sampler.stop();
-    if let Some(g) = gpu_sampler {
-        g.stop();
-    }
+    samplers.stop();
     drop(listener);
     drop(feed_socket);
     let shipper = Arc::try_unwrap(shipper).map_err(|_| anyhow::anyhow!("shipper still shared"))?;

@@ -252,7 +252,7 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
     let header = RunHeader {
         command: vec!["stallscope".into(), "collector".into()],
         started_mono_ns: stallscope_collector::monotonic_ns(),
-        ..crate::run::header_for(&[], 0.0, args.warmup)
+        ..stallscope_agent::node::header(&[], 0.0, args.warmup)
     };
     raise_nofile_limit();
     let rt = runtime().context("cannot start the collector's runtime")?;
@@ -274,8 +274,10 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
             ..ServerConfig::default()
         };
         let hub = Arc::new(FeedHub::default());
-        let _feed_socket =
-            crate::run::open_feed(hub.clone(), &format!("collector-{}.feed", addr.port()));
+        let _feed_socket = stallscope_agent::node::feed::open(
+            hub.clone(),
+            &format!("collector-{}.feed", addr.port()),
+        );
         let name = args.job.clone().unwrap_or_else(|| "job".into());
         let collector =
             Collector::start(listener, config, writer, header, (&name, hub), args.quiet);

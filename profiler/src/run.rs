@@ -12,14 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use regex::bytes::Regex;
 use stallscope_agent::clock::monotonic_ns;
 use stallscope_agent::markers::MarkerListener;
-use stallscope_agent::node::feed::{self, FeedHub, FeedSocket};
-use stallscope_agent::node::gpu_thread::spawn_gpu;
+use stallscope_agent::node::feed::{self, FeedHub};
 use stallscope_agent::node::recorder::{Event, Inbox, Recorder};
-use stallscope_agent::sampler::{self, Pids, SamplerConfig, SharedPids};
+use stallscope_agent::node::{agent_socket, check_rate, Samplers};
 use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::summary::render_text;
@@ -53,32 +52,8 @@ pub fn default_profile_path() -> PathBuf {
     ))
 }
 
-/// The node's host name (`/proc/sys/kernel/hostname`), empty when unreadable.
-pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 fn header(args: &RunArgs) -> RunHeader {
-    header_for(&args.command, args.rate, args.warmup)
-}
-
-/// The run header of a recorder started now.
-pub fn header_for(command: &[String], rate_hz: f64, warmup_iters: u32) -> RunHeader {
-    RunHeader {
-        stallscope_version: env!("CARGO_PKG_VERSION").to_string(),
-        host: host_name(),
-        command: command.to_vec(),
-        started_unix_ns: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-        started_mono_ns: monotonic_ns(),
-        rate_hz,
-        warmup_iters,
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-    }
+    stallscope_agent::node::header(&args.command, args.rate, args.warmup)
 }
 
 /// Forwards the command's stdout line by line and turns matching lines into steps.
@@ -155,9 +130,7 @@ fn run_dir() -> anyhow::Result<tempfile::TempDir> {
 /// Runs the command under stallscope and returns the exit code to leave with (unless the
 /// command died of a signal, in which case stallscope dies of the same signal).
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
-    if !(args.rate > 0.0 && args.rate <= 10_000.0) {
-        bail!("--rate must be between 0 and 10000 Hz, not {}", args.rate);
-    }
+    check_rate(args.rate).map_err(anyhow::Error::msg)?;
     if let Some(socket) = answering_agent() {
         return join_agent(&args, &socket);
     }
@@ -183,9 +156,7 @@ pub struct Recorded {
 /// profile and returns the summary; prints nothing but the live status.
 pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<Recorded> {
     let cpu_before = own_cpu_seconds();
-    if !(args.rate > 0.0 && args.rate <= 10_000.0) {
-        bail!("--rate must be between 0 and 10000 Hz, not {}", args.rate);
-    }
+    check_rate(args.rate).map_err(anyhow::Error::msg)?;
     let regex = match &args.iter_regex {
         Some(r) => Some(
             Regex::new(r)
@@ -237,7 +208,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         .clone()
         .unwrap_or_else(|| stallscope_analysis::view::job_name(&header.command));
     let hub = Arc::new(FeedHub::default());
-    let feed_socket = open_feed(hub.clone(), &format!("run-{}.feed", std::process::id()));
+    let feed_socket = feed::open(hub.clone(), &format!("run-{}.feed", std::process::id()));
     let recorder = Recorder::new(
         Some(Box::new(writer)),
         header,
@@ -248,20 +219,14 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     .with_feed(hub);
     let descendants = recorder.descendants.clone();
 
-    let pids = SharedPids::default();
-    let config = SamplerConfig {
-        rate_hz: args.rate,
-        roots: args.roots.roots(),
-        pids: Pids::DiscoverAndPublish(pids.clone()),
-        loops: Some(recorder.loops.clone()),
-        ..SamplerConfig::new(pid)
-    };
-    let sampler = sampler::spawn(
-        config.clone(),
-        sampler::default_sources(&config.roots),
-        inbox.clone(),
+    let samplers = Samplers::start(
+        args.rate,
+        args.roots.roots(),
+        pid,
+        None,
+        recorder.loops.clone(),
+        &inbox,
     );
-    let gpu_sampler = spawn_gpu(&config, pids, inbox.clone()).map(|(handle, _)| handle);
 
     let rejected = Arc::new(AtomicU64::new(0));
     let recorder_thread = {
@@ -272,10 +237,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     };
 
     let status = job.wait()?;
-    sampler.stop();
-    if let Some(g) = gpu_sampler {
-        g.stop();
-    }
+    samplers.stop();
     let found: Vec<(u32, u64)> = descendants.lock().map(|d| d.clone()).unwrap_or_default();
     job.end_leftovers(&found);
     if let Some(l) = &listener {
@@ -301,23 +263,10 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     })
 }
 
-/// Serves the live model on `NAME` in this user's feed directory, saying where (or why not)
-/// once; the run goes on without a feed when it cannot be served.
-pub fn open_feed(hub: Arc<FeedHub>, name: &str) -> Option<FeedSocket> {
-    let served = stallscope_agent::node::feed_dir().and_then(|d| feed::serve(hub, &d.join(name)));
-    match served {
-        Ok(s) => Some(s),
-        Err(e) => {
-            eprintln!("stallscope: no live feed ({e}); the run goes on");
-            None
-        }
-    }
-}
-
 /// The node agent's marker socket, when an agent answers on it (`$STALLSCOPE_SOCKET`, else
 /// the well-known path). A datagram `connect` succeeds only where a socket is bound.
 fn answering_agent() -> Option<PathBuf> {
-    let path = crate::agent_cmd::agent_socket(None);
+    let path = agent_socket(None);
     let probe = std::os::unix::net::UnixDatagram::unbound().ok()?;
     probe.connect(&path).ok().map(|_| path)
 }

@@ -129,6 +129,18 @@ fn write_client(stream: UnixStream, rx: Receiver<FeedMessage>) {
     }
 }
 
+/// Serves `hub` as `name` in this user's feed directory ([`super::feed_dir`]); says once why
+/// not when it cannot (the run goes on without a feed).
+pub fn open(hub: Arc<FeedHub>, name: &str) -> Option<FeedSocket> {
+    match super::feed_dir().and_then(|d| serve(hub, &d.join(name))) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("stallscope: no live feed ({e}); the run goes on");
+            None
+        }
+    }
+}
+
 /// A client of a feed socket: reads the hello, then each message, and keeps the model.
 pub struct FeedClient {
     lines: std::io::Lines<std::io::BufReader<UnixStream>>,

@@ -10,7 +10,115 @@ pub mod recorder;
 pub mod report;
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use stallscope_analysis::frame::RunHeader;
+
+use crate::clock::monotonic_ns;
+use crate::sampler::{self, LoopPids, Pids, SamplerConfig, SamplerHandle, SharedPids};
+use crate::sources::Roots;
+use recorder::Inbox;
+
+/// Where an agent receives markers when neither `--socket` nor `$STALLSCOPE_SOCKET` says
+/// (the marker package falls back to the same path).
+pub const AGENT_SOCKET: &str = "/tmp/stallscope/agent.sock";
+
+/// The agent's marker socket: `given`, `$STALLSCOPE_SOCKET`, or [`AGENT_SOCKET`].
+pub fn agent_socket(given: Option<&Path>) -> PathBuf {
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("STALLSCOPE_SOCKET").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(AGENT_SOCKET))
+}
+
+/// The node's host name (`/proc/sys/kernel/hostname`), empty when unreadable.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The run header of a recorder started now.
+pub fn header(command: &[String], rate_hz: f64, warmup_iters: u32) -> RunHeader {
+    RunHeader {
+        stallscope_version: env!("CARGO_PKG_VERSION").to_string(),
+        host: host_name(),
+        command: command.to_vec(),
+        started_unix_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+        started_mono_ns: monotonic_ns(),
+        rate_hz,
+        warmup_iters,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+    }
+}
+
+/// The one check of a sampling rate, Hz: above 0, at most 10 kHz.
+pub fn check_rate(rate_hz: f64) -> Result<(), String> {
+    if rate_hz > 0.0 && rate_hz <= 10_000.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "--rate must be between 0 and 10000 Hz, not {rate_hz}"
+        ))
+    }
+}
+
+/// The node's samplers: the CPU one (the sources under `roots`, discovering the job's
+/// processes) and, with an NVIDIA driver, the NVML thread following the pids it finds.
+pub struct Samplers {
+    cpu: SamplerHandle,
+    gpu: Option<SamplerHandle>,
+    /// What the NVML thread reads, when it runs.
+    pub gpu_described: Option<String>,
+}
+
+impl Samplers {
+    /// Starts both at `rate_hz` into `inbox`, rooted at `root_pid` (0: none, the agent's case)
+    /// plus `extra_roots`, telling `loops` which processes run training loops.
+    pub fn start(
+        rate_hz: f64,
+        roots: Roots,
+        root_pid: u32,
+        extra_roots: Option<sampler::ExtraRoots>,
+        loops: LoopPids,
+        inbox: &Inbox,
+    ) -> Samplers {
+        let pids = SharedPids::default();
+        let config = SamplerConfig {
+            rate_hz,
+            roots,
+            pids: Pids::DiscoverAndPublish(pids.clone()),
+            extra_roots,
+            loops: Some(loops),
+            ..SamplerConfig::new(root_pid)
+        };
+        let cpu = sampler::spawn(
+            config.clone(),
+            sampler::default_sources(&config.roots),
+            inbox.clone(),
+        );
+        let (gpu, gpu_described) = match gpu_thread::spawn_gpu(&config, pids, inbox.clone()) {
+            Some((h, what)) => (Some(h), Some(what)),
+            None => (None, None),
+        };
+        Samplers {
+            cpu,
+            gpu,
+            gpu_described,
+        }
+    }
+
+    /// Stops both.
+    pub fn stop(self) {
+        self.cpu.stop();
+        if let Some(g) = self.gpu {
+            g.stop();
+        }
+    }
+}
 
 /// The directory for this user's feed sockets: `/run/stallscope` for root,
 /// `$XDG_RUNTIME_DIR/stallscope` otherwise, or `/tmp/stallscope-UID`; created owner-only and

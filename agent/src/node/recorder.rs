@@ -21,7 +21,7 @@ use stallscope_analysis::view::JobView;
 
 use super::feed::FeedHub;
 use crate::clock::monotonic_ns;
-use crate::markers::MarkerEvent as Received;
+use crate::markers::Datagram as Received;
 use crate::proctree::ProcEntry;
 use crate::sampler::{LoopPids, SamplerEvent};
 use crate::sink::{Mailbox, Sink};

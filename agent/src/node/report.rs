@@ -14,7 +14,7 @@ use stallscope_analysis::marker::phase;
 use stallscope_analysis::view::JobView;
 
 use super::recorder::{Inbox, Tap};
-use crate::markers::{MarkerEvent, MarkerListener};
+use crate::markers::{Datagram, MarkerListener};
 use crate::sampler::ExtraRoots;
 use crate::shipper::Shipper;
 use crate::sink::Sink;
@@ -104,9 +104,9 @@ pub struct TrackSenders {
     pub roots: ExtraRoots,
 }
 
-impl Sink<MarkerEvent> for TrackSenders {
-    fn put(&self, item: MarkerEvent) -> bool {
-        if let MarkerEvent::Marker(m) = &item {
+impl Sink<Datagram> for TrackSenders {
+    fn put(&self, item: Datagram) -> bool {
+        if let Datagram::Marker(m) = &item {
             if let Ok(mut r) = self.roots.lock() {
                 r.insert(m.pid);
             }

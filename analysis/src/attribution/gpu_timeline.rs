@@ -4,7 +4,7 @@
 //! running from the previous step (no stall at all), and the exposed all-reduce happens on the
 //! GPU stream after `backward()` has long returned on the CPU (the CPU then blocks somewhere
 //! else, in a sync or a copy, where it looks like compute). The PyTorch hook times both on the
-//! GPU stream with CUDA events, read back lazily ([`GpuIteration`]). When an iteration has
+//! GPU stream with CUDA events, read back lazily ([`CudaIteration`]). When an iteration has
 //! them, they decide how much of it was a data stall and how much exposed communication; the
 //! CPU-side evidence still decides what kind (fetch or prep; peer wait, network or
 //! interconnect) and the rest of the iteration keeps the CPU-side parts that are neither
@@ -16,7 +16,7 @@
 
 use crate::category::{apportion, Category};
 
-use super::iteration::Parts;
+use super::parts::Parts;
 use super::Basis;
 
 /// Bounds on the CPU-to-GPU iteration time ratio used to scale GPU times: outside them the
@@ -27,7 +27,7 @@ const SCALE_BOUNDS: (f64, f64) = (0.5, 2.0);
 /// What the GPU saw of one iteration of one rank, from CUDA events, and of the same iteration
 /// on the other ranks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GpuIteration {
+pub struct CudaIteration {
     /// ns on the GPU from the previous step to this one.
     pub iter_ns: Option<u64>,
     /// ns the GPU sat idle while the loop waited for data.
@@ -80,7 +80,7 @@ fn keep_rank(basis: Basis, gpu_comm: bool) -> Option<u8> {
 pub(super) fn reconcile(
     cpu: &Parts,
     wall: u64,
-    gpu: &GpuIteration,
+    gpu: &CudaIteration,
     comm_fallback: Category,
     transfer_weights: impl FnOnce() -> (f64, f64),
 ) -> Parts {

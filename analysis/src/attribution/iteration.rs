@@ -16,15 +16,16 @@
 //! and the exposed communication of each iteration re-measured on the GPU stream afterwards
 //! (see [`super::gpu_timeline`]).
 
-use crate::category::{apportion, Category, Split};
+use crate::category::Category;
 use crate::loops::Span;
 use crate::marker::phase;
 use crate::series::SeriesId;
 use crate::timeline::SeriesStore;
 use crate::Nanos;
 
-use super::gpu_timeline::{reconcile, GpuIteration};
-use super::{Basis, Coverage, Evidence, IterationBreakdown};
+use super::gpu_timeline::{reconcile, CudaIteration};
+use super::parts::Parts;
+use super::{Basis, Coverage, IterationBreakdown};
 
 /// Byte rate below which a link is taken as quiet, bytes/s: background chatter (ssh, DNS,
 /// package downloads) must not turn idle time into "network".
@@ -107,7 +108,7 @@ pub struct IterationInput {
     /// the same collective, ns, if other ranks were seen.
     pub peer_arrivals: Vec<Option<Nanos>>,
     /// What the rank's GPU saw of the iteration (CUDA events), when it was timed.
-    pub gpu: Option<GpuIteration>,
+    pub gpu: Option<CudaIteration>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -117,51 +118,6 @@ enum Label {
     H2d,
     Compute,
     Unmarked,
-}
-
-/// Accumulates (category, basis, weight) and turns a piece into exact nanoseconds.
-#[derive(Default)]
-pub(super) struct Parts {
-    pub(super) split: Split,
-    pub(super) evidence: Vec<Evidence>,
-}
-
-impl Parts {
-    pub(super) fn put(&mut self, category: Category, basis: Basis, ns: u64) {
-        if ns == 0 {
-            return;
-        }
-        self.split.add(category, ns);
-        match self
-            .evidence
-            .iter_mut()
-            .find(|e| e.category == category && e.basis == basis)
-        {
-            Some(e) => e.ns += ns,
-            None => self.evidence.push(Evidence {
-                category,
-                basis,
-                ns,
-            }),
-        }
-    }
-
-    pub(super) fn apportion(
-        &mut self,
-        span: u64,
-        weights: &[(Category, Basis, f64)],
-        fallback: (Category, Basis),
-    ) {
-        let raw: Vec<f64> = weights.iter().map(|w| w.2).collect();
-        match apportion(span, &raw) {
-            Some(ns) => {
-                for (w, n) in weights.iter().zip(ns) {
-                    self.put(w.0, w.1, n);
-                }
-            }
-            None => self.put(fallback.0, fallback.1, span),
-        }
-    }
 }
 
 /// Cuts `[start, end]` at every span boundary and labels each piece.

@@ -116,8 +116,9 @@ impl IterationBreakdown {
 
 mod gpu_timeline;
 mod iteration;
+mod parts;
 
-pub use gpu_timeline::GpuIteration;
+pub use gpu_timeline::CudaIteration;
 pub use iteration::{attribute, GpuSeries, IterationInput, Links, RankSeries, ThreadSeries};
 
 #[cfg(test)]

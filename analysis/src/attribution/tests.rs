@@ -374,7 +374,7 @@ fn parts_always_sum_exactly_to_the_wall_time() {
         // The same with GPU times of any size, some missing.
         let some = |v: u64| (v % 4 != 0).then_some(v);
         let comm = some(next(2 * (b - a)));
-        inp.gpu = Some(GpuIteration {
+        inp.gpu = Some(CudaIteration {
             iter_ns: some(next(3 * (b - a))),
             data_idle_ns: some(next(2 * (b - a))),
             comm_ns: comm,
@@ -406,10 +406,10 @@ fn a_data_wait_the_gpu_spent_on_queued_kernels_is_not_a_stall() {
     let cpu_only = attribute(&inp, &s.store, &rank, &Links::default());
     assert_eq!(ms(&cpu_only, DataPrep), 60.0, "the CPU saw a 60 ms wait");
     // The GPU ran the previous step's kernels all through the wait.
-    inp.gpu = Some(GpuIteration {
+    inp.gpu = Some(CudaIteration {
         iter_ns: Some(100 * MS),
         data_idle_ns: Some(0),
-        ..GpuIteration::default()
+        ..CudaIteration::default()
     });
     let b = attribute(&inp, &s.store, &rank, &Links::default());
     assert_eq!(ms(&b, DataPrep), 0.0);
@@ -431,10 +431,10 @@ fn the_gpu_idle_part_of_a_data_wait_is_the_stall_of_the_kind_the_loader_showed()
     let mut inp = input(100, 200, &[("data", 100, 160)]);
     // The GPU's iteration took 110 ms on its clock, 22 of them idle for data: laid onto the
     // CPU's 100 ms, 20.
-    inp.gpu = Some(GpuIteration {
+    inp.gpu = Some(CudaIteration {
         iter_ns: Some(110 * MS),
         data_idle_ns: Some(22 * MS),
-        ..GpuIteration::default()
+        ..CudaIteration::default()
     });
     let b = attribute(&inp, &s.store, &rank, &Links::default());
     assert_eq!(ms(&b, DataFetch), 20.0);
@@ -466,7 +466,7 @@ fn the_exposed_all_reduce_on_the_gpu_is_comm_and_waiting_for_the_fastest_is_peer
     };
     // On the CPU the all-reduce was queued at once: a 1 ms comm span.
     let mut inp = input(100, 200, &[("comm", 104, 105)]);
-    inp.gpu = Some(GpuIteration {
+    inp.gpu = Some(CudaIteration {
         iter_ns: Some(100 * MS),
         data_idle_ns: None,
         comm_ns: Some(40 * MS),
@@ -478,7 +478,7 @@ fn the_exposed_all_reduce_on_the_gpu_is_comm_and_waiting_for_the_fastest_is_peer
     assert_eq!(ms(&b, Compute), 60.0);
     assert!(b.evidence.iter().any(|e| e.basis == Basis::GpuSlowestPeer));
     // Without the other ranks' times, the whole exposed all-reduce is the transfer.
-    inp.gpu = inp.gpu.map(|g| GpuIteration {
+    inp.gpu = inp.gpu.map(|g| CudaIteration {
         fastest_comm_ns: None,
         ..g
     });

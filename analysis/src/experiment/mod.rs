@@ -23,13 +23,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::category::Category;
-use crate::summary::Categories;
+use crate::figures::Categories;
 
-mod facts;
 mod render;
 mod whatif;
 
-pub use facts::{run_facts, RunFacts};
 pub use render::render_text;
 pub use whatif::{predict, Bound, Prediction, WhatIf, WhatIfInputs};
 
@@ -147,7 +145,7 @@ pub struct ConfigRun {
     /// The run's own profile.
     pub profile: String,
     /// The online breakdown of this run along the job's critical path (see
-    /// [`RunFacts::critical_path`]), when iterations were attributed.
+    /// [`crate::run_facts::RunFacts::critical_path`]), when iterations were attributed.
     pub online: Option<Categories>,
 }
 

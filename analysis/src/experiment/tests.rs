@@ -5,6 +5,7 @@ use crate::attribution::{Coverage, IterationBreakdown};
 use crate::category::Split;
 use crate::frame::{Frame, ProcessInfo, RunHeader};
 use crate::marker::{Marker, MarkerEvent};
+use crate::run_facts::run_facts;
 use crate::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind};
 
 fn run(config: Config, times: &[f64]) -> ConfigRun {

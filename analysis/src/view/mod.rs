@@ -3,7 +3,7 @@
 //!
 //! Views are pure functions of a [`JobView`], so each is tested on a model built in the test,
 //! without a process or a terminal. The model is fed by the journal that writes the profile
-//! ([`crate::journal::Journal`]), so replaying a profile rebuilds the very model the live run
+//! (`crate::journal::Journal`), so replaying a profile rebuilds the very model the live run
 //! showed. Its memory is bounded whatever the job's length: per rank the last
 //! [`RECENT_ITERATIONS`] iterations' parts, per node the last [`RESOURCE_HISTORY`] resource
 //! readings, for the job the last [`STRAGGLER_WINDOWS`] straggler windows; everything else is
@@ -16,8 +16,9 @@ pub mod hub;
 mod live;
 mod meter;
 
+pub use crate::resources::NodeResources;
 pub use live::{job_name, LiveModel};
-pub use meter::{NodeMeter, NodeResources};
+pub use meter::NodeMeter;
 
 use std::collections::{BTreeMap, VecDeque};
 

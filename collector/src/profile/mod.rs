@@ -290,7 +290,7 @@ fn every_variant() -> Vec<Frame> {
     frames.push(Frame::NodeReport(Box::new(
         stallscope_analysis::frame::NodeReport {
             iteration,
-            gpu: Some(stallscope_analysis::gpu_usage::IterationGpu {
+            gpu: Some(stallscope_analysis::gpu_usage::NvmlReading {
                 gpu: "0".into(),
                 uuid: Some("GPU-00000000-1111-2222-3333-444444444444".into()),
                 cuda_timed: true,

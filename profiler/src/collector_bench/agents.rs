@@ -21,7 +21,7 @@ use std::time::Duration;
 use stallscope_analysis::attribution::{Basis, Coverage, Evidence, IterationBreakdown};
 use stallscope_analysis::category::{Category, Split};
 use stallscope_analysis::frame::{CommSpan, Frame, NodeHealth, NodeIteration, NodeReport};
-use stallscope_analysis::gpu_usage::IterationGpu;
+use stallscope_analysis::gpu_usage::NvmlReading;
 use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VERSION};
 use stallscope_analysis::Nanos;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -98,9 +98,9 @@ pub fn values_per_frame(r: &NodeReport) -> usize {
 
 /// What an H100 busy in a DDP step reads over one iteration of `wall_ns`: 87% busy, 300 W,
 /// a 12.6 MB batch in, NVLink at 378 GB/s each way for the collective's 20%.
-fn gpu_reading(wall_ns: u64) -> IterationGpu {
+fn gpu_reading(wall_ns: u64) -> NvmlReading {
     let s = wall_ns as f64 / 1e9;
-    IterationGpu {
+    NvmlReading {
         gpu: "0".into(),
         uuid: Some("GPU-5f4c7a1e-8b2d-4c3f-9e6a-1d2b3c4d5e6f".into()),
         cuda_timed: true,

@@ -146,7 +146,7 @@ pub fn run() -> anyhow::Result<i32> {
     let header = RunHeader {
         command: vec!["stallscope".into(), "collector-bench".into()],
         started_mono_ns: monotonic_ns(),
-        ..crate::run::header_for(&[], 0.0, 0)
+        ..stallscope_agent::node::header(&[], 0.0, 0)
     };
     let rt = runtime().context("cannot start the collector's runtime")?;
     let probe = Arc::new(Mutex::new(Probe::default()));

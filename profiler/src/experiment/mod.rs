@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use stallscope_analysis::experiment::{
-    agreement, differential, render_text, run_facts, Config, ConfigRun, ExperimentReport, RunFacts,
-    Timing, WhatIf, WhatIfInputs, SCHEMA,
+    agreement, differential, render_text, Config, ConfigRun, ExperimentReport, Timing, WhatIf,
+    WhatIfInputs, SCHEMA,
 };
 use stallscope_analysis::frame::{Frame, RunEnd, RunHeader};
+use stallscope_analysis::run_facts::{run_facts, RunFacts};
 use stallscope_analysis::summary::Categories;
 use stallscope_collector::profile::{read_profile, ProfileWriter};
 
