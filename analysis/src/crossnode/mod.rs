@@ -1,0 +1,306 @@
+//! The cross-node join: ranks on different nodes, one job.
+//!
+//! Each node's agent attributes its own ranks' iterations (it has the samples; the collector
+//! does not) and ships them as [`NodeIteration`]s, on the node's clock, with the begin and end
+//! of each exposed collective. A node only knows when *its own* ranks arrived at a
+//! collective, so its `peer_wait` stops at the node's last local arrival. Here, once every rank
+//! of the job has reported an iteration, all arrivals are mapped onto the collector's clock
+//! with each node's estimated offset ([`NodeClock`]) and the exposed communication of each
+//! rank is split again: waiting until the last rank of the whole job began the same collective
+//! is `peer_wait`, the rest is the transfer, divided between network and interconnect in the
+//! proportion the node measured. The other categories are the node's and are kept as they are.
+//!
+//! A rank timed on its GPU with CUDA events (on CUDA the CPU only queues the all-reduce, so
+//! its CPU-side spans say nothing of when it ran) carries the exposed all-reduce its GPU saw
+//! instead; there, the rank whose GPU saw the least arrived last, the least is the transfer
+//! and the rest of each rank's is `peer_wait`.
+//!
+//! The rank that arrived last at a collective held the others up by the time between its
+//! arrival and the one before it; per window of [`WINDOW_ITERS`] iterations, the rank that held
+//! the others up longest is that window's straggler, provided the others spent a noticeable
+//! share of their time waiting ([`STRAGGLER_MIN_WAIT`]).
+//!
+//! A job runs for days, so nothing here grows with its length: arrivals are summed into their
+//! window as iterations are joined, and a window is reduced to its straggler (if any) once
+//! joins have moved [`WINDOW_CLOSE_LAG_ITERS`] past it; the de-duplication of reports keeps,
+//! per rank, the iteration below which everything counts as joined and the few joined above it
+//! ([`JoinedIters`]). What grows is only the list of windows that named a straggler, which is
+//! the summary's output.
+//!
+//! The live collector and the replay of a job profile feed the same frames through this code.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use crate::attribution::IterationBreakdown;
+use crate::category::Category;
+use crate::frame::{NodeClock, NodeHealth, NodeIteration};
+use crate::Nanos;
+
+mod resplit;
+mod stragglers;
+
+use resplit::{gpu_exposed_comm, held_by_least_exposed};
+pub use resplit::{resplit, resplit_gpu};
+use stragglers::{IterationArrivals, StragglerWindows};
+pub use stragglers::{StragglerWindow, STRAGGLER_MIN_WAIT, WINDOW_CLOSE_LAG_ITERS, WINDOW_ITERS};
+
+/// How long an iteration reported by some ranks waits for the others before it is joined
+/// without them, ns (on the collector's clock, from the first report's end).
+const JOIN_PATIENCE_NS: Nanos = 15_000_000_000;
+
+/// Joined iterations of one rank remembered above its contiguous joined prefix (iterations
+/// joined out of order, or past a lost one), at most; beyond it the oldest is forgotten and
+/// every iteration of the rank up to it counts as joined (8 bytes-ish each; 1,000 ranks with
+/// the set full: ~20 MiB).
+pub const JOINED_GAPS_MAX: usize = 1_024;
+
+/// The iterations of one rank already joined: every one below `below`, and those in `above`.
+/// Reports of a rank arrive in order (an agent resends only what was not acknowledged), so
+/// the iterations before the first one joined count as joined too.
+#[derive(Clone, Debug, Default)]
+struct JoinedIters {
+    /// Every iteration below this counts as joined.
+    below: u64,
+    /// Joined iterations at or above `below`, at most [`JOINED_GAPS_MAX`].
+    above: BTreeSet<u64>,
+}
+
+impl JoinedIters {
+    fn starting_at(iter: u64) -> JoinedIters {
+        JoinedIters {
+            below: iter,
+            above: BTreeSet::new(),
+        }
+    }
+
+    fn contains(&self, iter: u64) -> bool {
+        iter < self.below || self.above.contains(&iter)
+    }
+
+    fn insert(&mut self, iter: u64) {
+        if iter < self.below {
+            return;
+        }
+        self.above.insert(iter);
+        while self.above.first() == Some(&self.below) {
+            self.above.pop_first();
+            self.below += 1;
+        }
+        while self.above.len() > JOINED_GAPS_MAX {
+            if let Some(oldest) = self.above.pop_first() {
+                self.below = oldest + 1;
+            }
+        }
+    }
+}
+
+/// Everything the join knows.
+#[derive(Debug, Default)]
+pub struct CrossNode {
+    /// Latest clock estimate per node.
+    pub clocks: BTreeMap<String, NodeClock>,
+    /// Latest health report per node.
+    pub health: BTreeMap<String, NodeHealth>,
+    /// The node of each rank seen.
+    pub rank_nodes: BTreeMap<u32, String>,
+    /// Largest world size any rank announced.
+    world_size: Option<u32>,
+    /// Reports waiting for the other ranks, by iteration, then rank.
+    pending: BTreeMap<u64, BTreeMap<u32, NodeIteration>>,
+    /// Iterations already joined, by rank: a report sent again after a reconnect is dropped.
+    joined: HashMap<u32, JoinedIters>,
+    /// The newest iteration joined.
+    newest_joined: Option<u64>,
+    /// Who held the job up, per window of iterations.
+    windows: StragglerWindows,
+}
+
+impl CrossNode {
+    /// Whether any node has reported (the profile is a multi-node job profile).
+    pub fn is_active(&self) -> bool {
+        !self.rank_nodes.is_empty() || !self.clocks.is_empty()
+    }
+
+    /// Takes a node's clock estimate.
+    pub fn clock(&mut self, c: &NodeClock) {
+        self.clocks.insert(c.node.clone(), c.clone());
+    }
+
+    /// Takes a node's health report.
+    pub fn health(&mut self, h: &NodeHealth) {
+        self.health.insert(h.node.clone(), h.clone());
+    }
+
+    /// Sets the first iteration of the first straggler window (the job's warm-up, from its
+    /// header): iterations before it are left out of the straggler windows. Takes effect for
+    /// iterations joined after it; the header comes before any iteration.
+    pub fn set_first_iter(&mut self, first_iter: u64) {
+        self.windows.first_iter = first_iter;
+    }
+
+    /// Takes one rank's iteration; whether it was new. Repeats of a report already taken (an
+    /// agent resends what a collector that died had not acknowledged) are dropped.
+    pub fn report(&mut self, it: &NodeIteration) -> bool {
+        let (rank, iter) = (it.breakdown.rank, it.breakdown.iter);
+        if self.joined.get(&rank).is_some_and(|j| j.contains(iter)) {
+            return false;
+        }
+        self.rank_nodes.insert(it.breakdown.rank, it.node.clone());
+        if let Some(w) = it.world_size {
+            self.world_size = Some(self.world_size.map_or(w, |o| o.max(w)));
+        }
+        let reports = self.pending.entry(iter).or_default();
+        if reports.contains_key(&rank) {
+            return false;
+        }
+        reports.insert(rank, it.clone());
+        true
+    }
+
+    fn to_collector(&self, node: &str, t: Nanos) -> Nanos {
+        self.clocks.get(node).map_or(t, |c| c.to_collector(t))
+    }
+
+    fn expected_ranks(&self) -> usize {
+        self.rank_nodes
+            .len()
+            .max(self.world_size.unwrap_or(0) as usize)
+    }
+
+    /// Joins every iteration that all ranks have reported, or that waited longer than the
+    /// patience at `now` (ns, collector clock), or every one with `finishing`. Returns the
+    /// split-again breakdowns, times on the collector's clock.
+    pub fn join_ready(&mut self, now: Nanos, finishing: bool) -> Vec<IterationBreakdown> {
+        let expected = self.expected_ranks();
+        let ready: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, reports)| {
+                finishing
+                    || reports.len() >= expected
+                    || reports.values().any(|r| {
+                        let end = self.to_collector(&r.node, r.breakdown.end_ns);
+                        now.saturating_sub(end) > JOIN_PATIENCE_NS
+                    })
+            })
+            .map(|(iter, _)| *iter)
+            .collect();
+        let mut out = Vec::new();
+        for iter in ready {
+            let Some(reports) = self.pending.remove(&iter) else {
+                continue;
+            };
+            out.extend(self.join(iter, reports));
+        }
+        self.close_windows();
+        out.sort_by_key(|b| (b.end_ns, b.rank));
+        out
+    }
+
+    /// Reduces to their straggler the windows that joins have moved
+    /// [`WINDOW_CLOSE_LAG_ITERS`] past and that no waiting iteration falls in.
+    fn close_windows(&mut self) {
+        let Some(newest) = self.newest_joined else {
+            return;
+        };
+        let mut limit = newest.saturating_sub(WINDOW_CLOSE_LAG_ITERS);
+        if let Some(waiting) = self.pending.keys().next() {
+            limit = limit.min(*waiting);
+        }
+        self.windows.close_below(limit);
+    }
+
+    /// Values held for the join and its straggler windows (pending reports, remembered joined
+    /// iterations, open windows' entries): what its memory grows with.
+    pub fn held(&self) -> usize {
+        self.pending.values().map(BTreeMap::len).sum::<usize>()
+            + self
+                .joined
+                .values()
+                .map(|j| 1 + j.above.len())
+                .sum::<usize>()
+            + self.windows.held()
+    }
+
+    fn join(
+        &mut self,
+        iter: u64,
+        reports: BTreeMap<u32, NodeIteration>,
+    ) -> Vec<IterationBreakdown> {
+        // Every rank's collectives on the collector's clock.
+        let spans: BTreeMap<u32, Vec<(Nanos, Nanos)>> = reports
+            .iter()
+            .map(|(rank, r)| {
+                let mapped = r
+                    .comm
+                    .iter()
+                    .map(|s| {
+                        (
+                            self.to_collector(&r.node, s.begin),
+                            self.to_collector(&r.node, s.end),
+                        )
+                    })
+                    .collect();
+                (*rank, mapped)
+            })
+            .collect();
+        let collectives = spans.values().map(Vec::len).max().unwrap_or(0);
+        let mut arrivals = IterationArrivals::default();
+        let mut latest = Vec::with_capacity(collectives);
+        for k in 0..collectives {
+            let mut begins: Vec<(Nanos, u32)> = spans
+                .iter()
+                .filter_map(|(rank, s)| s.get(k).map(|x| (x.0, *rank)))
+                .collect();
+            begins.sort_unstable();
+            let last = begins.last().copied();
+            latest.push(last.map(|l| l.0));
+            if let (Some((t_last, rank)), Some((t_before, _))) =
+                (last, begins.len().checked_sub(2).map(|i| begins[i]))
+            {
+                *arrivals.held.entry(rank).or_default() += t_last - t_before;
+            }
+        }
+        let nodes: HashSet<&str> = reports.values().map(|r| r.node.as_str()).collect();
+        let across_nodes = nodes.len() > 1;
+        // Ranks timed on their GPUs: the exposed all-reduce each GPU saw. Their CPU-side
+        // collective spans only say when work was queued.
+        let gpu_comm: BTreeMap<u32, u64> = reports
+            .iter()
+            .filter_map(|(rank, r)| gpu_exposed_comm(&r.breakdown).map(|c| (*rank, c)))
+            .collect();
+        let fastest = gpu_comm.values().min().copied();
+        if !gpu_comm.is_empty() {
+            arrivals.held = held_by_least_exposed(&gpu_comm);
+        }
+        let mut out = Vec::with_capacity(reports.len());
+        for (rank, r) in &reports {
+            let mut b = match (gpu_comm.get(rank), fastest) {
+                (Some(_), Some(fastest)) => resplit_gpu(&r.breakdown, fastest, across_nodes),
+                _ => resplit(&r.breakdown, &spans[rank], &latest, across_nodes),
+            };
+            b.start_ns = self.to_collector(&r.node, r.breakdown.start_ns);
+            b.end_ns = b.start_ns + r.breakdown.wall_ns();
+            arrivals
+                .waits
+                .insert(*rank, (b.split.get(Category::PeerWait), b.wall_ns()));
+            self.joined
+                .entry(*rank)
+                .or_insert_with(|| JoinedIters::starting_at(iter))
+                .insert(iter);
+            out.push(b);
+        }
+        self.newest_joined = Some(self.newest_joined.map_or(iter, |n| n.max(iter)));
+        self.windows.add(iter, &arrivals);
+        out
+    }
+
+    /// The straggler of each window of [`WINDOW_ITERS`] iterations from the first iteration
+    /// ([`CrossNode::set_first_iter`]) on that had one.
+    pub fn stragglers(&self) -> Vec<StragglerWindow> {
+        self.windows.list(&self.rank_nodes)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,178 @@
+//! Splitting a node's exposed communication again once every rank's arrival is known: the
+//! wait for the rank that arrived last is `peer_wait`, the rest the transfer, divided between
+//! network and interconnect as the node measured. CPU-timed ranks by their collectives'
+//! begins; CUDA-timed ranks by the exposed all-reduce each GPU saw.
+
+use std::collections::BTreeMap;
+
+use crate::attribution::{Basis, Evidence, IterationBreakdown};
+use crate::category::{apportion, Category, Split};
+use crate::Nanos;
+
+/// ns of exposed all-reduce the rank's GPU saw (CUDA events), when it was timed.
+pub(super) fn gpu_exposed_comm(b: &IterationBreakdown) -> Option<u64> {
+    let gpu = |basis: Basis| matches!(basis, Basis::GpuExposedComm | Basis::GpuSlowestPeer);
+    b.evidence.iter().any(|e| gpu(e.basis)).then(|| {
+        b.evidence
+            .iter()
+            .filter(|e| gpu(e.basis))
+            .map(|e| e.ns)
+            .sum()
+    })
+}
+
+/// Who held whom up, from the exposed all-reduce each GPU saw: the rank that arrived last
+/// waited least, and held the next one up by the difference.
+pub(super) fn held_by_least_exposed(gpu_comm: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
+    let mut by_wait: Vec<(u64, u32)> = gpu_comm.iter().map(|(r, c)| (*c, *r)).collect();
+    by_wait.sort_unstable();
+    let mut held = BTreeMap::new();
+    if let [(least, rank), (next, _), ..] = by_wait[..] {
+        held.insert(rank, next - least);
+    }
+    held
+}
+
+/// Splits the exposed all-reduce of a GPU-timed breakdown again, given the least any rank of
+/// the job saw (`fastest`, ns): that much is the transfer, in the proportion of network to
+/// interconnect the node measured; the rest is waiting for the rank that arrived last. The
+/// other categories are kept; the parts still sum to the wall time.
+pub fn resplit_gpu(b: &IterationBreakdown, fastest: u64, across_nodes: bool) -> IterationBreakdown {
+    let Some(exposed) = gpu_exposed_comm(b) else {
+        return b.clone();
+    };
+    let transfer = fastest.min(exposed);
+    let measured = |c: Category| -> f64 {
+        b.evidence
+            .iter()
+            .filter(|e| e.basis == Basis::GpuExposedComm && e.category == c)
+            .map(|e| e.ns as f64)
+            .sum()
+    };
+    let (net_ns, local_ns) = split_transfer(
+        transfer,
+        [
+            measured(Category::Network),
+            measured(Category::Interconnect),
+        ],
+        across_nodes,
+    );
+    with_comm(
+        b,
+        |basis| matches!(basis, Basis::GpuExposedComm | Basis::GpuSlowestPeer),
+        [
+            (
+                Category::PeerWait,
+                Basis::GpuSlowestPeer,
+                exposed - transfer,
+            ),
+            (Category::Network, Basis::GpuExposedComm, net_ns),
+            (Category::Interconnect, Basis::GpuExposedComm, local_ns),
+        ],
+    )
+}
+
+/// `transfer` ns divided between network and interconnect in the proportion `weights`
+/// (network, interconnect); with no weight, all network across nodes, else all interconnect.
+fn split_transfer(transfer: u64, weights: [f64; 2], across_nodes: bool) -> (u64, u64) {
+    match apportion(transfer, &weights) {
+        Some(v) => (v[0], v[1]),
+        None if across_nodes => (transfer, 0),
+        None => (0, transfer),
+    }
+}
+
+/// `b` with the evidence `replaced` says is its exposed communication put back as `parts`
+/// (those of 0 ns left out), and its split summed again from the evidence.
+fn with_comm(
+    b: &IterationBreakdown,
+    replaced: fn(Basis) -> bool,
+    parts: [(Category, Basis, u64); 3],
+) -> IterationBreakdown {
+    let mut evidence: Vec<Evidence> = b
+        .evidence
+        .iter()
+        .filter(|e| !replaced(e.basis))
+        .copied()
+        .collect();
+    evidence.extend(
+        parts
+            .into_iter()
+            .filter(|p| p.2 > 0)
+            .map(|(category, basis, ns)| Evidence {
+                category,
+                basis,
+                ns,
+            }),
+    );
+    let mut split = Split::default();
+    for e in &evidence {
+        split.add(e.category, e.ns);
+    }
+    IterationBreakdown {
+        split,
+        evidence,
+        ..b.clone()
+    }
+}
+
+fn is_comm(basis: Basis) -> bool {
+    matches!(
+        basis,
+        Basis::PeerArrival | Basis::CommNicBytes | Basis::CommLocalBytes | Basis::CommNoBytes
+    )
+}
+
+/// Splits the exposed communication of one breakdown again, given its collectives
+/// (`own`, collector clock) and when the last rank of the job began each (`latest`).
+/// The other categories are kept; the parts still sum to the wall time.
+pub fn resplit(
+    b: &IterationBreakdown,
+    own: &[(Nanos, Nanos)],
+    latest: &[Option<Nanos>],
+    across_nodes: bool,
+) -> IterationBreakdown {
+    let exposed: u64 = b
+        .evidence
+        .iter()
+        .filter(|e| is_comm(e.basis))
+        .map(|e| e.ns)
+        .sum();
+    if exposed == 0 {
+        return b.clone();
+    }
+    let waited: u64 = own
+        .iter()
+        .zip(latest)
+        .map(|((begin, end), last)| match last {
+            Some(l) if l > begin => (l.min(end)) - begin,
+            _ => 0,
+        })
+        .sum::<u64>()
+        .min(exposed);
+    let on = |pred: &dyn Fn(&Evidence) -> bool| -> f64 {
+        b.evidence
+            .iter()
+            .filter(|e| pred(e))
+            .map(|e| e.ns as f64)
+            .sum()
+    };
+    let nic = on(&|e| {
+        e.basis == Basis::CommNicBytes
+            || (e.basis == Basis::CommNoBytes && e.category == Category::Network)
+    });
+    let local = on(&|e| {
+        e.basis == Basis::CommLocalBytes
+            || (e.basis == Basis::CommNoBytes && e.category == Category::Interconnect)
+    });
+    let (net_ns, local_ns) = split_transfer(exposed - waited, [nic, local], across_nodes);
+    with_comm(
+        b,
+        is_comm,
+        [
+            (Category::PeerWait, Basis::PeerArrival, waited),
+            (Category::Network, Basis::CommNicBytes, net_ns),
+            (Category::Interconnect, Basis::CommLocalBytes, local_ns),
+        ],
+    )
+}

@@ -1,0 +1,200 @@
+use super::*;
+use crate::attribution::{Basis, Coverage, Evidence};
+use crate::category::Split;
+use crate::frame::CommSpan;
+
+const MS: u64 = 1_000_000;
+
+/// A 100 ms iteration ending at `end` (node clock) of which the last `comm` ms were an
+/// exposed collective the node counted as network, and the rest compute.
+fn report(node: &str, rank: u32, iter: u64, end: Nanos, comm: u64) -> NodeIteration {
+    let start = end - 100 * MS;
+    let mut split = Split::default();
+    split.add(Category::Compute, (100 - comm) * MS);
+    split.add(Category::Network, comm * MS);
+    NodeIteration {
+        node: node.into(),
+        breakdown: IterationBreakdown {
+            rank,
+            pid: 100 + rank,
+            iter,
+            start_ns: start,
+            end_ns: end,
+            split,
+            evidence: vec![
+                Evidence {
+                    category: Category::Compute,
+                    basis: Basis::CounterBusy,
+                    ns: (100 - comm) * MS,
+                },
+                Evidence {
+                    category: Category::Network,
+                    basis: Basis::CommNicBytes,
+                    ns: comm * MS,
+                },
+            ],
+            coverage: Coverage::default(),
+        },
+        comm: vec![CommSpan {
+            begin: end - comm * MS,
+            end,
+        }],
+        world_size: Some(2),
+    }
+}
+
+fn clock(node: &str, offset_ms: i64) -> NodeClock {
+    NodeClock {
+        node: node.into(),
+        offset_ns: offset_ms * MS as i64,
+        uncertainty_ns: 100_000,
+        samples: 8,
+        ..NodeClock::default()
+    }
+}
+
+#[test]
+fn the_early_rank_waits_for_the_late_one_across_nodes_despite_clock_offsets() {
+    let mut j = CrossNode::default();
+    // Node b's clock runs 50 ms ahead of the collector's; a's agrees with it.
+    j.clock(&clock("a", 0));
+    j.clock(&clock("b", 50));
+    // Both end the collective at collector time 1000 ms; rank 0 (node a) began it 60 ms
+    // before, rank 1 (node b) 10 ms before: rank 0 waited 50 ms for rank 1.
+    j.report(&report("a", 0, 5, 1000 * MS, 60));
+    assert!(j.join_ready(0, false).is_empty(), "rank 1 has not reported");
+    j.report(&report("b", 1, 5, 1050 * MS, 10));
+    let out = j.join_ready(0, false);
+    assert_eq!(out.len(), 2);
+    let r0 = out.iter().find(|b| b.rank == 0).unwrap();
+    let r1 = out.iter().find(|b| b.rank == 1).unwrap();
+    assert_eq!(r0.split.get(Category::PeerWait), 50 * MS);
+    assert_eq!(r0.split.get(Category::Network), 10 * MS);
+    assert_eq!(r0.split.total(), 100 * MS);
+    assert_eq!(r1.split.get(Category::PeerWait), 0);
+    assert_eq!(r1.split.get(Category::Network), 10 * MS);
+    assert_eq!(r1.end_ns, 1000 * MS, "times are on the collector's clock");
+}
+
+/// `report`, as a GPU-timed rank: the exposed all-reduce its GPU saw (`comm` ms, which the
+/// node counted as network) and a CPU-side span that says only when it was queued.
+fn gpu_report(node: &str, rank: u32, iter: u64, end: Nanos, comm: u64) -> NodeIteration {
+    let mut r = report(node, rank, iter, end, comm);
+    r.breakdown.evidence[1].basis = Basis::GpuExposedComm;
+    r.breakdown.evidence[0].basis = Basis::GpuWork;
+    r.comm = vec![CommSpan {
+        begin: end - 90 * MS,
+        end: end - 89 * MS,
+    }];
+    r
+}
+
+#[test]
+fn gpu_timed_ranks_wait_for_the_one_whose_gpu_saw_the_least_all_reduce() {
+    let mut j = CrossNode::default();
+    j.clock(&clock("a", 0));
+    j.clock(&clock("b", 50));
+    for iter in 0..10 {
+        let end = (iter + 1) * 200 * MS;
+        j.report(&gpu_report("a", 0, iter, end, 45));
+        j.report(&gpu_report("b", 1, iter, end + 50 * MS, 5));
+    }
+    let out = j.join_ready(0, false);
+    assert_eq!(out.len(), 20);
+    let r0 = out.iter().find(|b| b.rank == 0).unwrap();
+    let r1 = out.iter().find(|b| b.rank == 1).unwrap();
+    assert_eq!(r0.split.get(Category::PeerWait), 40 * MS);
+    assert_eq!(r0.split.get(Category::Network), 5 * MS);
+    assert_eq!(r0.split.total(), 100 * MS);
+    assert_eq!(r1.split.get(Category::PeerWait), 0);
+    assert_eq!(r1.split.get(Category::Network), 5 * MS);
+    let s = j.stragglers();
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!((s[0].rank, s[0].node.as_str()), (1, "b"));
+    assert!((s[0].held_seconds - 0.4).abs() < 1e-9, "{s:?}");
+}
+
+#[test]
+fn a_report_sent_again_after_a_reconnect_is_not_counted_twice() {
+    let mut j = CrossNode::default();
+    j.report(&report("a", 0, 1, 1000 * MS, 10));
+    j.report(&report("b", 1, 1, 1000 * MS, 10));
+    assert_eq!(j.join_ready(0, false).len(), 2);
+    j.report(&report("a", 0, 1, 1000 * MS, 10));
+    assert!(j.join_ready(u64::MAX, true).is_empty());
+}
+
+#[test]
+fn the_rank_that_keeps_the_others_waiting_is_named_per_window() {
+    let mut j = CrossNode::default();
+    for iter in 0..20 {
+        let end = (iter + 1) * 200 * MS;
+        // In the first window rank 1 arrives 40 ms late; in the second nobody is late.
+        let (c0, c1) = if iter < 10 { (50, 10) } else { (10, 10) };
+        j.report(&report("a", 0, iter, end, c0));
+        j.report(&report("b", 1, iter, end, c1));
+    }
+    j.join_ready(0, true);
+    let s = j.stragglers();
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!((s[0].rank, s[0].node.as_str()), (1, "b"));
+    assert_eq!((s[0].first_iter, s[0].last_iter), (0, 9));
+    assert!((s[0].held_seconds - 0.4).abs() < 1e-9, "{s:?}");
+    assert!((s[0].others_wait_fraction - 0.4).abs() < 1e-9, "{s:?}");
+}
+
+#[test]
+fn a_rank_that_never_reports_does_not_hold_the_join_forever() {
+    let mut j = CrossNode::default();
+    j.report(&report("a", 0, 3, 1000 * MS, 10));
+    j.report(&report("b", 1, 2, 800 * MS, 10));
+    assert!(
+        j.join_ready(2000 * MS, false).is_empty(),
+        "within the patience"
+    );
+    let late = j.join_ready(1000 * MS + JOIN_PATIENCE_NS + 1, false);
+    assert_eq!(
+        late.len(),
+        2,
+        "both iterations, each without the missing rank"
+    );
+}
+
+#[test]
+fn a_long_job_keeps_the_join_bounded_and_its_straggler_windows() {
+    const ITERS: u64 = 50_000;
+    const FIRST: u64 = 5;
+    let mut j = CrossNode::default();
+    j.set_first_iter(FIRST);
+    let late = |iter: u64| iter >= FIRST && ((iter - FIRST) / WINDOW_ITERS) % 3 == 0;
+    let mut most = 0;
+    for iter in 0..ITERS {
+        let end = (iter + 1) * 200 * MS;
+        // Every third window rank 1 arrives 40 ms late; otherwise nobody is late.
+        let (c0, c1) = if late(iter) { (50, 10) } else { (10, 10) };
+        j.report(&report("a", 0, iter, end, c0));
+        j.report(&report("b", 1, iter, end, c1));
+        assert_eq!(j.join_ready(end, false).len(), 2);
+        most = most.max(j.held());
+    }
+    // Two ranks' remembered joins plus the open windows' entries (4 per window).
+    let bound = 2 + 4 * (WINDOW_CLOSE_LAG_ITERS / WINDOW_ITERS + 2) as usize;
+    assert!(most <= bound, "{most} > {bound}");
+    // A report sent again, old or recent, is still dropped.
+    j.report(&report("a", 0, 7, 1000 * MS, 10));
+    j.report(&report("b", 1, ITERS - 1, 1000 * MS, 10));
+    assert!(j.join_ready(u64::MAX, true).is_empty());
+    let s = j.stragglers();
+    let windows = (ITERS - FIRST).div_ceil(WINDOW_ITERS);
+    assert_eq!(s.len() as u64, windows.div_ceil(3), "{:?}", &s[..3]);
+    for (k, w) in s.iter().enumerate() {
+        let first = FIRST + 3 * k as u64 * WINDOW_ITERS;
+        assert_eq!(
+            (w.first_iter, w.last_iter),
+            (first, first + WINDOW_ITERS - 1)
+        );
+        assert_eq!((w.rank, w.node.as_str()), (1, "b"));
+        assert!((w.held_seconds - 0.4).abs() < 1e-9, "{w:?}");
+        assert!((w.others_wait_fraction - 0.4).abs() < 1e-9, "{w:?}");
+    }
+}
