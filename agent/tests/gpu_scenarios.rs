@@ -340,7 +340,11 @@ fn eight_gpus(nic_in_comm: bool) -> Vec<IterationBreakdown> {
         }
     });
     for (d, &pid) in ranks.iter().enumerate() {
-        assert_eq!(node.job.gpu_of(pid), Some(d.to_string()), "rank {d}'s GPU");
+        assert_eq!(
+            node.job.node.gpu_of(pid),
+            Some(d.to_string()),
+            "rank {d}'s GPU"
+        );
     }
     node.breakdowns()
 }

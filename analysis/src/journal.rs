@@ -137,7 +137,7 @@ impl Journal {
             }
         }
         let now = if now == u64::MAX {
-            self.timeline.totals.last_end_ns.unwrap_or(0)
+            self.timeline.summary.totals.last_end_ns.unwrap_or(0)
         } else {
             now
         };

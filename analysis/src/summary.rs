@@ -102,6 +102,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
     let header = job.header.clone().unwrap_or_default();
     let warmup = header.warmup_iters;
     let ranks: Vec<RankSummary> = job
+        .summary
         .totals
         .ranks
         .iter()
@@ -110,11 +111,16 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             pid: *pid,
             node: job.nodes.rank_nodes.get(rank).cloned(),
             figures: figures(totals),
-            gpu: job.gpu_usage.get(rank).map(GpuUsage::figures),
+            gpu: job.summary.gpu_usage.get(rank).map(GpuUsage::figures),
         })
         .collect();
-    let job_figures = figures(&job.totals.job);
-    let workers = job.markers.loops().filter_map(|m| m.info().workers).max();
+    let job_figures = figures(&job.summary.totals.job);
+    let workers = job
+        .node
+        .markers
+        .loops()
+        .filter_map(|m| m.info().workers)
+        .max();
     let finding = find(&FindingInput {
         job: &job_figures,
         ranks: &ranks,
@@ -125,8 +131,8 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         .end
         .as_ref()
         .map(|e| e.ended_mono_ns)
-        .or(job.totals.last_end_ns)
-        .or(job.series.watermark())
+        .or(job.summary.totals.last_end_ns)
+        .or(job.node.series.watermark())
         .unwrap_or(header.started_mono_ns);
     Summary {
         schema: SCHEMA.to_string(),
@@ -140,7 +146,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         ranks,
         finding,
         markers: MarkerHealth {
-            dropped: job.markers.dropped()
+            dropped: job.node.markers.dropped()
                 + job
                     .nodes
                     .health
@@ -156,6 +162,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
                     .sum::<u64>(),
         },
         sources_down: job
+            .node
             .sources
             .values()
             .filter(|s| !s.up)

@@ -111,7 +111,11 @@ fn write_client(stream: UnixStream, rx: Receiver<FeedMessage>) {
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let mut out = BufWriter::new(stream);
     let hello = format!("{{\"feed\":\"{FEED_SCHEMA}\"}}\n");
-    if out.write_all(hello.as_bytes()).is_err() {
+    if out
+        .write_all(hello.as_bytes())
+        .and_then(|_| out.flush())
+        .is_err()
+    {
         return;
     }
     while let Ok(msg) = rx.recv() {

@@ -224,11 +224,12 @@ impl Recorder {
         by_pid: &BTreeMap<u32, &ProcEntry>,
     ) -> (Role, Option<u32>, Option<u32>) {
         let job = self.journal.timeline();
-        let ranks = job.markers.ranks();
+        let ranks = job.node.markers.ranks();
         if let Some(r) = ranks.get(&pid) {
             return (Role::Rank, Some(*r), Some(pid));
         }
         let loader = job
+            .node
             .markers
             .procs
             .get(&pid)
@@ -343,7 +344,7 @@ impl Recorder {
         let end = RunEnd {
             ended_mono_ns: monotonic_ns(),
             exit_code,
-            markers_dropped: self.journal.timeline().markers.dropped(),
+            markers_dropped: self.journal.timeline().node.markers.dropped(),
             markers_rejected: rejected(),
         };
         let (summary, _) = self.journal.finish(monotonic_ns(), end);

@@ -29,7 +29,7 @@ pub fn shift(t: u64, by: i64) -> u64 {
 
 /// What the collector needs of one attributed iteration.
 pub fn node_iteration(job: &JobTimeline, b: &IterationBreakdown, offset: i64) -> NodeIteration {
-    let marks = job.markers.procs.get(&b.pid);
+    let marks = job.node.markers.procs.get(&b.pid);
     let comm = marks
         .map(|m| m.spans_within(b.start_ns, b.end_ns))
         .unwrap_or_default()
@@ -74,9 +74,15 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
             let health = NodeHealth {
                 node: String::new(),
                 records_dropped: shipper.dropped(),
-                markers_dropped: job.markers.dropped(),
+                markers_dropped: job.node.markers.dropped(),
                 markers_rejected: listener.rejected(),
-                sources_down: job.sources.values().filter(|s| !s.up).cloned().collect(),
+                sources_down: job
+                    .node
+                    .sources
+                    .values()
+                    .filter(|s| !s.up)
+                    .cloned()
+                    .collect(),
             };
             if last_health.as_ref().is_none_or(|(_, h)| *h != health) {
                 shipper.push(Frame::NodeHealth(health.clone()));

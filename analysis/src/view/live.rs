@@ -202,6 +202,7 @@ impl LiveModel {
             self.dirty_ranks.insert(rs.rank);
         }
         self.view.batch_size = job
+            .node
             .markers
             .loops()
             .filter_map(|m| m.info().batch_size)
@@ -228,12 +229,13 @@ impl LiveModel {
         }
         if let Some(local) = self.local_node.clone() {
             let down: Vec<String> = job
+                .node
                 .sources
                 .values()
                 .filter(|s| !s.up)
                 .map(|s| format!("{}: {}", s.source, s.message))
                 .collect();
-            let markers_dropped = job.markers.dropped();
+            let markers_dropped = job.node.markers.dropped();
             let n = self.node_mut(&local);
             n.sources_down = down;
             n.markers_dropped = markers_dropped;

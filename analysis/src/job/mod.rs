@@ -1,0 +1,121 @@
+//! The job timeline: every frame of a run goes in, iteration breakdowns come out.
+//!
+//! The live run and the replay of a profile both feed frames to a [`JobTimeline`] and ask it
+//! for the iterations that are ready, so a profile cut short reads the same as it was shown
+//! live. An iteration is ready when samples have arrived past its end and every other live
+//! rank has finished the same iteration (so that waiting for the slowest rank can be told
+//! apart from moving bytes); at the end of a run everything left is attributed.
+//!
+//! It is three parts, each owned separately: this node's timeline ([`NodeTimeline`]: samples,
+//! markers, processes, the attribution of its ranks, with [`Readiness`] deciding when), the
+//! cross-node join of other nodes' reports ([`CrossNode`]), and the running summary
+//! ([`JobTotals`]). A training job runs for days, so nothing is kept per iteration for good:
+//! the summary's figures are folded into running aggregates as iterations are attributed, and
+//! only the most recent [`RECENT_BREAKDOWNS`] breakdowns are kept.
+
+use crate::attribution::IterationBreakdown;
+use crate::crossnode::CrossNode;
+use crate::frame::{Frame, RunEnd, RunHeader};
+use crate::gpu_usage::NvmlReading;
+use crate::Nanos;
+
+mod gpu_map;
+mod node;
+mod readiness;
+mod totals;
+
+pub use node::{Attributed, NodeTimeline, RankProgress};
+pub use readiness::{Readiness, GPU_PATIENCE_NS, PEER_PATIENCE_NS, SAMPLE_PATIENCE_NS};
+pub use totals::{JobTotals, RECENT_BREAKDOWNS};
+
+/// Everything known about a run.
+#[derive(Debug, Default)]
+pub struct JobTimeline {
+    /// The run's header, once seen.
+    pub header: Option<RunHeader>,
+    /// How the run ended, if it did.
+    pub end: Option<RunEnd>,
+    /// Marker datagrams rejected as malformed, as counted by the live side.
+    pub markers_rejected: u64,
+    /// This node's ranks.
+    pub node: NodeTimeline,
+    /// Ranks of other nodes, as their agents attributed them (a collector's job profile).
+    pub nodes: CrossNode,
+    /// The running summary.
+    pub summary: JobTotals,
+    /// When the node's iterations may be attributed.
+    pub readiness: Readiness,
+}
+
+impl JobTimeline {
+    /// Takes one frame. Breakdown frames are not taken: breakdowns are always re-derived.
+    pub fn ingest(&mut self, frame: &Frame) {
+        match frame {
+            Frame::Header(h) => {
+                self.nodes.set_first_iter(u64::from(h.warmup_iters));
+                self.header = Some(h.clone());
+            }
+            Frame::End(e) => {
+                self.markers_rejected = e.markers_rejected;
+                self.end = Some(e.clone());
+            }
+            Frame::NodeClock(c) => self.nodes.clock(c),
+            Frame::NodeIteration(it) => {
+                self.nodes.report(it);
+            }
+            Frame::NodeReport(r) => {
+                let it = &r.iteration;
+                let fresh = self.nodes.report(it);
+                if let Some(gpu) = r.gpu.as_ref().filter(|_| fresh) {
+                    let b = &it.breakdown;
+                    if b.iter >= self.warmup() {
+                        self.summary
+                            .add_gpu(b.rank, gpu, b.end_ns.saturating_sub(b.start_ns));
+                    }
+                }
+            }
+            Frame::NodeHealth(h) => self.nodes.health(h),
+            _ => self.node.ingest(frame),
+        }
+    }
+
+    /// Iterations at the start of each rank left out of the summary (the header's).
+    pub fn warmup(&self) -> u64 {
+        self.header
+            .as_ref()
+            .map_or(0, |h| u64::from(h.warmup_iters))
+    }
+
+    /// What rank `rank`'s GPU did in iteration `iter`, when the last attribution round
+    /// attributed it and the rank runs on a GPU NVML reads.
+    pub fn gpu_reading(&self, rank: u32, iter: u64) -> Option<&NvmlReading> {
+        self.node.gpu_reading(rank, iter)
+    }
+
+    /// Attributes every iteration of this node that is ready at `now` (ns, the node clock),
+    /// and joins the other nodes' iterations that are ready. With `finishing`, attributes
+    /// everything whose bounds are known. Returns the new ones.
+    pub fn attribute_ready(&mut self, now: Nanos, finishing: bool) -> Vec<IterationBreakdown> {
+        let warmup = self.warmup();
+        let mut out = Vec::new();
+        for done in self.node.attribute_ready(now, finishing, &self.readiness) {
+            let b = done.breakdown;
+            if let Some(g) = done.gpu.as_ref().filter(|_| b.iter >= warmup) {
+                self.summary.add_gpu(b.rank, g, b.wall_ns());
+            }
+            out.push(b);
+        }
+        out.extend(self.nodes.join_ready(now, finishing));
+        out.sort_by_key(|b| (b.end_ns, b.rank));
+        self.summary.record(&out, warmup);
+        out
+    }
+
+    /// Forgets samples and marks that no unattributed iteration can need any more.
+    pub fn prune(&mut self) {
+        self.node.prune();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,294 @@
+//! One node's timeline: the samples, markers and processes of the ranks this process
+//! samples, and the attribution of their iterations. Each loop's progress is a typed
+//! [`RankProgress`]; when an iteration may be attributed is the [`Readiness`] policy's call.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::attribution::{
+    attribute, CudaIteration, IterationBreakdown, IterationInput, Links, RankSeries, ThreadSeries,
+};
+use crate::category::Category;
+use crate::frame::{Frame, ProcessInfo, SourceStatus};
+use crate::gpu_usage::NvmlReading;
+use crate::loops::MarkerLog;
+use crate::process::ancestors;
+use crate::series::{names, LINK_LOOPBACK, LINK_NIC};
+use crate::timeline::SeriesStore;
+use crate::Nanos;
+
+use super::readiness::Readiness;
+
+/// Where one training loop (a rank's process) stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankProgress {
+    /// The next iteration to attribute.
+    pub next_iter: u64,
+}
+
+/// One attributed iteration and what its GPU did in it, when the rank runs on one.
+pub struct Attributed {
+    /// The breakdown.
+    pub breakdown: IterationBreakdown,
+    /// NVML's readings over the iteration.
+    pub gpu: Option<NvmlReading>,
+}
+
+/// Everything known about the ranks of this node.
+#[derive(Debug, Default)]
+pub struct NodeTimeline {
+    /// Series and samples.
+    pub series: SeriesStore,
+    /// Markers per process.
+    pub markers: MarkerLog,
+    /// Processes of the job, by pid (latest record).
+    pub processes: BTreeMap<u32, ProcessInfo>,
+    /// Pids seen gone.
+    pub exited: BTreeSet<u32>,
+    /// Latest state per source.
+    pub sources: BTreeMap<String, SourceStatus>,
+    /// Progress per loop pid.
+    progress: BTreeMap<u32, RankProgress>,
+    /// What the GPU did in each iteration of the last attribution round, by (rank,
+    /// iteration): what an agent ships with the iteration. Cleared every round.
+    round_gpu: HashMap<(u32, u64), NvmlReading>,
+}
+
+impl NodeTimeline {
+    /// Takes one of the node's frames (samples, markers, processes, sources); others are not
+    /// the node's.
+    pub fn ingest(&mut self, frame: &Frame) {
+        match frame {
+            Frame::Series(d) => self.series.declare(d.clone()),
+            Frame::Samples(b) => self.series.ingest(b),
+            Frame::Markers(ms) => ms.iter().for_each(|m| self.markers.ingest(m)),
+            Frame::Process(p) => {
+                self.exited.remove(&p.pid);
+                self.processes.insert(p.pid, p.clone());
+            }
+            Frame::ProcessExit { pid, .. } => {
+                self.exited.insert(*pid);
+            }
+            Frame::Source(s) => {
+                self.sources.insert(s.source.clone(), s.clone());
+            }
+            _ => {}
+        }
+    }
+
+    /// Where loop `pid` stands.
+    pub fn progress(&self, pid: u32) -> RankProgress {
+        self.progress.get(&pid).copied().unwrap_or_default()
+    }
+
+    /// The data-loader processes of loop `pid`: descendants that said `role=loader`, or, when
+    /// none did, every descendant.
+    fn loader_pids(&self, pid: u32) -> Vec<u32> {
+        let descends =
+            |p: u32| ancestors(p, |q| self.processes.get(&q).map(|i| i.ppid)).any(|up| up == pid);
+        let mut marked: Vec<u32> = self
+            .markers
+            .procs
+            .values()
+            .filter(|m| m.info().is_loader() && m.info().parent == Some(pid))
+            .map(|m| m.pid)
+            .collect();
+        if marked.is_empty() {
+            let says_no_workers = self
+                .markers
+                .procs
+                .get(&pid)
+                .is_some_and(|m| m.info().workers == Some(0));
+            if !says_no_workers {
+                marked = self
+                    .processes
+                    .keys()
+                    .copied()
+                    .filter(|p| descends(*p))
+                    .collect();
+            }
+        }
+        marked
+    }
+
+    fn thread_series(&self, pid: u32) -> ThreadSeries {
+        let p = pid.to_string();
+        let label = [("pid", p.as_str())];
+        ThreadSeries {
+            cpu: self.series.find(names::PROC_CPU_NS, &label),
+            runq: self.series.find(names::PROC_RUNQ_NS, &label),
+            blocked: self.series.find(names::PROC_BLOCKED_IO, &label),
+        }
+    }
+
+    fn links(&self) -> Links {
+        let mut links = Links::default();
+        for name in [names::NET_RX_BYTES, names::NET_TX_BYTES] {
+            for d in self.series.named(name) {
+                match d.label("link") {
+                    Some(LINK_NIC) => links.nic.push(d.id),
+                    Some(LINK_LOOPBACK) => links.local.push(d.id),
+                    _ => {}
+                }
+            }
+        }
+        let peaks = self.series.link_peaks();
+        links.nic_bytes_per_s = peaks.nic;
+        links.local_bytes_per_s = peaks.loopback;
+        links.nvlink_bytes_per_s = peaks.nvlink;
+        links.pcie_bytes_per_s = peaks.pcie;
+        links.comm_fallback = if peaks.nic_bytes_total > 0 {
+            Category::Network
+        } else {
+            Category::Interconnect
+        };
+        links
+    }
+
+    /// What the GPU of loop `pid` saw of iteration `iter`, with the least exposed all-reduce
+    /// of all ranks once every CUDA-timed loop has reported it; `None` for an untimed
+    /// iteration.
+    fn gpu_iteration(&self, pid: u32, iter: u64) -> Option<CudaIteration> {
+        let own = self.markers.procs.get(&pid)?.gpu.get(&iter)?;
+        let mut fastest = Some(u64::MAX);
+        for q in self.markers.loops().filter(|q| q.gpu_timed()) {
+            match q.gpu.get(&iter).and_then(|t| t.comm_ns) {
+                Some(c) => fastest = fastest.map(|f| f.min(c)),
+                None => fastest = None,
+            }
+        }
+        Some(CudaIteration {
+            iter_ns: own.iter_ns,
+            data_idle_ns: own.data_idle_ns,
+            comm_ns: own.comm_ns,
+            fastest_comm_ns: fastest.filter(|f| *f != u64::MAX),
+        })
+    }
+
+    /// For each comm span beginning in iteration `iter` of `pid`: the latest begin of the same
+    /// (by order) comm span among all loops that have that iteration. `None` for a collective
+    /// no other rank was seen in.
+    fn peer_arrivals(&self, pid: u32, iter: u64, begins: &[Nanos]) -> Vec<Option<Nanos>> {
+        let others: Vec<Vec<Nanos>> = self
+            .markers
+            .loops()
+            .filter(|q| q.pid != pid)
+            .filter_map(|q| q.iteration(iter).map(|(a, b)| q.comm_begins(a, b)))
+            .collect();
+        begins
+            .iter()
+            .enumerate()
+            .map(|(k, own)| {
+                let latest = others.iter().filter_map(|o| o.get(k)).max().copied();
+                latest.map(|l| l.max(*own))
+            })
+            .collect()
+    }
+
+    /// What rank `rank`'s GPU did in iteration `iter`, when the last attribution round
+    /// attributed it and the rank runs on a GPU NVML reads.
+    pub fn gpu_reading(&self, rank: u32, iter: u64) -> Option<&NvmlReading> {
+        self.round_gpu.get(&(rank, iter))
+    }
+
+    /// Attributes every iteration of this node's loops that `readiness` says is ready at
+    /// `now` (ns, the node clock); with `finishing`, every one whose bounds are known.
+    pub fn attribute_ready(
+        &mut self,
+        now: Nanos,
+        finishing: bool,
+        readiness: &Readiness,
+    ) -> Vec<Attributed> {
+        let ranks = self.markers.ranks();
+        let links = self.links();
+        self.round_gpu.clear();
+        let mut out = Vec::new();
+        for (pid, rank) in &ranks {
+            let Some(marks) = self.markers.procs.get(pid) else {
+                continue;
+            };
+            let mut iter = self.progress(*pid).next_iter;
+            let last = marks.steps.keys().next_back().copied();
+            while last.is_some_and(|l| iter <= l) {
+                let Some((start, end)) = marks.iteration(iter) else {
+                    iter += 1; // a lost step: this iteration's bounds are unknown
+                    continue;
+                };
+                if !readiness.is_ready(self, *pid, iter, end, now, finishing) {
+                    break;
+                }
+                let done = self.attribute_one(*rank, *pid, iter, (start, end), &links);
+                if let Some(g) = &done.gpu {
+                    self.round_gpu.insert((*rank, iter), g.clone());
+                }
+                out.push(done);
+                iter += 1;
+            }
+            self.progress.insert(*pid, RankProgress { next_iter: iter });
+        }
+        out
+    }
+
+    /// Attributes iteration `iter` of loop `pid` (rank `rank`), spanning `(start, end)` ns.
+    fn attribute_one(
+        &self,
+        rank: u32,
+        pid: u32,
+        iter: u64,
+        (start, end): (Nanos, Nanos),
+        links: &Links,
+    ) -> Attributed {
+        let marks = &self.markers.procs[&pid];
+        let begins = marks.comm_begins(start, end);
+        let input = IterationInput {
+            rank,
+            pid,
+            iter,
+            start,
+            end,
+            spans: marks.spans_within(start, end),
+            peer_arrivals: self.peer_arrivals(pid, iter, &begins),
+            gpu: self.gpu_iteration(pid, iter),
+        };
+        let gpu_index = self.gpu_of(pid);
+        let rank_series = RankSeries {
+            main: self.thread_series(pid),
+            loaders: self
+                .loader_pids(pid)
+                .into_iter()
+                .map(|p| self.thread_series(p))
+                .collect(),
+            gpu: gpu_index.as_deref().map(|g| self.gpu_series(pid, g)),
+        };
+        let breakdown = attribute(&input, &self.series, &rank_series, links);
+        let gpu = gpu_index.map(|gpu| {
+            NvmlReading::read(
+                &self.series,
+                &gpu,
+                (start, end),
+                input.gpu.is_some(),
+                marks.info().batch_bytes,
+            )
+        });
+        Attributed { breakdown, gpu }
+    }
+
+    /// Forgets samples and marks that no unattributed iteration can need any more.
+    pub fn prune(&mut self) {
+        let oldest_needed = self
+            .markers
+            .loops()
+            .filter_map(|m| {
+                let next = self.progress(m.pid).next_iter;
+                m.iteration(next)
+                    .map(|(a, _)| a)
+                    .or_else(|| next.checked_sub(1).and_then(|p| m.steps.get(&p).copied()))
+            })
+            .min();
+        if let Some(t) = oldest_needed {
+            self.series.prune_before(t);
+            for m in self.markers.procs.values_mut() {
+                m.prune_before(t);
+            }
+        }
+    }
+}

@@ -1,0 +1,158 @@
+use super::*;
+use crate::aggregate::MEDIAN_MAX_RELATIVE_ERROR;
+use crate::attribution::Coverage;
+use crate::category::{Category, Split};
+use crate::summary::summarize;
+use crate::{secs, NS_PER_SEC};
+
+#[test]
+fn a_long_job_keeps_bounded_state_and_its_summary_right() {
+    const WARMUP: u64 = 5;
+    const ITERS: u64 = 150_000; // per rank: 300,000 breakdowns
+    let mut job = JobTimeline::default();
+    job.ingest(&Frame::Header(RunHeader {
+        warmup_iters: WARMUP as u32,
+        ..RunHeader::default()
+    }));
+    let (mut walls, mut prep, mut marked) = (Vec::new(), 0u64, 0u64);
+    let mut batch = Vec::new();
+    for iter in 0..ITERS {
+        for rank in 0..2u32 {
+            // 1–2 ms, spread over the range.
+            let wall = 1_000_000 + (iter * 7_919 + u64::from(rank) * 13) % 1_000_000;
+            let mut split = Split::default();
+            split.add(Category::Compute, wall - wall / 4);
+            split.add(Category::DataPrep, wall / 4);
+            let start = iter * 3_000_000;
+            if iter >= WARMUP {
+                walls.push(wall);
+                prep += wall / 4;
+                marked += wall / 2;
+            }
+            batch.push(IterationBreakdown {
+                rank,
+                pid: 100 + rank,
+                iter,
+                start_ns: start,
+                end_ns: start + wall,
+                split,
+                evidence: Vec::new(),
+                coverage: Coverage {
+                    marked_ns: wall / 2,
+                    sampled_ns: wall,
+                },
+            });
+        }
+        if batch.len() >= 1_000 {
+            job.summary.record(&batch, WARMUP);
+            batch.clear();
+        }
+    }
+    job.summary.record(&batch, WARMUP);
+    assert_eq!(job.summary.recent.len(), RECENT_BREAKDOWNS);
+    let last = job.summary.recent.back().unwrap();
+    assert_eq!(
+        (last.iter, last.rank),
+        (ITERS - 1, 1),
+        "the most recent are kept"
+    );
+    assert!(
+        job.summary.totals.held() <= 3 * 2 * 128, // 1–2 ms spans two octaves
+        "only histogram buckets are left: {}",
+        job.summary.totals.held()
+    );
+
+    let s = summarize(&job);
+    let counted = 2 * (ITERS - WARMUP);
+    assert_eq!(s.job.iterations, counted);
+    assert_eq!(s.ranks.len(), 2);
+    assert_eq!(s.ranks[0].figures.iterations, ITERS - WARMUP);
+    let total: u64 = walls.iter().sum();
+    assert_eq!(s.job.wall_seconds, secs(total));
+    assert_eq!(s.job.categories.data_prep.seconds, secs(prep));
+    assert_eq!(s.job.coverage.marked, marked as f64 / total as f64);
+    assert_eq!(s.job.coverage.sampled, 1.0);
+    walls.sort_unstable();
+    let n = walls.len();
+    let exact = (walls[n / 2 - 1] + walls[n / 2]) as f64 / 2.0 / NS_PER_SEC as f64;
+    let err = (s.job.median_iteration_seconds - exact).abs() / exact;
+    assert!(
+        err <= MEDIAN_MAX_RELATIVE_ERROR,
+        "median {} vs {exact}",
+        s.job.median_iteration_seconds
+    );
+    for r in &s.ranks {
+        let err = (r.figures.median_iteration_seconds - exact).abs() / exact;
+        assert!(err <= 2.0 * MEDIAN_MAX_RELATIVE_ERROR, "{r:?}");
+    }
+}
+
+/// A collector's job: each node's agent ships its rank's GPU readings with the iteration;
+/// the summary shows every rank's GPU, warm-up left out, and a resent report (an agent
+/// replaying what a dead collector had not acknowledged) counted once.
+#[test]
+fn a_collector_shows_the_gpu_of_every_nodes_rank_once() {
+    use crate::frame::{NodeIteration, NodeReport};
+    use crate::gpu_usage::NvmlReading;
+    let mut job = JobTimeline::default();
+    job.ingest(&Frame::Header(RunHeader {
+        warmup_iters: 2,
+        ..RunHeader::default()
+    }));
+    let report = |node: &str, rank: u32, iter: u64, rx: u64| {
+        let start = iter * 100_000_000;
+        let mut split = Split::default();
+        split.add(Category::Compute, 100_000_000);
+        Frame::NodeReport(Box::new(NodeReport {
+            iteration: NodeIteration {
+                node: node.into(),
+                breakdown: IterationBreakdown {
+                    rank,
+                    pid: 7,
+                    iter,
+                    start_ns: start,
+                    end_ns: start + 100_000_000,
+                    split,
+                    evidence: Vec::new(),
+                    coverage: Coverage::default(),
+                },
+                comm: Vec::new(),
+                world_size: Some(2),
+            },
+            gpu: Some(NvmlReading {
+                gpu: "0".into(),
+                busy_ppm: Some(500_000 + 400_000 * rank),
+                pcie_rx_bytes: Some(rx),
+                energy_mj: Some(30_000),
+                batch_bytes: Some(1_000_000),
+                ..NvmlReading::default()
+            }),
+        }))
+    };
+    for iter in 0..10 {
+        // Warm-up iterations move far more bytes: they must not count.
+        let rx = if iter < 2 { 50_000_000 } else { 2_000_000 };
+        job.ingest(&report("node-a", 0, iter, rx));
+        job.ingest(&report("node-b", 1, iter, 3 * rx));
+    }
+    for iter in 5..10 {
+        job.ingest(&report("node-b", 1, iter, 999_000_000)); // resent
+    }
+    job.attribute_ready(0, true);
+    for iter in 8..10 {
+        job.ingest(&report("node-b", 1, iter, 999_000_000)); // resent after the join
+    }
+    let s = summarize(&job);
+    let gpu = |rank: usize| s.ranks[rank].gpu.clone().expect("a GPU per rank");
+    assert_eq!(s.ranks[1].node.as_deref(), Some("node-b"));
+    assert_eq!(gpu(0).pcie_rx_bytes_per_iteration, Some(2e6));
+    assert_eq!(gpu(1).pcie_rx_bytes_per_iteration, Some(6e6));
+    assert_eq!(gpu(1).batch_bytes, Some(1_000_000));
+    assert!((gpu(1).busy_fraction.unwrap() - 0.9).abs() < 1e-9);
+    assert_eq!(gpu(0).energy_joules_per_iteration, Some(30.0));
+    let text = crate::summary::render_text(&s);
+    assert!(
+        text.contains("gpu: rank 1 on node-b GPU 0: 90% busy, PCIe in 6.0 MB/iteration (6.00× the 1.0 MB batch)"),
+        "{text}"
+    );
+}

@@ -1,0 +1,48 @@
+//! The running summary of a job: what the end-of-run summary needs of every attributed
+//! iteration, folded in as iterations are attributed (bounded memory), the most recent
+//! breakdowns, and what each rank's GPU did.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::aggregate::RunningSummary;
+use crate::attribution::IterationBreakdown;
+use crate::gpu_usage::{GpuUsage, NvmlReading};
+
+/// Breakdowns [`JobTotals::recent`] keeps, the most recent (a few hundred bytes each: tens of
+/// MiB at most). Experiment runs and tests are far shorter, so they keep all of theirs.
+pub const RECENT_BREAKDOWNS: usize = 100_000;
+
+/// A job's running summary.
+#[derive(Debug, Default)]
+pub struct JobTotals {
+    /// What the summary needs of every iteration attributed so far.
+    pub totals: RunningSummary,
+    /// The most recent iterations attributed, in the order attributed: at most
+    /// [`RECENT_BREAKDOWNS`]. The summary reads `totals`, not these.
+    pub recent: VecDeque<IterationBreakdown>,
+    /// What each rank's GPU did over its counted (post-warm-up) iterations, by rank: the
+    /// node's own ranks, and other nodes' as their agents read them.
+    pub gpu_usage: BTreeMap<u32, GpuUsage>,
+}
+
+impl JobTotals {
+    /// Folds newly attributed breakdowns into the totals (iterations below `warmup` are not
+    /// counted) and the window of recent ones.
+    pub fn record(&mut self, new: &[IterationBreakdown], warmup: u64) {
+        for b in new {
+            self.totals.add(b, warmup);
+        }
+        let keep = new.len().min(RECENT_BREAKDOWNS);
+        let overflow = (self.recent.len() + keep).saturating_sub(RECENT_BREAKDOWNS);
+        self.recent.drain(..overflow);
+        self.recent.extend(new[new.len() - keep..].iter().cloned());
+    }
+
+    /// Counts what rank `rank`'s GPU did in an iteration of `wall_ns`.
+    pub fn add_gpu(&mut self, rank: u32, reading: &NvmlReading, wall_ns: u64) {
+        self.gpu_usage
+            .entry(rank)
+            .or_default()
+            .add(reading, wall_ns);
+    }
+}
