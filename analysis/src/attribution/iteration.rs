@@ -19,97 +19,17 @@
 use crate::category::Category;
 use crate::loops::Span;
 use crate::marker::phase;
-use crate::series::SeriesId;
 use crate::timeline::SeriesStore;
 use crate::Nanos;
 
-use super::gpu_timeline::{reconcile, CudaIteration};
+use super::counters::{
+    delta, gpu_transfer_weight, h2d_ns, loader_activity, quiet, transfer_weights,
+};
+use super::gpu_timeline::reconcile;
+use super::inputs::{GpuSeries, IterationInput, Links, RankSeries};
 use super::parts::Parts;
+use super::unmarked::attribute_unmarked;
 use super::{Basis, Coverage, IterationBreakdown};
-
-/// Byte rate below which a link is taken as quiet, bytes/s: background chatter (ssh, DNS,
-/// package downloads) must not turn idle time into "network".
-pub const QUIET_LINK_BYTES_PER_S: f64 = 100_000.0;
-
-/// Loader CPU below which the loader is taken as idle, cores.
-pub const IDLE_LOADER_CORES: f64 = 0.1;
-
-/// The series of one process's main thread.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ThreadSeries {
-    /// `proc.main.cpu_ns`.
-    pub cpu: Option<SeriesId>,
-    /// `proc.main.runq_ns`.
-    pub runq: Option<SeriesId>,
-    /// `proc.main.blocked_io`.
-    pub blocked: Option<SeriesId>,
-}
-
-/// The series of the GPU a rank drives.
-#[derive(Clone, Debug, Default)]
-pub struct GpuSeries {
-    /// %, gauge: `gpu.util_pct` of the device, or `gpu.proc.sm_pct` of the rank's process when
-    /// the device-level one is missing.
-    pub busy_pct: Option<SeriesId>,
-    /// bytes, counter: `gpu.pcie.rx_bytes` (host-to-device copies and peer traffic in).
-    pub pcie_rx: Option<SeriesId>,
-    /// bytes, counter: `gpu.pcie.tx_bytes`.
-    pub pcie_tx: Option<SeriesId>,
-    /// bytes, counters: `gpu.nvlink.rx_bytes` and `gpu.nvlink.tx_bytes`.
-    pub nvlink: Vec<SeriesId>,
-}
-
-/// The series that speak for one rank.
-#[derive(Clone, Debug, Default)]
-pub struct RankSeries {
-    /// The training loop's process.
-    pub main: ThreadSeries,
-    /// Its data-loader workers; empty when it loads in the loop (0 workers).
-    pub loaders: Vec<ThreadSeries>,
-    /// The GPU it drives, when the node has NVML and the rank was mapped to a device.
-    pub gpu: Option<GpuSeries>,
-}
-
-/// The node's links.
-#[derive(Clone, Debug, Default)]
-pub struct Links {
-    /// `net.rx_bytes`/`net.tx_bytes` of network interfaces.
-    pub nic: Vec<SeriesId>,
-    /// The same for loopback.
-    pub local: Vec<SeriesId>,
-    /// bytes/s, the highest NIC rate seen (0 when unknown).
-    pub nic_bytes_per_s: f64,
-    /// bytes/s, the highest loopback rate seen (0 when unknown).
-    pub local_bytes_per_s: f64,
-    /// Where exposed communication goes when no bytes were seen on any link.
-    pub comm_fallback: Category,
-    /// bytes/s, the highest NVLink rate (rx + tx) seen on one GPU (0 when unknown).
-    pub nvlink_bytes_per_s: f64,
-    /// bytes/s, the highest PCIe rate (rx + tx) seen on one GPU (0 when unknown).
-    pub pcie_bytes_per_s: f64,
-}
-
-/// One iteration to attribute.
-#[derive(Clone, Debug)]
-pub struct IterationInput {
-    /// Global rank.
-    pub rank: u32,
-    /// The loop's process.
-    pub pid: u32,
-    /// Iteration index.
-    pub iter: u64,
-    /// ns.
-    pub start: Nanos,
-    /// ns.
-    pub end: Nanos,
-    /// The loop's phases, clipped to `[start, end]`.
-    pub spans: Vec<Span>,
-    /// For each `comm` span beginning in this iteration (in order): when the last rank began
-    /// the same collective, ns, if other ranks were seen.
-    pub peer_arrivals: Vec<Option<Nanos>>,
-    /// What the rank's GPU saw of the iteration (CUDA events), when it was timed.
-    pub gpu: Option<CudaIteration>,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Label {
@@ -173,102 +93,6 @@ fn pieces(input: &IterationInput) -> Vec<(Nanos, Nanos, Label)> {
     out
 }
 
-fn delta(store: &SeriesStore, id: Option<SeriesId>, a: Nanos, b: Nanos) -> f64 {
-    id.and_then(|id| store.counter_delta(id, a, b))
-        .unwrap_or(0.0)
-}
-
-/// ns the thread ran or waited to run in `[a, b]`.
-fn busy_ns(store: &SeriesStore, t: &ThreadSeries, a: Nanos, b: Nanos) -> f64 {
-    delta(store, t.cpu, a, b) + delta(store, t.runq, a, b)
-}
-
-/// ns the thread spent blocked on I/O in `[a, b]` (state D, as sampled).
-fn io_ns(store: &SeriesStore, t: &ThreadSeries, a: Nanos, b: Nanos) -> f64 {
-    t.blocked
-        .and_then(|id| store.gauge_mean(id, a, b))
-        .map_or(0.0, |m| m * (b - a) as f64)
-}
-
-fn loader_activity(store: &SeriesStore, rank: &RankSeries, a: Nanos, b: Nanos) -> (f64, f64) {
-    let loaders: Vec<&ThreadSeries> = if rank.loaders.is_empty() {
-        vec![&rank.main]
-    } else {
-        rank.loaders.iter().collect()
-    };
-    loaders.iter().fold((0.0, 0.0), |(cpu, io), t| {
-        (cpu + busy_ns(store, t, a, b), io + io_ns(store, t, a, b))
-    })
-}
-
-fn link_bytes(store: &SeriesStore, ids: &[SeriesId], a: Nanos, b: Nanos) -> f64 {
-    ids.iter().map(|id| delta(store, Some(*id), a, b)).sum()
-}
-
-/// Estimated transfer time of `bytes` at `rate` (bytes/s); the bytes themselves when the
-/// rate is unknown.
-fn per(bytes: f64, rate: f64) -> f64 {
-    if rate > 0.0 {
-        bytes / rate
-    } else {
-        bytes
-    }
-}
-
-/// Transfer-time weights of the two link classes for bytes moved in `[a, b]`.
-fn transfer_weights(store: &SeriesStore, links: &Links, a: Nanos, b: Nanos) -> (f64, f64) {
-    let nic = link_bytes(store, &links.nic, a, b);
-    let local = link_bytes(store, &links.local, a, b);
-    (
-        per(nic, links.nic_bytes_per_s),
-        per(local, links.local_bytes_per_s),
-    )
-}
-
-/// Bytes on the rank's GPU links in `[a, b]` that did not go to the network: all NVLink bytes,
-/// and the PCIe bytes beyond `nic_bytes` (GPUDirect RDMA and staging through host memory
-/// cross PCIe on the way to the NIC).
-fn gpu_link_bytes(
-    store: &SeriesStore,
-    gpu: &GpuSeries,
-    nic_bytes: f64,
-    a: Nanos,
-    b: Nanos,
-) -> (f64, f64) {
-    let nvlink = link_bytes(store, &gpu.nvlink, a, b);
-    let pcie = delta(store, gpu.pcie_rx, a, b) + delta(store, gpu.pcie_tx, a, b);
-    (nvlink, (pcie - nic_bytes).max(0.0))
-}
-
-/// Transfer-time weight of the GPU's own links for bytes moved in `[a, b]`.
-fn gpu_transfer_weight(
-    store: &SeriesStore,
-    links: &Links,
-    gpu: &GpuSeries,
-    a: Nanos,
-    b: Nanos,
-) -> f64 {
-    let nic = link_bytes(store, &links.nic, a, b);
-    let (nvlink, pcie) = gpu_link_bytes(store, gpu, nic, a, b);
-    per(nvlink, links.nvlink_bytes_per_s) + per(pcie, links.pcie_bytes_per_s)
-}
-
-/// Share of `[a, b]` the GPU ran kernels, 0–1, when known.
-fn gpu_busy(store: &SeriesStore, gpu: &GpuSeries, a: Nanos, b: Nanos) -> Option<f64> {
-    let mean = store.gauge_mean(gpu.busy_pct?, a, b)?;
-    Some((mean / 100.0).clamp(0.0, 1.0))
-}
-
-/// ns of host-to-device copy in `[a, b]`: PCIe bytes received over the highest PCIe rate
-/// seen, at most the interval.
-fn h2d_ns(store: &SeriesStore, links: &Links, gpu: &GpuSeries, a: Nanos, b: Nanos) -> u64 {
-    let bytes = delta(store, gpu.pcie_rx, a, b);
-    if bytes <= 0.0 || links.pcie_bytes_per_s <= 0.0 {
-        return 0;
-    }
-    ((bytes / links.pcie_bytes_per_s * 1e9) as u64).min(b - a)
-}
-
 fn attribute_comm(
     parts: &mut Parts,
     store: &SeriesStore,
@@ -309,11 +133,6 @@ fn attribute_comm(
         ],
         (links.comm_fallback, Basis::CommNoBytes),
     );
-}
-
-/// Whether the links `ids` moved less than [`QUIET_LINK_BYTES_PER_S`] over `[a, b]`.
-fn quiet(store: &SeriesStore, ids: &[SeriesId], (a, b): (Nanos, Nanos)) -> bool {
-    link_bytes(store, ids, a, b) / ((b - a) as f64 / 1e9) <= QUIET_LINK_BYTES_PER_S
 }
 
 fn attribute_data(
@@ -361,116 +180,6 @@ fn attribute_h2d(
     } else {
         parts.put(Category::Compute, Basis::ComputeMarker, b - a);
     }
-}
-
-/// Rule 4: no marker speaks, so each sample tick decides.
-fn attribute_unmarked(
-    parts: &mut Parts,
-    store: &SeriesStore,
-    rank: &RankSeries,
-    links: &Links,
-    (a, b): (Nanos, Nanos),
-) {
-    let Some(cpu_id) = rank.main.cpu else {
-        parts.put(Category::Other, Basis::Unexplained, b - a);
-        return;
-    };
-    let mut cuts = vec![a];
-    cuts.extend(store.times_within(cpu_id, a + 1, b.saturating_sub(1)));
-    cuts.push(b);
-    let mut weights: Vec<(Category, Basis, f64)> = Vec::new();
-    let mut add = |c: Category, basis: Basis, w: f64| {
-        if w > 0.0 {
-            match weights.iter_mut().find(|x| x.0 == c && x.1 == basis) {
-                Some(x) => x.2 += w,
-                None => weights.push((c, basis, w)),
-            }
-        }
-    };
-    for w in cuts.windows(2) {
-        let (x, y) = (w[0], w[1]);
-        let len = (y - x) as f64;
-        if len <= 0.0 {
-            continue;
-        }
-        if store.counter_delta(cpu_id, x, y).is_none() {
-            add(Category::Other, Basis::Unexplained, len);
-            continue;
-        }
-        let cpu_busy = (busy_ns(store, &rank.main, x, y) / len).clamp(0.0, 1.0);
-        add(Category::Compute, Basis::CounterBusy, cpu_busy * len);
-        let gpu = rank.gpu.as_ref();
-        let gpu_busy = gpu.and_then(|g| gpu_busy(store, g, x, y)).unwrap_or(0.0);
-        // The GPU's busy time beyond the CPU thread's: kernels ran while the loop slept.
-        let busy = cpu_busy.max(gpu_busy);
-        add(Category::Compute, Basis::GpuBusy, (busy - cpu_busy) * len);
-        let idle = (1.0 - busy) * len;
-        if idle <= 0.0 {
-            continue;
-        }
-        let secs = len / 1e9;
-        let nic_bytes = link_bytes(store, &links.nic, x, y);
-        let nic_rate = nic_bytes / secs;
-        let local_rate = link_bytes(store, &links.local, x, y) / secs;
-        let (gpu_link_rate, gpu_weight) = match gpu {
-            Some(g) => {
-                let (nvlink, pcie) = gpu_link_bytes(store, g, nic_bytes, x, y);
-                (
-                    (nvlink + pcie) / secs,
-                    per(nvlink, links.nvlink_bytes_per_s) + per(pcie, links.pcie_bytes_per_s),
-                )
-            }
-            None => (0.0, 0.0),
-        };
-        let (loader_cpu, loader_io) = if rank.loaders.is_empty() {
-            (0.0, 0.0) // the loop itself is the loader, and it was idle
-        } else {
-            loader_activity(store, rank, x, y)
-        };
-        let loud = |rate: f64, weight: f64| {
-            if rate > QUIET_LINK_BYTES_PER_S {
-                weight
-            } else {
-                0.0
-            }
-        };
-        if nic_rate > QUIET_LINK_BYTES_PER_S
-            || local_rate > QUIET_LINK_BYTES_PER_S
-            || gpu_link_rate > QUIET_LINK_BYTES_PER_S
-        {
-            let (n, l) = transfer_weights(store, links, x, y);
-            let n = loud(nic_rate, n);
-            let l = loud(local_rate, l);
-            let g = loud(gpu_link_rate, gpu_weight);
-            let all = n + l + g;
-            if all > 0.0 {
-                add(Category::Network, Basis::CounterNic, idle * n / all);
-                add(Category::Interconnect, Basis::CounterLocal, idle * l / all);
-                add(
-                    Category::Interconnect,
-                    Basis::CounterGpuLink,
-                    idle * g / all,
-                );
-            } else {
-                add(Category::Other, Basis::Unexplained, idle);
-            }
-        } else if loader_cpu + loader_io > IDLE_LOADER_CORES * len {
-            let total = loader_cpu + loader_io;
-            add(
-                Category::DataPrep,
-                Basis::CounterLoader,
-                idle * loader_cpu / total,
-            );
-            add(
-                Category::DataFetch,
-                Basis::CounterLoader,
-                idle * loader_io / total,
-            );
-        } else {
-            add(Category::Other, Basis::Unexplained, idle);
-        }
-    }
-    parts.apportion(b - a, &weights, (Category::Other, Basis::Unexplained));
 }
 
 /// Attributes one iteration. The parts of the result sum to `end - start` exactly.

@@ -114,12 +114,19 @@ impl IterationBreakdown {
     }
 }
 
+mod counters;
 mod gpu_timeline;
+mod inputs;
 mod iteration;
 mod parts;
+mod unmarked;
 
 pub use gpu_timeline::CudaIteration;
-pub use iteration::{attribute, GpuSeries, IterationInput, Links, RankSeries, ThreadSeries};
+pub use inputs::{
+    GpuSeries, IterationInput, Links, RankSeries, ThreadSeries, IDLE_LOADER_CORES,
+    QUIET_LINK_BYTES_PER_S,
+};
+pub use iteration::attribute;
 
 #[cfg(test)]
 mod tests;
