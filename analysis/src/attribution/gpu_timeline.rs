@@ -84,27 +84,10 @@ pub(super) fn reconcile(
     comm_fallback: Category,
     transfer_weights: impl FnOnce() -> (f64, f64),
 ) -> Parts {
-    let scale = match gpu.iter_ns {
-        Some(g) if g > 0 => {
-            let s = wall as f64 / g as f64;
-            if (SCALE_BOUNDS.0..=SCALE_BOUNDS.1).contains(&s) {
-                s
-            } else {
-                1.0
-            }
-        }
-        _ => 1.0,
-    };
-    let on_cpu = |pred: fn(Basis) -> bool| -> u64 {
-        cpu.evidence
-            .iter()
-            .filter(|e| pred(e.basis))
-            .map(|e| e.ns)
-            .sum()
-    };
+    let scale = cpu_over_gpu_scale(wall, gpu.iter_ns);
     let scaled = |ns: u64| (ns as f64 * scale).round() as u64;
-    let mut data = gpu.data_idle_ns.map_or(on_cpu(is_data), scaled);
-    let mut comm = gpu.comm_ns.map_or(on_cpu(is_comm), scaled);
+    let mut data = gpu.data_idle_ns.map_or(evidence_ns(cpu, is_data), scaled);
+    let mut comm = gpu.comm_ns.map_or(evidence_ns(cpu, is_comm), scaled);
     if data + comm > wall {
         let over = data + comm - wall;
         let cut_data = (over as f64 * data as f64 / (data + comm) as f64).round() as u64;
@@ -112,73 +95,26 @@ pub(super) fn reconcile(
         comm -= (over - cut_data).min(comm);
     }
     let mut out = Parts::default();
-
     match gpu.data_idle_ns {
-        Some(_) => {
-            let of = |c: Category| -> f64 {
-                cpu.evidence
-                    .iter()
-                    .filter(|e| is_data(e.basis) && e.category == c)
-                    .map(|e| e.ns as f64)
-                    .sum()
-            };
-            out.apportion(
-                data,
-                &[
-                    (
-                        Category::DataPrep,
-                        Basis::GpuIdleForData,
-                        of(Category::DataPrep),
-                    ),
-                    (
-                        Category::DataFetch,
-                        Basis::GpuIdleForData,
-                        of(Category::DataFetch),
-                    ),
-                ],
-                (Category::DataPrep, Basis::GpuIdleForData),
-            );
-        }
+        Some(_) => put_gpu_data(&mut out, cpu, data),
         None => keep_scaled(&mut out, cpu, is_data, data),
     }
-
     match gpu.comm_ns {
         Some(own) => {
             let waited = match gpu.fastest_comm_ns {
                 Some(fastest) => scaled(own.saturating_sub(fastest)).min(comm),
-                None => cpu
-                    .evidence
-                    .iter()
-                    .filter(|e| e.basis == Basis::PeerArrival)
-                    .map(|e| e.ns)
-                    .sum::<u64>()
-                    .min(comm),
+                None => evidence_ns(cpu, |b| b == Basis::PeerArrival).min(comm),
             };
-            out.put(Category::PeerWait, Basis::GpuSlowestPeer, waited);
-            let of = |c: Category| -> f64 {
-                cpu.evidence
-                    .iter()
-                    .filter(|e| is_comm(e.basis) && e.basis != Basis::PeerArrival)
-                    .filter(|e| e.category == c)
-                    .map(|e| e.ns as f64)
-                    .sum()
-            };
-            let (mut net, mut inter) = (of(Category::Network), of(Category::Interconnect));
-            if net + inter <= 0.0 {
-                (net, inter) = transfer_weights();
-            }
-            out.apportion(
-                comm - waited,
-                &[
-                    (Category::Network, Basis::GpuExposedComm, net),
-                    (Category::Interconnect, Basis::GpuExposedComm, inter),
-                ],
-                (comm_fallback, Basis::GpuExposedComm),
+            put_gpu_comm(
+                &mut out,
+                cpu,
+                (comm, waited),
+                comm_fallback,
+                transfer_weights,
             );
         }
         None => keep_scaled(&mut out, cpu, is_comm, comm),
     }
-
     let mut room = wall - data - comm;
     let mut kept: Vec<_> = cpu
         .evidence
@@ -193,6 +129,89 @@ pub(super) fn reconcile(
     }
     out.put(Category::Compute, Basis::GpuWork, room);
     out
+}
+
+/// The CPU/GPU iteration-time ratio the GPU's times are scaled by: within [`SCALE_BOUNDS`],
+/// else 1 (unscaled).
+fn cpu_over_gpu_scale(wall: u64, gpu_iter_ns: Option<u64>) -> f64 {
+    match gpu_iter_ns {
+        Some(g) if g > 0 => {
+            let s = wall as f64 / g as f64;
+            if (SCALE_BOUNDS.0..=SCALE_BOUNDS.1).contains(&s) {
+                s
+            } else {
+                1.0
+            }
+        }
+        _ => 1.0,
+    }
+}
+
+/// ns of the CPU-side evidence whose basis `pred` picks.
+fn evidence_ns(cpu: &Parts, pred: impl Fn(Basis) -> bool) -> u64 {
+    cpu.evidence
+        .iter()
+        .filter(|e| pred(e.basis))
+        .map(|e| e.ns)
+        .sum()
+}
+
+/// ns of the CPU-side evidence of category `c` whose basis `pred` picks, as a weight.
+fn evidence_weight(cpu: &Parts, c: Category, pred: impl Fn(Basis) -> bool) -> f64 {
+    cpu.evidence
+        .iter()
+        .filter(|e| pred(e.basis) && e.category == c)
+        .map(|e| e.ns as f64)
+        .sum()
+}
+
+/// The GPU's idle time waiting for data, `data` ns, split into prep and fetch as the CPU side
+/// split its wait.
+fn put_gpu_data(out: &mut Parts, cpu: &Parts, data: u64) {
+    out.apportion(
+        data,
+        &[
+            (
+                Category::DataPrep,
+                Basis::GpuIdleForData,
+                evidence_weight(cpu, Category::DataPrep, is_data),
+            ),
+            (
+                Category::DataFetch,
+                Basis::GpuIdleForData,
+                evidence_weight(cpu, Category::DataFetch, is_data),
+            ),
+        ],
+        (Category::DataPrep, Basis::GpuIdleForData),
+    );
+}
+
+/// The GPU's exposed all-reduce, `comm` ns of which `waited` for the slowest peer; the rest
+/// is the transfer, split as the CPU side's comm split (or the iteration's link bytes say).
+fn put_gpu_comm(
+    out: &mut Parts,
+    cpu: &Parts,
+    (comm, waited): (u64, u64),
+    comm_fallback: Category,
+    transfer_weights: impl FnOnce() -> (f64, f64),
+) {
+    out.put(Category::PeerWait, Basis::GpuSlowestPeer, waited);
+    let transfer = |b: Basis| is_comm(b) && b != Basis::PeerArrival;
+    let (mut net, mut inter) = (
+        evidence_weight(cpu, Category::Network, transfer),
+        evidence_weight(cpu, Category::Interconnect, transfer),
+    );
+    if net + inter <= 0.0 {
+        (net, inter) = transfer_weights();
+    }
+    out.apportion(
+        comm - waited,
+        &[
+            (Category::Network, Basis::GpuExposedComm, net),
+            (Category::Interconnect, Basis::GpuExposedComm, inter),
+        ],
+        (comm_fallback, Basis::GpuExposedComm),
+    );
 }
 
 /// Puts the CPU-side evidence of one class (`pred`) into `out`, resized to `total` ns in
