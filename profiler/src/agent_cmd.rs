@@ -101,16 +101,8 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         );
     }
 
-    let header = RunHeader {
-        command: vec!["stallscope".into(), "agent".into()],
-        ..header(&[], args.rate, 0)
-    };
     let listener = Arc::new(listener);
-    let hub = Arc::new(FeedHub::default());
-    let feed_socket = feed::open(hub.clone(), "agent.feed");
-    let recorder = Recorder::new(None, header, &node, Box::new(Stderr), false)
-        .with_tap(shipping_tap(shipper.clone(), listener.clone()))
-        .with_feed(hub);
+    let (recorder, feed_socket) = recorder_of(&node, args.rate, &shipper, &listener);
 
     let samplers = Samplers::start(
         args.rate,
@@ -124,16 +116,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         eprintln!("stallscope agent: GPU sources: {what}");
     }
 
-    let mut signals =
-        signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]).context("signals")?;
-    {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            if signals.forever().next().is_some() {
-                let _ = tx.send(Event::Finish(0));
-            }
-        });
-    }
+    finish_on_signal(tx.clone())?;
     let summary = {
         let listener = listener.clone();
         recorder.run(rx, inbox, move || listener.rejected())
@@ -142,6 +125,45 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     drop(listener);
     drop(feed_socket);
     let shipper = Arc::try_unwrap(shipper).map_err(|_| anyhow::anyhow!("shipper still shared"))?;
+    drain(shipper, &summary);
+    Ok(0)
+}
+
+/// The agent's recorder: no profile, every attributed iteration shipped, the model on the
+/// node's `agent.feed` (returned, to be dropped at the end).
+fn recorder_of(
+    node: &str,
+    rate_hz: f64,
+    shipper: &Arc<Shipper>,
+    listener: &Arc<MarkerListener>,
+) -> (Recorder, Option<feed::FeedSocket>) {
+    let header = RunHeader {
+        command: vec!["stallscope".into(), "agent".into()],
+        ..header(&[], rate_hz, 0)
+    };
+    let hub = Arc::new(FeedHub::default());
+    let feed_socket = feed::open(hub.clone(), "agent.feed");
+    let recorder = Recorder::new(None, header, node, Box::new(Stderr), false)
+        .with_tap(shipping_tap(shipper.clone(), listener.clone()))
+        .with_feed(hub);
+    (recorder, feed_socket)
+}
+
+/// Sends `Event::Finish` on SIGINT or SIGTERM.
+fn finish_on_signal(tx: std::sync::mpsc::Sender<Event>) -> anyhow::Result<()> {
+    let mut signals =
+        signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM]).context("signals")?;
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            let _ = tx.send(Event::Finish(0));
+        }
+    });
+    Ok(())
+}
+
+/// Waits (bounded) for the collector to acknowledge what is left, and says what was not
+/// delivered.
+fn drain(shipper: Shipper, summary: &stallscope_analysis::summary::Summary) {
     let dropped = shipper.dropped();
     let left = shipper.finish(DRAIN_WITHIN);
     eprintln!(
@@ -151,5 +173,4 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         left,
         dropped
     );
-    Ok(0)
 }

@@ -157,13 +157,7 @@ pub struct Recorded {
 pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<Recorded> {
     let cpu_before = own_cpu_seconds();
     check_rate(args.rate).map_err(anyhow::Error::msg)?;
-    let regex = match &args.iter_regex {
-        Some(r) => Some(
-            Regex::new(r)
-                .with_context(|| format!("--iter-regex {r:?} is not a valid regular expression"))?,
-        ),
-        None => None,
-    };
+    let regex = iter_regex(args)?;
     let profile_path = args.output.clone().unwrap_or_else(default_profile_path);
     let writer = ProfileWriter::create(&profile_path)
         .with_context(|| format!("cannot create the profile {}", profile_path.display()))?;
@@ -172,17 +166,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
 
     let (tx, rx) = channel::<Event>();
     let inbox = Inbox::default();
-    let listener = match MarkerListener::bind(&socket, inbox.clone()) {
-        Ok(l) => Some(l),
-        Err(e) => {
-            eprintln!(
-                "stallscope: cannot listen for markers on {} ({e}); iterations will not be seen",
-                socket.display()
-            );
-            None
-        }
-    };
-
+    let listener = listen(&socket, &inbox);
     let mut command = training_command(args, &socket, dir.path());
     command.envs(extra_env.iter().map(|(k, v)| (k, v)));
     if regex.is_some() {
@@ -190,35 +174,16 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         // Python buffers a piped stdout; lines must arrive when printed to time iterations.
         command.env("PYTHONUNBUFFERED", "1");
     }
-
     let mut job =
         Job::spawn(command).with_context(|| format!("cannot run {:?}", args.command[0]))?;
     let pid = job.pid();
-    let stdout_thread = match (regex, job.child.stdout.take()) {
-        (Some(re), Some(stdout)) => {
-            let tx = tx.clone();
-            Some(std::thread::spawn(move || pass_stdout(stdout, re, pid, tx)))
-        }
-        _ => None,
-    };
+    let stdout_thread = regex.zip(job.child.stdout.take()).map(|(re, stdout)| {
+        let tx = tx.clone();
+        std::thread::spawn(move || pass_stdout(stdout, re, pid, tx))
+    });
 
-    let header = header(args);
-    let name = args
-        .job
-        .clone()
-        .unwrap_or_else(|| stallscope_analysis::view::job_name(&header.command));
-    let hub = Arc::new(FeedHub::default());
-    let feed_socket = feed::open(hub.clone(), &format!("run-{}.feed", std::process::id()));
-    let recorder = Recorder::new(
-        Some(Box::new(writer)),
-        header,
-        &name,
-        Box::new(StatusLine::for_stderr(args.quiet)),
-        args.iter_regex.is_some(),
-    )
-    .with_feed(hub);
+    let (recorder, feed_socket) = recorder_of(args, writer);
     let descendants = recorder.descendants.clone();
-
     let samplers = Samplers::start(
         args.rate,
         args.roots.roots(),
@@ -227,7 +192,6 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         recorder.loops.clone(),
         &inbox,
     );
-
     let rejected = Arc::new(AtomicU64::new(0));
     let recorder_thread = {
         let rejected = rejected.clone();
@@ -261,6 +225,52 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         summary,
         profile: profile_path,
     })
+}
+
+/// `--iter-regex`, compiled.
+fn iter_regex(args: &RunArgs) -> anyhow::Result<Option<Regex>> {
+    args.iter_regex
+        .as_deref()
+        .map(|r| {
+            Regex::new(r)
+                .with_context(|| format!("--iter-regex {r:?} is not a valid regular expression"))
+        })
+        .transpose()
+}
+
+/// The marker listener on `socket`; without it (said once) the run goes on unmarked.
+fn listen(socket: &Path, inbox: &Inbox) -> Option<MarkerListener> {
+    match MarkerListener::bind(socket, inbox.clone()) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            eprintln!(
+                "stallscope: cannot listen for markers on {} ({e}); iterations will not be seen",
+                socket.display()
+            );
+            None
+        }
+    }
+}
+
+/// The run's recorder, writing to `writer`, drawing the status line, publishing its model on
+/// the run's feed socket (returned, to be dropped at the end).
+fn recorder_of(args: &RunArgs, writer: ProfileWriter) -> (Recorder, Option<feed::FeedSocket>) {
+    let header = header(args);
+    let name = args
+        .job
+        .clone()
+        .unwrap_or_else(|| stallscope_analysis::view::job_name(&header.command));
+    let hub = Arc::new(FeedHub::default());
+    let feed_socket = feed::open(hub.clone(), &format!("run-{}.feed", std::process::id()));
+    let recorder = Recorder::new(
+        Some(Box::new(writer)),
+        header,
+        &name,
+        Box::new(StatusLine::for_stderr(args.quiet)),
+        args.iter_regex.is_some(),
+    )
+    .with_feed(hub);
+    (recorder, feed_socket)
 }
 
 /// The node agent's marker socket, when an agent answers on it (`$STALLSCOPE_SOCKET`, else
