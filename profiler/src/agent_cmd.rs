@@ -19,7 +19,7 @@ use stallscope_agent::markers::MarkerListener;
 use stallscope_agent::node::feed::{self, FeedHub};
 use stallscope_agent::node::recorder::{Event, Inbox, Recorder, Stderr};
 use stallscope_agent::node::report::{shipping_tap, TrackSenders};
-use stallscope_agent::node::{agent_socket, check_rate, header, host_name, Samplers};
+use stallscope_agent::node::{agent_socket, check_rate, header, host_name, NodeInputs, Samplers};
 use stallscope_agent::sampler::ExtraRoots;
 use stallscope_agent::shipper::{Shipper, ShipperConfig};
 use stallscope_analysis::frame::RunHeader;
@@ -106,7 +106,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
 
     let samplers = Samplers::start(
         args.rate,
-        args.roots.roots(),
+        NodeInputs::machine(args.roots.roots()),
         0,
         Some(roots),
         recorder.loops.clone(),

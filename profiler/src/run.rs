@@ -18,7 +18,7 @@ use stallscope_agent::clock::monotonic_ns;
 use stallscope_agent::markers::MarkerListener;
 use stallscope_agent::node::feed::{self, FeedHub};
 use stallscope_agent::node::recorder::{Event, Inbox, Recorder};
-use stallscope_agent::node::{agent_socket, check_rate, Samplers};
+use stallscope_agent::node::{agent_socket, check_rate, NodeInputs, Samplers};
 use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::summary::render_text;
@@ -186,7 +186,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     let descendants = recorder.descendants.clone();
     let samplers = Samplers::start(
         args.rate,
-        args.roots.roots(),
+        NodeInputs::machine(args.roots.roots()),
         pid,
         None,
         recorder.loops.clone(),

@@ -1,5 +1,6 @@
 //! The NVML thread: the GPU sources on a sampler of their own, because NVML calls block.
 
+use crate::gpu::backend::GpuBackend;
 use crate::gpu::{self, nvml::NvmlBackend};
 use crate::sampler::{self, Pids, SamplerConfig, SamplerEvent, SamplerHandle, SharedPids};
 use crate::sink::Sink;
@@ -19,7 +20,18 @@ pub fn spawn_gpu(
             return None;
         }
     };
-    let (fast, slow) = gpu::sources(Box::new(backend));
+    Some(spawn_backend(config, pids, Box::new(backend), sink))
+}
+
+/// Starts the GPU sources of `backend` on a sampler of their own, as [`spawn_gpu`] does for
+/// NVML (tests pass the scripted GPU).
+pub fn spawn_backend(
+    config: &SamplerConfig,
+    pids: SharedPids,
+    backend: Box<dyn GpuBackend>,
+    sink: impl Sink<SamplerEvent>,
+) -> (SamplerHandle, String) {
+    let (fast, slow) = gpu::sources(backend);
     let what = crate::sources::Source::describe(&fast);
     let config = SamplerConfig {
         pids: Pids::Follow(pids),
@@ -27,5 +39,5 @@ pub fn spawn_gpu(
         ..config.clone()
     };
     let handle = sampler::spawn(config, vec![Box::new(fast), Box::new(slow)], sink);
-    Some((handle, what))
+    (handle, what)
 }

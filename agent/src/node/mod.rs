@@ -9,6 +9,9 @@ pub mod gpu_thread;
 pub mod recorder;
 pub mod report;
 
+#[cfg(test)]
+mod tests;
+
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -66,8 +69,39 @@ pub fn check_rate(rate_hz: f64) -> Result<(), String> {
     }
 }
 
+/// Where the GPU readings come from.
+pub enum GpuInput {
+    /// The NVIDIA driver's NVML, when it loads (said once when not).
+    Nvml,
+    /// A given backend: tests pass the scripted GPU.
+    Backend(Box<dyn crate::gpu::backend::GpuBackend>),
+    /// No GPU sources.
+    None,
+}
+
+/// Everything the node reads from the operating system, in one place (bandwhich's pattern):
+/// `/proc` and `/sys` under `roots`, and the GPU. `stallscope run` and `agent` pass the
+/// machine's own; tests pass captured text and the scripted GPU, and run the whole node
+/// in-process.
+pub struct NodeInputs {
+    /// Where `/proc` and `/sys` are.
+    pub roots: Roots,
+    /// The GPU.
+    pub gpu: GpuInput,
+}
+
+impl NodeInputs {
+    /// The machine's `/proc`, `/sys` under `roots`, and NVML.
+    pub fn machine(roots: Roots) -> NodeInputs {
+        NodeInputs {
+            roots,
+            gpu: GpuInput::Nvml,
+        }
+    }
+}
+
 /// The node's samplers: the CPU one (the sources under `roots`, discovering the job's
-/// processes) and, with an NVIDIA driver, the NVML thread following the pids it finds.
+/// processes) and, with a GPU, the GPU thread following the pids it finds.
 pub struct Samplers {
     cpu: SamplerHandle,
     gpu: Option<SamplerHandle>,
@@ -76,11 +110,12 @@ pub struct Samplers {
 }
 
 impl Samplers {
-    /// Starts both at `rate_hz` into `inbox`, rooted at `root_pid` (0: none, the agent's case)
-    /// plus `extra_roots`, telling `loops` which processes run training loops.
+    /// Starts both at `rate_hz` into `inbox`, reading `inputs`, rooted at `root_pid` (0: none,
+    /// the agent's case) plus `extra_roots`, telling `loops` which processes run training
+    /// loops.
     pub fn start(
         rate_hz: f64,
-        roots: Roots,
+        inputs: NodeInputs,
         root_pid: u32,
         extra_roots: Option<sampler::ExtraRoots>,
         loops: LoopPids,
@@ -89,7 +124,7 @@ impl Samplers {
         let pids = SharedPids::default();
         let config = SamplerConfig {
             rate_hz,
-            roots,
+            roots: inputs.roots,
             pids: Pids::DiscoverAndPublish(pids.clone()),
             extra_roots,
             loops: Some(loops),
@@ -100,7 +135,14 @@ impl Samplers {
             sampler::default_sources(&config.roots),
             inbox.clone(),
         );
-        let (gpu, gpu_described) = match gpu_thread::spawn_gpu(&config, pids, inbox.clone()) {
+        let spawned = match inputs.gpu {
+            GpuInput::Nvml => gpu_thread::spawn_gpu(&config, pids, inbox.clone()),
+            GpuInput::Backend(b) => {
+                Some(gpu_thread::spawn_backend(&config, pids, b, inbox.clone()))
+            }
+            GpuInput::None => None,
+        };
+        let (gpu, gpu_described) = match spawned {
             Some((h, what)) => (Some(h), Some(what)),
             None => (None, None),
         };
