@@ -25,7 +25,7 @@ mod readiness;
 mod totals;
 
 pub use node::{Attributed, NodeTimeline, RankProgress};
-pub use readiness::{Readiness, GPU_PATIENCE_NS, PEER_PATIENCE_NS, SAMPLE_PATIENCE_NS};
+pub use readiness::{Readiness, Seen, GPU_PATIENCE_NS, PEER_PATIENCE_NS, SAMPLE_PATIENCE_NS};
 pub use totals::{JobTotals, RECENT_BREAKDOWNS};
 
 /// Everything known about a run.

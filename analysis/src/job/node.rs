@@ -16,7 +16,7 @@ use crate::series::{names, LINK_LOOPBACK, LINK_NIC};
 use crate::timeline::SeriesStore;
 use crate::Nanos;
 
-use super::readiness::Readiness;
+use super::readiness::{Readiness, Seen};
 
 /// Where one training loop (a rank's process) stands.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -213,7 +213,12 @@ impl NodeTimeline {
                     iter += 1; // a lost step: this iteration's bounds are unknown
                     continue;
                 };
-                if !readiness.is_ready(self, *pid, iter, end, now, finishing) {
+                let seen = Seen {
+                    watermark: self.series.watermark(),
+                    markers: &self.markers,
+                    exited: &self.exited,
+                };
+                if !readiness.is_ready(seen, *pid, iter, end, now, finishing) {
                     break;
                 }
                 let done = self.attribute_one(*rank, *pid, iter, (start, end), &links);

@@ -4,9 +4,21 @@
 //! GPU times of it. Each condition has a patience, so a dead sampler or a stuck rank cannot
 //! hold the summary back; at the end of a run everything left is attributed.
 
+use std::collections::BTreeSet;
+
+use crate::loops::MarkerLog;
 use crate::Nanos;
 
-use super::node::NodeTimeline;
+/// What the node has seen, as far as readiness asks.
+#[derive(Clone, Copy)]
+pub struct Seen<'a> {
+    /// ns, the latest time every sampler has reported past.
+    pub watermark: Option<Nanos>,
+    /// The loops' markers.
+    pub markers: &'a MarkerLog,
+    /// Pids seen gone.
+    pub exited: &'a BTreeSet<u32>,
+}
 
 /// How long a rank's finished iteration waits for slower ranks before it is attributed
 /// without them, ns.
@@ -47,7 +59,7 @@ impl Readiness {
     /// `now` (ns, node clock); always with `finishing`.
     pub fn is_ready(
         &self,
-        node: &NodeTimeline,
+        node: Seen<'_>,
         pid: u32,
         iter: u64,
         end: Nanos,
@@ -59,7 +71,7 @@ impl Readiness {
         }
         let late = |patience: Nanos| now.saturating_sub(end) > patience;
         let samples_caught_up =
-            node.series.watermark().is_some_and(|w| w >= end) || late(self.sample_patience_ns);
+            node.watermark.is_some_and(|w| w >= end) || late(self.sample_patience_ns);
         let peers_done = node.markers.loops().filter(|q| q.pid != pid).all(|q| {
             node.exited.contains(&q.pid)
                 || q.steps.keys().next_back().is_some_and(|last| *last >= iter)
