@@ -361,3 +361,118 @@ pub fn render_text(s: &Summary) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attribution::{Coverage, IterationBreakdown};
+    use crate::frame::{Frame, NodeClock, NodeIteration, RunEnd, RunHeader, SourceStatus};
+    use crate::marker::{Marker, MarkerEvent};
+
+    const MS: u64 = 1_000_000;
+
+    fn breakdown(rank: u32, iter: u64, parts: &[(Category, u64)]) -> IterationBreakdown {
+        let mut split = crate::category::Split::default();
+        for (c, ms) in parts {
+            split.add(*c, ms * MS);
+        }
+        let wall = split.total();
+        IterationBreakdown {
+            rank,
+            pid: 100 + rank,
+            iter,
+            start_ns: iter * wall,
+            end_ns: (iter + 1) * wall,
+            split,
+            evidence: vec![],
+            coverage: Coverage {
+                marked_ns: wall / 2,
+                sampled_ns: wall,
+            },
+        }
+    }
+
+    /// A job of two nodes: rank 1 on node-b waits for data, rank 0 on node-a waits for it.
+    fn two_node_job() -> JobTimeline {
+        let mut job = JobTimeline::default();
+        job.ingest(&Frame::Header(RunHeader {
+            host: "head".into(),
+            command: vec!["stallscope".into(), "collector".into()],
+            warmup_iters: 1,
+            cpus: 8,
+            ..RunHeader::default()
+        }));
+        for (node, offset_ms) in [("node-a", 3), ("node-b", -2)] {
+            job.ingest(&Frame::NodeClock(NodeClock {
+                node: node.into(),
+                offset_ns: offset_ms * MS as i64,
+                drift_ppm: 0.0,
+                at_ns: 0,
+                uncertainty_ns: MS / 4,
+                samples: 8,
+            }));
+        }
+        for iter in 0..21 {
+            for (node, rank, parts) in [
+                (
+                    "node-a",
+                    0,
+                    vec![(Category::Compute, 60), (Category::PeerWait, 40)],
+                ),
+                (
+                    "node-b",
+                    1,
+                    vec![(Category::Compute, 60), (Category::DataPrep, 40)],
+                ),
+            ] {
+                job.ingest(&Frame::NodeIteration(NodeIteration {
+                    node: node.into(),
+                    breakdown: breakdown(rank, iter, &parts),
+                    comm: vec![],
+                    world_size: Some(2),
+                }));
+            }
+        }
+        job.ingest(&Frame::Source(SourceStatus {
+            source: "psi".into(),
+            up: false,
+            message: "cannot read /proc/pressure/cpu".into(),
+        }));
+        job.attribute_ready(u64::MAX, true);
+        job.ingest(&Frame::End(RunEnd {
+            ended_mono_ns: 2_100 * MS,
+            exit_code: 0,
+            markers_dropped: 0,
+            markers_rejected: 0,
+        }));
+        job
+    }
+
+    #[test]
+    fn the_text_of_a_two_node_job() {
+        let s = summarize(&two_node_job());
+        insta::assert_snapshot!(render_text(&s));
+    }
+
+    #[test]
+    fn the_text_of_a_run_without_iterations() {
+        let mut job = JobTimeline::default();
+        job.ingest(&Frame::Header(RunHeader {
+            host: "vm".into(),
+            command: vec!["python3".into(), "train.py".into()],
+            warmup_iters: 1,
+            cpus: 2,
+            ..RunHeader::default()
+        }));
+        job.ingest(&Frame::Markers(vec![Marker {
+            seq: 0,
+            t_ns: 0,
+            pid: 7,
+            rank: Some(0),
+            iter: 0,
+            event: MarkerEvent::Meta(vec![("workers".into(), "0".into())]),
+        }]));
+        job.attribute_ready(u64::MAX, true);
+        insta::assert_snapshot!(render_text(&summarize(&job)));
+    }
+}
