@@ -283,6 +283,9 @@ async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), Strin
                         (CollectorMsg::Refused { reason }, _) => {
                             return Err(format!("refused this agent: {reason}"));
                         }
+                        (CollectorMsg::Feed { .. }, _) => {
+                            return Err("the collector sent a viewer's feed to an agent".into());
+                        }
                     }
                 }
                 _ = shared.more.notified() => {}

@@ -72,6 +72,9 @@ pub enum AgentMsg {
     },
     /// The agent is shutting down after sending everything.
     Bye,
+    /// Instead of a Hello: a viewer (`stallscope feed HOST:PORT`, `stallscope top`) asks for
+    /// the job's live model; after the Welcome it is sent [`CollectorMsg::Feed`] parts.
+    Watch(Hello),
 }
 
 /// What the collector sends.
@@ -97,7 +100,19 @@ pub enum CollectorMsg {
         /// Sequence number.
         upto: u64,
     },
+    /// To a viewer: part of one line of the live feed (`stallscope.feed/1`, the same JSON
+    /// lines as the feed socket); a line is its parts in order, up to the one with `last`.
+    Feed {
+        /// UTF-8 bytes of the line, at most [`FEED_PART`].
+        part: Vec<u8>,
+        /// Whether the line ends here.
+        last: bool,
+    },
 }
+
+/// bytes of a feed line per [`CollectorMsg::Feed`] message: a snapshot of a large job is
+/// tens of MiB, so it travels in parts below [`MAX_MESSAGE`].
+pub const FEED_PART: usize = 256 * 1024;
 
 /// Why a message could not be framed or read.
 #[derive(Debug, thiserror::Error)]
@@ -133,11 +148,11 @@ pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, WireError> {
     Ok(postcard::from_bytes(payload)?)
 }
 
-/// The protocol version a first message announces, if it is a Hello at all (its variant tag
-/// and version decode), whatever follows.
+/// The protocol version a first message announces, if it is a Hello or a Watch at all (its
+/// variant tag and version decode), whatever follows.
 pub fn hello_version(payload: &[u8]) -> Option<u16> {
     let (tag, rest) = postcard::take_from_bytes::<u32>(payload).ok()?;
-    if tag != 0 {
+    if tag != 0 && tag != 4 {
         return None;
     }
     postcard::take_from_bytes::<u16>(rest).ok().map(|(v, _)| v)

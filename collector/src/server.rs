@@ -17,6 +17,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
+use stallscope_analysis::view::hub::{json_line, FeedHub, FeedMessage, SUBSCRIBER_QUEUE};
+use std::sync::mpsc::TryRecvError;
+
 use crate::clock::{ClockEstimator, BUCKET};
 use crate::monotonic_ns;
 
@@ -35,6 +38,8 @@ pub struct ServerConfig {
     pub ping_every: Duration,
     /// How long an agent has to say Hello and answer the first pings.
     pub handshake_timeout: Duration,
+    /// The job's live model, for viewers (`AgentMsg::Watch`); `None` refuses them.
+    pub feed: Option<Arc<FeedHub>>,
 }
 
 impl Default for ServerConfig {
@@ -44,6 +49,7 @@ impl Default for ServerConfig {
             sync_exchanges: 2 * BUCKET,
             ping_every: Duration::from_millis(500),
             handshake_timeout: Duration::from_secs(5),
+            feed: None,
         }
     }
 }
@@ -109,10 +115,20 @@ async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &CollectorMsg) -> std::io::
     w.write_all(&wire::encode(msg)).await
 }
 
-/// Checks an agent's first message.
-fn check_hello(payload: &[u8], token: Option<&str>) -> Result<Hello, ConnError> {
-    let hello = match wire::decode::<AgentMsg>(payload) {
-        Ok(AgentMsg::Hello(h)) => h,
+/// Who is on the other end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Peer {
+    /// An agent: it sends records.
+    Agent,
+    /// A viewer: it is sent the live model.
+    Viewer,
+}
+
+/// Checks an agent's (or a viewer's) first message.
+fn check_hello(payload: &[u8], token: Option<&str>) -> Result<(Hello, Peer), ConnError> {
+    let (hello, peer) = match wire::decode::<AgentMsg>(payload) {
+        Ok(AgentMsg::Hello(h)) => (h, Peer::Agent),
+        Ok(AgentMsg::Watch(h)) => (h, Peer::Viewer),
         Ok(_) | Err(_) => {
             return Err(ConnError::Refused(match wire::hello_version(payload) {
                 Some(v) if v != PROTOCOL_VERSION => format!(
@@ -152,7 +168,7 @@ fn check_hello(payload: &[u8], token: Option<&str>) -> Result<Hello, ConnError> 
             hello.node
         )));
     }
-    Ok(hello)
+    Ok((hello, peer))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -199,7 +215,7 @@ async fn connection(
     let mut r = BufReader::with_capacity(64 * 1024, r);
     let mut node = None;
     let result = async {
-        let (hello, clock) =
+        let (hello, who, clock) =
             tokio::time::timeout(config.handshake_timeout, handshake(&mut r, &mut w, &config))
                 .await
                 .map_err(|_| {
@@ -207,7 +223,6 @@ async fn connection(
                         "no Hello and clock answers within the handshake time".into(),
                     )
                 })??;
-        node = Some(hello.node.clone());
         send(
             &mut w,
             &CollectorMsg::Welcome {
@@ -215,6 +230,10 @@ async fn connection(
             },
         )
         .await?;
+        if let (Peer::Viewer, Some(hub)) = (who, &config.feed) {
+            return watch(w, hub, shutdown.clone()).await;
+        }
+        node = Some(hello.node.clone());
         let _ = tx
             .send(Ingest::NodeUp {
                 node: hello.node.clone(),
@@ -234,12 +253,55 @@ async fn connection(
     let _ = tx.send(Ingest::NodeDown { node, peer, reason }).await;
 }
 
+/// Between two looks at a viewer's queue of feed messages.
+const WATCH_POLL: Duration = Duration::from_millis(50);
+
+/// A viewer: the live model's feed lines, in parts, until the job ends or the viewer falls
+/// behind (the hub drops it) or goes away.
+async fn watch<W: AsyncWrite + Unpin>(
+    mut w: W,
+    hub: &FeedHub,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnError> {
+    let feed = hub.subscribe(SUBSCRIBER_QUEUE);
+    loop {
+        match feed.try_recv() {
+            Ok(msg) => {
+                let line = json_line(&msg);
+                let parts: Vec<&[u8]> = line.as_bytes().chunks(wire::FEED_PART).collect();
+                for (i, part) in parts.iter().enumerate() {
+                    let last = i + 1 == parts.len();
+                    let msg = CollectorMsg::Feed {
+                        part: part.to_vec(),
+                        last,
+                    };
+                    send(&mut w, &msg).await?;
+                }
+                if matches!(msg, FeedMessage::End) {
+                    return Ok(());
+                }
+            }
+            Err(TryRecvError::Empty) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(WATCH_POLL) => {}
+                    _ = shutdown.changed() => return Ok(()),
+                }
+            }
+            Err(TryRecvError::Disconnected) => {
+                return Err(ConnError::Refused(
+                    "the viewer fell behind the live model and was dropped".into(),
+                ))
+            }
+        }
+    }
+}
+
 /// Hello, then the first clock exchanges, one at a time.
 async fn handshake<R, W>(
     r: &mut R,
     w: &mut W,
     config: &ServerConfig,
-) -> Result<(Hello, ClockEstimator), ConnError>
+) -> Result<(Hello, Peer, ClockEstimator), ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -250,7 +312,18 @@ where
         Ok(()) => check_hello(&buf, config.token.as_deref()),
         Err(e) => Err(e),
     };
-    let hello = match hello {
+    let (hello, peer) = match hello {
+        Ok((_, Peer::Viewer)) if config.feed.is_none() => {
+            let reason = "this collector serves no live feed".to_string();
+            let _ = send(
+                w,
+                &CollectorMsg::Refused {
+                    reason: reason.clone(),
+                },
+            )
+            .await;
+            return Err(ConnError::Refused(reason));
+        }
         Ok(h) => h,
         Err(ConnError::Refused(reason)) => {
             let _ = send(
@@ -265,7 +338,11 @@ where
         Err(e) => return Err(e),
     };
     let mut clock = ClockEstimator::default();
-    for _ in 0..config.sync_exchanges {
+    let exchanges = match peer {
+        Peer::Agent => config.sync_exchanges,
+        Peer::Viewer => 0,
+    };
+    for _ in 0..exchanges {
         let t1 = monotonic_ns();
         send(w, &CollectorMsg::Ping { t1 }).await?;
         read_payload(r, &mut buf).await?;
@@ -279,7 +356,7 @@ where
             }
         }
     }
-    Ok((hello, clock))
+    Ok((hello, peer, clock))
 }
 
 /// After the Welcome: records in; pings and acks out.
@@ -340,7 +417,7 @@ where
                         }
                     }
                     Ok((AgentMsg::Bye, _)) => break Ok(()),
-                    Ok((AgentMsg::Hello(_), _)) => {
+                    Ok((AgentMsg::Hello(_), _)) | Ok((AgentMsg::Watch(_), _)) => {
                         break Err(ConnError::Refused("a second Hello on one connection".into()))
                     }
                     Err(e) => break Err(e),

@@ -20,8 +20,9 @@ pub enum Command {
     /// Print the summary of a profile written by `stallscope run`, `stallscope collector`
     /// or `stallscope experiment`.
     Summary(SummaryArgs),
-    /// Attach to the live feed of a running `stallscope run`, agent or collector on this node
-    /// and print its live model (the status line, or every message as JSON with --json).
+    /// Attach to the live feed of a running `stallscope run`, agent or collector on this node,
+    /// or to a collector's HOST:PORT, and print its live model (the status line, or every
+    /// message as JSON with --json).
     Feed(FeedArgs),
     /// Measure the stalls by difference between controlled runs of the training (Stash,
     /// DS-Analyzer): 1 process and all processes on synthetic data, over the nodes, real
@@ -313,8 +314,11 @@ impl RootArgs {
 #[derive(Debug, Args)]
 pub struct FeedArgs {
     /// The feed socket (default: the newest in this user's feed directory, /run/stallscope
-    /// for root, else $XDG_RUNTIME_DIR/stallscope).
+    /// for root, else $XDG_RUNTIME_DIR/stallscope), or a collector's HOST:PORT.
     pub socket: Option<PathBuf>,
+    /// With HOST:PORT: the collector's token file.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Print every message as one JSON line (the first a snapshot of the model, then updates).
     #[arg(long)]
     pub json: bool,

@@ -269,11 +269,12 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
             },
             out.display()
         );
+        let hub = Arc::new(FeedHub::default());
         let config = ServerConfig {
             token,
+            feed: Some(hub.clone()),
             ..ServerConfig::default()
         };
-        let hub = Arc::new(FeedHub::default());
         let _feed_socket = stallscope_agent::node::feed::open(
             hub.clone(),
             &format!("collector-{}.feed", addr.port()),

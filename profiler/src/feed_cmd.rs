@@ -1,27 +1,39 @@
-//! `stallscope feed [SOCKET]`: attaches to the live feed of a running `stallscope run`, agent
-//! or collector on this node and prints the live model: each message as a JSON line
+//! `stallscope feed [SOCKET | HOST:PORT]`: attaches to the live feed of a running `stallscope run`,
+//! agent or collector on this node, or to a collector's TCP port, and prints the live model: each message as a JSON line
 //! (`--json`), or the status line as it changes.
 
 use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use stallscope_agent::node::feed::{newest_feed, FeedClient, FeedMessage};
+use stallscope_agent::node::feed::{newest_feed, FeedMessage};
+use stallscope_agent::node::feed_client::FeedClient;
 
 use crate::cli::FeedArgs;
 
 /// Prints the feed; exit code 0 when it ended or `--count` messages were printed.
 pub fn feed(args: FeedArgs) -> anyhow::Result<i32> {
-    let path = match &args.socket {
-        Some(p) => p.clone(),
-        None => newest_feed()?,
-    };
     let timeout = Duration::from_secs_f64(args.timeout.max(0.1));
-    let mut client = FeedClient::connect(&path, timeout)?;
+    let (mut client, at) = match &args.socket {
+        // HOST:PORT that is no file here: a collector's TCP port.
+        Some(p) if !p.exists() && p.to_string_lossy().contains(':') => {
+            let addr = p.to_string_lossy().to_string();
+            let token = match &args.token_file {
+                Some(t) => crate::agent_cmd::read_token(t)?,
+                None => String::new(),
+            };
+            (FeedClient::connect_tcp(&addr, &token, timeout)?, addr)
+        }
+        Some(p) => (FeedClient::connect(p, timeout)?, p.display().to_string()),
+        None => {
+            let p = newest_feed()?;
+            (FeedClient::connect(&p, timeout)?, p.display().to_string())
+        }
+    };
     let mut out = std::io::stdout().lock();
     let mut printed = 0u64;
     while let Some(next) = client.next_message() {
-        let (line, msg) = next.with_context(|| format!("reading {}", path.display()))?;
+        let (line, msg) = next.with_context(|| format!("reading {at}"))?;
         let text = match (args.json, client.view()) {
             (true, _) => line,
             (false, Some(v)) => stallscope_dashboards::status::render(v),

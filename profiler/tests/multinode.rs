@@ -343,13 +343,15 @@ fn agents_stream_to_a_collector_across_namespaces_through_refusals_and_a_restart
 
 /// A job of two nodes on loopback: a collector, an agent per node (`node-a`, `node-b`; `node`
 /// may add to each agent's command) and one rank of the example per node, with `example`'s
-/// flags. `slot` (0, 1, …) keeps the ports of tests that run at once apart. Returns the
+/// flags. `slot` (0, 1, …) keeps the ports of tests that run at once apart. `while_running`
+/// gets the collector's address and token file once the ranks have started. Returns the
 /// collector's summary and its log, after every process ended.
 fn loopback_job(
     slot: u32,
     dir: &Path,
     node: impl Fn(&str, &mut Command),
     example: &[&str],
+    while_running: impl FnOnce(&str, &Path),
 ) -> (serde_json::Value, String) {
     let d = |n: &str| -> PathBuf { dir.join(n) };
     std::fs::write(d("token"), "t\n").unwrap();
@@ -399,6 +401,7 @@ fn loopback_job(
             )
         })
         .collect();
+    while_running(&listen, &d("token"));
     for (i, r) in ranks.iter_mut().enumerate() {
         r.wait_success(
             Duration::from_secs(240),
@@ -427,6 +430,7 @@ fn a_slowed_rank_on_another_node_is_named_straggler() {
         dir.path(),
         |_, _| {},
         &["--iters", "25", "--data-delay-ms", "1:30"],
+        |_, _| {},
     );
     let main = &s["stragglers"];
     let named: Vec<u64> = main
@@ -469,6 +473,7 @@ fn the_collector_shows_each_nodes_gpu() {
             fake_gpu(cmd, &format!("activity=copying_in,pcie={}", rate(node)));
         },
         &["--iters", "15"],
+        |_, _| {},
     );
     for r in s["ranks"].as_array().unwrap() {
         let node = r["node"].as_str().unwrap();
@@ -490,5 +495,67 @@ fn the_collector_shows_each_nodes_gpu() {
             "{log}"
         );
     }
+    assert_eq!(s["ranks"].as_array().unwrap().len(), 2, "{s:#}");
+}
+
+/// A viewer with the job's token reads the whole job's live model from the collector's TCP
+/// port: both nodes' ranks and resources. A viewer with a wrong token is refused, and says why.
+#[test]
+fn a_viewer_reads_the_whole_jobs_model_from_the_collectors_port() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("wrong-token");
+    std::fs::write(&wrong, "not-t\n").unwrap();
+    let mut seen = serde_json::Value::Null;
+    let (s, _) = loopback_job(
+        2,
+        dir.path(),
+        |_, _| {},
+        &["--iters", "80"],
+        |listen, token| {
+            let both = wait_for(Duration::from_secs(120), || {
+                let out = stallscope()
+                    .args(["feed", listen, "--json", "--count", "1", "--token-file"])
+                    .arg(token)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let line = String::from_utf8_lossy(&out.stdout).to_string();
+                seen = serde_json::from_str(line.trim()).expect("a JSON line");
+                let v = &seen["snapshot"];
+                ["0", "1"].iter().all(|r| {
+                    v["ranks"][r]["recent"]
+                        .as_array()
+                        .is_some_and(|p| !p.is_empty())
+                }) && ["node-a", "node-b"]
+                    .iter()
+                    .all(|n| v["nodes"][n]["resources"]["cpu_busy_cores"].is_number())
+            });
+            assert!(
+                both,
+                "the model never held both nodes' ranks and resources: {seen:#}"
+            );
+            let out = stallscope()
+                .args(["feed", listen, "--json", "--count", "1", "--token-file"])
+                .arg(&wrong)
+                .output()
+                .unwrap();
+            assert!(!out.status.success());
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("refused") && err.contains("wrong token"),
+                "{err}"
+            );
+        },
+    );
+    assert_eq!(seen["snapshot"]["schema"], "stallscope.view/1");
+    assert_eq!(seen["snapshot"]["ranks"]["1"]["node"], "node-b");
     assert_eq!(s["ranks"].as_array().unwrap().len(), 2, "{s:#}");
 }

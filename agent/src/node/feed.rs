@@ -18,35 +18,15 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-pub use stallscope_analysis::view::hub::{FeedHub, FeedMessage, SUBSCRIBER_QUEUE};
-use stallscope_analysis::view::{JobView, ViewUpdate};
+pub use stallscope_analysis::view::hub::{
+    json_line, parse_line, FeedHub, FeedMessage, SUBSCRIBER_QUEUE,
+};
 
 /// The feed's protocol name and version, the first field of its first line.
 pub const FEED_SCHEMA: &str = "stallscope.feed/1";
 
 /// How long one write to a socket client may block before the client is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// One line of the feed's JSON form.
-#[derive(Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Line<'a> {
-    Snapshot(&'a JobView),
-    Update(&'a ViewUpdate),
-    End(bool),
-}
-
-/// The JSON line of a message, without its newline: `{"snapshot":{…}}`, `{"update":{…}}` or
-/// `{"end":true}`.
-pub fn json_line(msg: &FeedMessage) -> String {
-    let line = match msg {
-        FeedMessage::Snapshot(v) => Line::Snapshot(v),
-        FeedMessage::Update(u) => Line::Update(u),
-        FeedMessage::End => Line::End(true),
-    };
-    serde_json::to_string(&line).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-}
 
 /// A socket serving the feed; removed when dropped.
 pub struct FeedSocket {
@@ -145,119 +125,6 @@ pub fn open(hub: Arc<FeedHub>, name: &str) -> Option<FeedSocket> {
     }
 }
 
-/// A client of a feed socket: reads the hello, then each message, and keeps the model.
-pub struct FeedClient {
-    lines: std::io::Lines<std::io::BufReader<UnixStream>>,
-    view: Option<JobView>,
-    path: PathBuf,
-}
-
-/// What went wrong reading a feed.
-#[derive(Debug, thiserror::Error)]
-pub enum FeedError {
-    /// The socket could not be opened or read.
-    #[error("the feed at {path}: {source}")]
-    Io {
-        /// The socket.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The server speaks another protocol.
-    #[error("{path} speaks {hello}, this stallscope reads {{\"feed\":\"{FEED_SCHEMA}\"}}")]
-    Version {
-        /// The socket.
-        path: PathBuf,
-        /// Its first line.
-        hello: String,
-    },
-    /// A line that is not a feed message.
-    #[error("a malformed line from the feed at {path}: {line}")]
-    Malformed {
-        /// The socket.
-        path: PathBuf,
-        /// The line's first 80 characters.
-        line: String,
-    },
-}
-
-/// One line of the feed, as read.
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum ReadLine {
-    Snapshot(Box<JobView>),
-    Update(Box<ViewUpdate>),
-    End(serde::de::IgnoredAny),
-}
-
-impl FeedClient {
-    /// Attaches to the feed at `path`; a read that waits longer than `timeout` fails.
-    pub fn connect(path: &Path, timeout: Duration) -> Result<FeedClient, FeedError> {
-        use std::io::BufRead;
-        let io = |source| FeedError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let stream = UnixStream::connect(path).map_err(io)?;
-        stream.set_read_timeout(Some(timeout)).map_err(io)?;
-        let mut lines = std::io::BufReader::new(stream).lines();
-        let hello = lines
-            .next()
-            .unwrap_or_else(|| Err(std::io::ErrorKind::UnexpectedEof.into()))
-            .map_err(io)?;
-        if hello != format!("{{\"feed\":\"{FEED_SCHEMA}\"}}") {
-            return Err(FeedError::Version {
-                path: path.to_path_buf(),
-                hello,
-            });
-        }
-        Ok(FeedClient {
-            lines,
-            view: None,
-            path: path.to_path_buf(),
-        })
-    }
-
-    /// The next message, as its JSON line and as folded into the model; `None` at the end
-    /// of the feed.
-    pub fn next_message(&mut self) -> Option<Result<(String, FeedMessage), FeedError>> {
-        let line = match self.lines.next()? {
-            Ok(l) => l,
-            Err(source) => {
-                return Some(Err(FeedError::Io {
-                    path: self.path.clone(),
-                    source,
-                }))
-            }
-        };
-        let msg = match serde_json::from_str::<ReadLine>(&line) {
-            Ok(ReadLine::Snapshot(v)) => {
-                self.view = Some((*v).clone());
-                FeedMessage::Snapshot(Arc::new(*v))
-            }
-            Ok(ReadLine::Update(u)) => {
-                if let Some(v) = self.view.as_mut() {
-                    v.apply((*u).clone());
-                }
-                FeedMessage::Update(Arc::new(*u))
-            }
-            Ok(ReadLine::End(_)) => FeedMessage::End,
-            Err(_) => {
-                return Some(Err(FeedError::Malformed {
-                    path: self.path.clone(),
-                    line: line.chars().take(80).collect(),
-                }))
-            }
-        };
-        Some(Ok((line, msg)))
-    }
-
-    /// The model as the messages so far make it (after the snapshot).
-    pub fn view(&self) -> Option<&JobView> {
-        self.view.as_ref()
-    }
-}
-
 /// The newest feed socket (`*.feed`) in this user's feed directory.
 pub fn newest_feed() -> std::io::Result<PathBuf> {
     let dir = super::feed_dir()?;
@@ -281,6 +148,7 @@ pub fn newest_feed() -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stallscope_analysis::view::{JobView, ViewUpdate};
 
     #[test]
     fn the_socket_is_owner_only_and_speaks_json_lines() {

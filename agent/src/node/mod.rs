@@ -5,6 +5,7 @@
 //! its arguments, the training's child process and the terminal.
 
 pub mod feed;
+pub mod feed_client;
 pub mod gpu_thread;
 pub mod recorder;
 pub mod report;

@@ -129,3 +129,49 @@ mod tests {
         assert!(matches!(hub.subscribe(4).recv(), Ok(FeedMessage::End)));
     }
 }
+
+/// One line of the feed's JSON form.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Line<'a> {
+    Snapshot(&'a JobView),
+    Update(&'a ViewUpdate),
+    End(bool),
+}
+
+/// One line of the feed, as read.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ReadLine {
+    Snapshot(Box<JobView>),
+    Update(Box<ViewUpdate>),
+    End(serde::de::IgnoredAny),
+}
+
+/// The JSON line of a message, without its newline: `{"snapshot":{…}}`, `{"update":{…}}` or
+/// `{"end":true}` (`stallscope.feed/1`, documented in the README).
+pub fn json_line(msg: &FeedMessage) -> String {
+    let line = match msg {
+        FeedMessage::Snapshot(v) => Line::Snapshot(v),
+        FeedMessage::Update(u) => Line::Update(u),
+        FeedMessage::End => Line::End(true),
+    };
+    serde_json::to_string(&line).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+/// A message from its JSON line; `None` when the line is not one.
+pub fn parse_line(line: &str) -> Option<FeedMessage> {
+    Some(match serde_json::from_str::<ReadLine>(line).ok()? {
+        ReadLine::Snapshot(v) => FeedMessage::Snapshot(Arc::new(*v)),
+        ReadLine::Update(u) => FeedMessage::Update(Arc::new(*u)),
+        ReadLine::End(_) => FeedMessage::End,
+    })
+}
+
+impl std::fmt::Debug for FeedHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeedHub")
+            .field("subscribers", &self.subscribers())
+            .finish()
+    }
+}

@@ -219,6 +219,7 @@ impl Conn {
                 CollectorMsg::Welcome { .. } => welcomed = true,
                 CollectorMsg::Ack { upto } => self.acked = self.acked.max(upto + 1),
                 CollectorMsg::Refused { reason } => return Err(format!("refused: {reason}")),
+                CollectorMsg::Feed { .. } => return Err("a viewer's feed sent to an agent".into()),
             }
         }
     }

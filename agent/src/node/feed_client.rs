@@ -1,0 +1,219 @@
+//! A client of the live feed: the feed socket of a run, agent or collector on this node, or a
+//! collector's TCP port (a viewer's Watch, token-checked like an agent's Hello; the same JSON
+//! lines arrive in parts). It keeps the model the messages make.
+
+use std::io::{BufRead, BufReader, Lines, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use stallscope_analysis::view::hub::{parse_line, FeedMessage};
+use stallscope_analysis::view::JobView;
+use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VERSION};
+
+use super::feed::FEED_SCHEMA;
+
+/// What went wrong reading a feed.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    /// The feed could not be reached or read.
+    #[error("the feed at {at}: {source}")]
+    Io {
+        /// The socket or address.
+        at: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server speaks another protocol.
+    #[error("{at} speaks {hello}, this stallscope reads {{\"feed\":\"{FEED_SCHEMA}\"}}")]
+    Version {
+        /// The socket.
+        at: String,
+        /// Its first line.
+        hello: String,
+    },
+    /// A collector refused the viewer.
+    #[error("the collector at {at} refused: {reason}")]
+    Refused {
+        /// The address.
+        at: String,
+        /// Its reason.
+        reason: String,
+    },
+    /// A line or message that is not the feed's.
+    #[error("a malformed message from the feed at {at}: {what}")]
+    Malformed {
+        /// The socket or address.
+        at: String,
+        /// The line's first 80 characters, or what was wrong.
+        what: String,
+    },
+}
+
+/// Where the lines come from.
+enum Source {
+    Unix(Lines<BufReader<UnixStream>>),
+    Tcp(BufReader<TcpStream>),
+}
+
+/// A feed being read, and the model its messages make.
+pub struct FeedClient {
+    source: Source,
+    view: Option<JobView>,
+    at: String,
+}
+
+impl FeedClient {
+    /// Attaches to the feed socket at `path`; a read that waits longer than `timeout` fails.
+    pub fn connect(path: &Path, timeout: Duration) -> Result<FeedClient, FeedError> {
+        let at = path.display().to_string();
+        let io = |source| FeedError::Io {
+            at: at.clone(),
+            source,
+        };
+        let stream = UnixStream::connect(path).map_err(io)?;
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        let mut lines = BufReader::new(stream).lines();
+        let hello = lines
+            .next()
+            .unwrap_or_else(|| Err(std::io::ErrorKind::UnexpectedEof.into()))
+            .map_err(io)?;
+        if hello != format!("{{\"feed\":\"{FEED_SCHEMA}\"}}") {
+            return Err(FeedError::Version { at, hello });
+        }
+        Ok(FeedClient {
+            source: Source::Unix(lines),
+            view: None,
+            at,
+        })
+    }
+
+    /// Attaches to a collector's live model at `addr` (HOST:PORT) with `token` (empty: none).
+    pub fn connect_tcp(
+        addr: &str,
+        token: &str,
+        timeout: Duration,
+    ) -> Result<FeedClient, FeedError> {
+        let at = addr.to_string();
+        let io = |source| FeedError::Io {
+            at: at.clone(),
+            source,
+        };
+        let mut stream = TcpStream::connect(addr).map_err(io)?;
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        let watch = AgentMsg::Watch(Hello {
+            protocol: PROTOCOL_VERSION,
+            token: token.to_string(),
+            node: "viewer".into(),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+        });
+        stream.write_all(&wire::encode(&watch)).map_err(io)?;
+        let mut reader = BufReader::new(stream);
+        match read_msg(&mut reader, &at)? {
+            CollectorMsg::Welcome { .. } => {}
+            CollectorMsg::Refused { reason } => return Err(FeedError::Refused { at, reason }),
+            other => {
+                return Err(FeedError::Malformed {
+                    at,
+                    what: format!("expected a Welcome, got {other:?}"),
+                })
+            }
+        }
+        Ok(FeedClient {
+            source: Source::Tcp(reader),
+            view: None,
+            at,
+        })
+    }
+
+    /// The next line of the feed; `None` at its end.
+    fn next_line(&mut self) -> Option<Result<String, FeedError>> {
+        match &mut self.source {
+            Source::Unix(lines) => lines.next().map(|l| {
+                l.map_err(|source| FeedError::Io {
+                    at: self.at.clone(),
+                    source,
+                })
+            }),
+            Source::Tcp(reader) => {
+                let mut line = Vec::new();
+                loop {
+                    match read_msg(reader, &self.at) {
+                        Ok(CollectorMsg::Feed { part, last }) => {
+                            line.extend_from_slice(&part);
+                            if last {
+                                break;
+                            }
+                        }
+                        Ok(CollectorMsg::Refused { reason }) => {
+                            return Some(Err(FeedError::Refused {
+                                at: self.at.clone(),
+                                reason,
+                            }))
+                        }
+                        Ok(_) => {}
+                        Err(FeedError::Io { source, .. })
+                            if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+                        {
+                            return None
+                        }
+                        Err(e) => return Some(Err(e)),
+                    }
+                }
+                Some(String::from_utf8(line).map_err(|e| FeedError::Malformed {
+                    at: self.at.clone(),
+                    what: e.to_string(),
+                }))
+            }
+        }
+    }
+
+    /// The next message, as its JSON line and as folded into the model; `None` at the end
+    /// of the feed.
+    pub fn next_message(&mut self) -> Option<Result<(String, FeedMessage), FeedError>> {
+        let line = match self.next_line()? {
+            Ok(l) => l,
+            Err(e) => return Some(Err(e)),
+        };
+        let Some(msg) = parse_line(&line) else {
+            return Some(Err(FeedError::Malformed {
+                at: self.at.clone(),
+                what: line.chars().take(80).collect(),
+            }));
+        };
+        match &msg {
+            FeedMessage::Snapshot(v) => self.view = Some((**v).clone()),
+            FeedMessage::Update(u) => {
+                if let Some(v) = self.view.as_mut() {
+                    v.apply((**u).clone());
+                }
+            }
+            FeedMessage::End => {}
+        }
+        Some(Ok((line, msg)))
+    }
+
+    /// The model as the messages so far make it (after the snapshot).
+    pub fn view(&self) -> Option<&JobView> {
+        self.view.as_ref()
+    }
+}
+
+/// Reads one collector message (length-prefixed postcard, at most [`wire::MAX_MESSAGE`]).
+fn read_msg(r: &mut impl Read, at: &str) -> Result<CollectorMsg, FeedError> {
+    let io = |source| FeedError::Io {
+        at: at.to_string(),
+        source,
+    };
+    let mut prefix = [0u8; 4];
+    r.read_exact(&mut prefix).map_err(io)?;
+    let malformed = |e: wire::WireError| FeedError::Malformed {
+        at: at.to_string(),
+        what: e.to_string(),
+    };
+    let len = wire::payload_len(prefix).map_err(malformed)?;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload).map_err(io)?;
+    wire::decode(&payload).map_err(malformed)
+}
