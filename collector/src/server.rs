@@ -486,3 +486,118 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The server's conversations over in-memory pipes (tokio's duplex): no socket, no port.
+
+    use super::*;
+    use stallscope_analysis::view::{JobView, ViewUpdate};
+    use tokio::io::{duplex, split};
+
+    async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> CollectorMsg {
+        let mut buf = Vec::new();
+        read_payload(r, &mut buf).await.expect("a message");
+        wire::decode(&buf).expect("a collector message")
+    }
+
+    fn hello(token: &str) -> Hello {
+        Hello {
+            protocol: PROTOCOL_VERSION,
+            token: token.into(),
+            node: "node-a".into(),
+            agent_version: "test".into(),
+        }
+    }
+
+    fn config() -> ServerConfig {
+        ServerConfig {
+            token: Some("secret".into()),
+            sync_exchanges: 2 * BUCKET,
+            ..ServerConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_agent_answering_the_pings_is_handed_its_clock() {
+        let (server, agent) = duplex(64 * 1024);
+        let (mut sr, mut sw) = split(server);
+        let (mut ar, mut aw) = split(agent);
+        let config = config();
+        let serving = tokio::spawn(async move { handshake(&mut sr, &mut sw, &config).await });
+        aw.write_all(&wire::encode(&AgentMsg::Hello(hello("secret"))))
+            .await
+            .unwrap();
+        for _ in 0..2 * BUCKET {
+            let CollectorMsg::Ping { t1 } = read_msg(&mut ar).await else {
+                panic!("a ping")
+            };
+            let now = monotonic_ns();
+            let pong = AgentMsg::Pong {
+                t1,
+                t2: now,
+                t3: now,
+            };
+            aw.write_all(&wire::encode(&pong)).await.unwrap();
+        }
+        let (h, peer, clock) = serving.await.unwrap().expect("welcomed");
+        assert_eq!((h.node.as_str(), peer), ("node-a", Peer::Agent));
+        let c = clock
+            .estimate("node-a")
+            .expect("an estimate from the exchanges");
+        assert!(c.offset_ns.abs() < 1_000_000_000, "{c:?}");
+    }
+
+    #[tokio::test]
+    async fn a_wrong_token_is_refused_with_the_reason() {
+        let (server, agent) = duplex(64 * 1024);
+        let (mut sr, mut sw) = split(server);
+        let (mut ar, mut aw) = split(agent);
+        let config = config();
+        let serving = tokio::spawn(async move { handshake(&mut sr, &mut sw, &config).await });
+        aw.write_all(&wire::encode(&AgentMsg::Hello(hello("guess"))))
+            .await
+            .unwrap();
+        let CollectorMsg::Refused { reason } = read_msg(&mut ar).await else {
+            panic!("refused")
+        };
+        assert!(reason.contains("wrong token"), "{reason}");
+        assert!(serving.await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_viewer_is_sent_the_models_lines_in_parts() {
+        let hub = Arc::new(FeedHub::default());
+        let (server, viewer) = duplex(1024 * 1024);
+        let (_, sw) = split(server);
+        let (mut vr, _) = split(viewer);
+        let (_stop, shutdown) = watch::channel(false);
+        let serving = {
+            let hub = hub.clone();
+            tokio::spawn(async move { watch(sw, &hub, shutdown).await })
+        };
+        // A model whose snapshot is larger than one part.
+        let mut view = JobView::new(&"x".repeat(600 * 1024));
+        view.attributed = 7;
+        while hub.subscribers() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        hub.publish(&view, ViewUpdate::default());
+        hub.end();
+        let mut lines = Vec::new();
+        let mut line = Vec::new();
+        while lines.len() < 2 {
+            let CollectorMsg::Feed { part, last } = read_msg(&mut vr).await else {
+                panic!("feed parts")
+            };
+            assert!(part.len() <= wire::FEED_PART);
+            line.extend(part);
+            if last {
+                lines.push(String::from_utf8(std::mem::take(&mut line)).unwrap());
+            }
+        }
+        assert_eq!(lines[0], json_line(&FeedMessage::Snapshot(Arc::new(view))));
+        assert_eq!(lines[1], "{\"end\":true}");
+        serving.await.unwrap().expect("the job ended cleanly");
+    }
+}
