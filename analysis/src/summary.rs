@@ -9,6 +9,8 @@
 //! history; the median iteration time is exact up to a count of iterations and within
 //! [`crate::aggregate::MEDIAN_MAX_RELATIVE_ERROR`] beyond it.
 
+use std::fmt::Write;
+
 use serde::{Deserialize, Serialize};
 
 use crate::figures::figures;
@@ -145,43 +147,42 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         job: job_figures,
         ranks,
         finding,
-        markers: MarkerHealth {
-            dropped: job.node.markers.dropped()
-                + job
-                    .nodes
-                    .health
-                    .values()
-                    .map(|h| h.markers_dropped)
-                    .sum::<u64>(),
-            rejected: job.markers_rejected
-                + job
-                    .nodes
-                    .health
-                    .values()
-                    .map(|h| h.markers_rejected)
-                    .sum::<u64>(),
-        },
-        sources_down: job
-            .node
-            .sources
-            .values()
-            .filter(|s| !s.up)
-            .map(|s| SourceDown {
-                source: s.source.clone(),
-                message: s.message.clone(),
-            })
-            .chain(job.nodes.health.values().flat_map(|h| {
-                h.sources_down.iter().map(|s| SourceDown {
-                    source: format!("{} on {}", s.source, h.node),
-                    message: s.message.clone(),
-                })
-            }))
-            .collect(),
+        markers: marker_health(job),
+        sources_down: sources_down(job),
         profile: None,
         profiler_cpu_seconds: None,
         nodes: node_summaries(job),
         stragglers: job.nodes.stragglers(),
     }
+}
+
+/// Marker datagrams lost and malformed, this node's and every other node's.
+fn marker_health(job: &JobTimeline) -> MarkerHealth {
+    let health = job.nodes.health.values();
+    MarkerHealth {
+        dropped: job.node.markers.dropped()
+            + health.clone().map(|h| h.markers_dropped).sum::<u64>(),
+        rejected: job.markers_rejected + health.map(|h| h.markers_rejected).sum::<u64>(),
+    }
+}
+
+/// The sources that are down, this node's and every other node's (named with the node).
+fn sources_down(job: &JobTimeline) -> Vec<SourceDown> {
+    job.node
+        .sources
+        .values()
+        .filter(|s| !s.up)
+        .map(|s| SourceDown {
+            source: s.source.clone(),
+            message: s.message.clone(),
+        })
+        .chain(job.nodes.health.values().flat_map(|h| {
+            h.sources_down.iter().map(|s| SourceDown {
+                source: format!("{} on {}", s.source, h.node),
+                message: s.message.clone(),
+            })
+        }))
+        .collect()
 }
 
 fn node_summaries(job: &JobTimeline) -> Vec<NodeSummary> {
@@ -225,7 +226,6 @@ const MAX_RANK_COLUMNS: usize = 8;
 
 /// The human rendering printed at the end of `stallscope run` and by `stallscope summary`.
 pub fn render_text(s: &Summary) -> String {
-    use std::fmt::Write;
     let mut out = String::new();
     let nranks = s.ranks.len();
     let _ = writeln!(
@@ -239,60 +239,56 @@ pub fn render_text(s: &Summary) -> String {
         s.job.median_iteration_seconds,
     );
     if nranks > 0 {
-        let shown: Vec<&RankSummary> = s.ranks.iter().take(MAX_RANK_COLUMNS).collect();
-        let _ = write!(out, "{:<14}", "");
-        for r in &shown {
-            let _ = write!(out, "{:>17}", format!("rank {}", r.rank));
-        }
-        let _ = writeln!(out, "{:>17}", "job");
-        for c in Category::ALL {
-            let _ = write!(out, "{:<14}", c.name());
-            for r in &shown {
-                let sh = r.figures.categories.get(c);
-                let _ = write!(
-                    out,
-                    "{:>17}",
-                    format!("{:.2} s {:>5.1}%", sh.seconds, sh.fraction * 100.0)
-                );
-            }
-            let sh = s.job.categories.get(c);
-            let _ = writeln!(
-                out,
-                "{:>17}",
-                format!("{:.2} s {:>5.1}%", sh.seconds, sh.fraction * 100.0)
-            );
-        }
-        let _ = write!(out, "{:<14}", "iterations");
-        for r in &shown {
-            let _ = write!(
-                out,
-                "{:>17}",
-                format!(
-                    "{} × {:.3} s",
-                    r.figures.iterations, r.figures.median_iteration_seconds
-                )
-            );
-        }
-        let _ = writeln!(out, "{:>17}", format!("{:.2} s", s.job.wall_seconds));
-        if nranks > MAX_RANK_COLUMNS {
-            let _ = writeln!(
-                out,
-                "({} more ranks: see --json)",
-                nranks - MAX_RANK_COLUMNS
-            );
-        }
-        let _ = writeln!(
-            out,
-            "coverage: {:.0}% of the time inside marked phases, {:.0}% sampled",
-            s.job.coverage.marked * 100.0,
-            s.job.coverage.sampled * 100.0
-        );
+        write_table(&mut out, s);
     }
     for r in &s.ranks {
         if let Some(g) = &r.gpu {
             let _ = writeln!(out, "{}", render_line(r.rank, r.node.as_deref(), g));
         }
     }
+    write_nodes(&mut out, s);
+    write_verdict(&mut out, s);
+    out
+}
+
+/// The table of categories by rank and for the job, and the coverage.
+fn write_table(out: &mut String, s: &Summary) {
+    let nranks = s.ranks.len();
+    let shown: Vec<&RankSummary> = s.ranks.iter().take(MAX_RANK_COLUMNS).collect();
+    let share = |sh: Share| format!("{:.2} s {:>5.1}%", sh.seconds, sh.fraction * 100.0);
+    let _ = write!(out, "{:<14}", "");
+    for r in &shown {
+        let _ = write!(out, "{:>17}", format!("rank {}", r.rank));
+    }
+    let _ = writeln!(out, "{:>17}", "job");
+    for c in Category::ALL {
+        let _ = write!(out, "{:<14}", c.name());
+        for r in &shown {
+            let _ = write!(out, "{:>17}", share(r.figures.categories.get(c)));
+        }
+        let _ = writeln!(out, "{:>17}", share(s.job.categories.get(c)));
+    }
+    let _ = write!(out, "{:<14}", "iterations");
+    for r in &shown {
+        let f = &r.figures;
+        let per = format!("{} × {:.3} s", f.iterations, f.median_iteration_seconds);
+        let _ = write!(out, "{per:>17}");
+    }
+    let _ = writeln!(out, "{:>17}", format!("{:.2} s", s.job.wall_seconds));
+    if nranks > MAX_RANK_COLUMNS {
+        let more = nranks - MAX_RANK_COLUMNS;
+        let _ = writeln!(out, "({more} more ranks: see --json)");
+    }
+    let _ = writeln!(
+        out,
+        "coverage: {:.0}% of the time inside marked phases, {:.0}% sampled",
+        s.job.coverage.marked * 100.0,
+        s.job.coverage.sampled * 100.0
+    );
+}
+
+/// One line per node of a multi-node job, then the straggler.
+fn write_nodes(out: &mut String, s: &Summary) {
     for n in &s.nodes {
         let ranks: Vec<String> = n.ranks.iter().map(u32::to_string).collect();
         let _ = write!(out, "node {}: rank {}", n.node, ranks.join(", "));
@@ -328,6 +324,10 @@ pub fn render_text(s: &Summary) -> String {
     } else if !s.nodes.is_empty() {
         let _ = writeln!(out, "straggler: none (no rank kept the others waiting)");
     }
+}
+
+/// The finding and the change, then how sure the figures are and where they came from.
+fn write_verdict(out: &mut String, s: &Summary) {
     let _ = writeln!(out, "finding: {}", s.finding.sentence);
     if !s.finding.suggestion.is_empty() {
         let _ = writeln!(out, "change:  {}", s.finding.suggestion);
@@ -359,7 +359,6 @@ pub fn render_text(s: &Summary) -> String {
     if let Some(p) = &s.profile {
         let _ = writeln!(out, "profile: {p}");
     }
-    out
 }
 
 #[cfg(test)]
