@@ -87,70 +87,15 @@ fn describe(c: Category) -> &'static str {
 pub fn find(input: &FindingInput) -> Finding {
     let job = input.job;
     if job.iterations == 0 {
-        return Finding {
-            sentence: "no iterations were seen: no step markers arrived".into(),
-            suggestion: "for PyTorch keep the automatic hook on (no --no-auto), call stallscope.step() each iteration, or give --iter-regex matching a line the training prints each iteration".into(),
-            max_speedup: 1.0,
-            ..Default::default()
-        };
+        return no_iterations();
     }
-    let stall = Category::ALL
-        .into_iter()
-        .filter(|c| *c != Category::Compute)
-        .max_by(|a, b| {
-            job.categories
-                .get(*a)
-                .seconds
-                .total_cmp(&job.categories.get(*b).seconds)
-        })
-        .unwrap_or(Category::Other);
+    let stall = largest_stall(job);
     let f = job.categories.get(stall).fraction;
     let t = job.median_iteration_seconds;
     if f < MINOR_STALL {
-        return Finding {
-            category: Some(Category::Compute),
-            fraction: job.categories.compute.fraction,
-            rank: None,
-            sentence: format!(
-                "compute-bound: computing takes {} of the iteration time; no stall exceeds {}",
-                pct(job.categories.compute.fraction),
-                pct(MINOR_STALL)
-            ),
-            suggestion: "only faster compute helps: a faster accelerator, mixed precision, or a larger batch per device".into(),
-            max_speedup: 1.0,
-        };
+        return compute_bound(job);
     }
-    let worst_rank = input
-        .ranks
-        .iter()
-        .max_by(|a, b| {
-            a.figures
-                .categories
-                .get(stall)
-                .fraction
-                .total_cmp(&b.figures.categories.get(stall).fraction)
-        })
-        .map(|r| r.rank);
-    let straggler = (stall == Category::PeerWait)
-        .then(|| {
-            input
-                .ranks
-                .iter()
-                .min_by(|a, b| {
-                    a.figures
-                        .categories
-                        .peer_wait
-                        .fraction
-                        .total_cmp(&b.figures.categories.peer_wait.fraction)
-                })
-                .map(|r| r.rank)
-        })
-        .flatten();
-    let rank = if stall == Category::PeerWait {
-        straggler
-    } else {
-        worst_rank.filter(|_| input.ranks.len() > 1)
-    };
+    let (rank, straggler) = concerned_rank(input, stall);
     let speedup = 1.0 / (1.0 - f).max(1e-9);
     let rank_note = match (rank, input.ranks.len()) {
         (Some(r), n) if n > 1 && stall != Category::PeerWait => format!(" (most on rank {r})"),
@@ -172,6 +117,66 @@ pub fn find(input: &FindingInput) -> Finding {
         suggestion: suggestion(stall, input, straggler),
         max_speedup: speedup,
     }
+}
+
+/// No step markers arrived: say how to get them.
+fn no_iterations() -> Finding {
+    Finding {
+        sentence: "no iterations were seen: no step markers arrived".into(),
+        suggestion: "for PyTorch keep the automatic hook on (no --no-auto), call stallscope.step() each iteration, or give --iter-regex matching a line the training prints each iteration".into(),
+        max_speedup: 1.0,
+        ..Default::default()
+    }
+}
+
+/// No stall worth naming.
+fn compute_bound(job: &Figures) -> Finding {
+    Finding {
+        category: Some(Category::Compute),
+        fraction: job.categories.compute.fraction,
+        rank: None,
+        sentence: format!(
+            "compute-bound: computing takes {} of the iteration time; no stall exceeds {}",
+            pct(job.categories.compute.fraction),
+            pct(MINOR_STALL)
+        ),
+        suggestion: "only faster compute helps: a faster accelerator, mixed precision, or a larger batch per device".into(),
+        max_speedup: 1.0,
+    }
+}
+
+/// The stall category with the most time.
+fn largest_stall(job: &Figures) -> Category {
+    Category::ALL
+        .into_iter()
+        .filter(|c| *c != Category::Compute)
+        .max_by(|a, b| {
+            job.categories
+                .get(*a)
+                .seconds
+                .total_cmp(&job.categories.get(*b).seconds)
+        })
+        .unwrap_or(Category::Other)
+}
+
+/// The rank the finding concerns (the one with the largest share of `stall`, or for
+/// `peer_wait` the one that waited least: the straggler), and the straggler.
+fn concerned_rank(input: &FindingInput, stall: Category) -> (Option<u32>, Option<u32>) {
+    let share = |r: &RankSummary, c: Category| r.figures.categories.get(c).fraction;
+    if stall == Category::PeerWait {
+        let straggler = input
+            .ranks
+            .iter()
+            .min_by(|a, b| share(a, stall).total_cmp(&share(b, stall)))
+            .map(|r| r.rank);
+        return (straggler, straggler);
+    }
+    let worst = input
+        .ranks
+        .iter()
+        .max_by(|a, b| share(a, stall).total_cmp(&share(b, stall)))
+        .map(|r| r.rank);
+    (worst.filter(|_| input.ranks.len() > 1), None)
 }
 
 #[cfg(test)]
