@@ -117,6 +117,38 @@ pub fn render_text(report: &ExperimentReport) -> String {
         report.iterations,
         report.warmup_iterations
     );
+    runs_table(&mut out, report);
+    let d = &report.differential;
+    let Some(basis) = d.basis else {
+        let _ = writeln!(out, "\nNo configuration completed an iteration.");
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "\nStalls by difference, s per iteration and share of {} ({:.4} s):",
+        basis.label(),
+        d.basis_seconds
+    );
+    for c in [
+        Category::Compute,
+        Category::Interconnect,
+        Category::Network,
+        Category::DataPrep,
+        Category::DataFetch,
+    ] {
+        stall_line(&mut out, c, formula(c, report), d.get(c));
+    }
+    if !report.agreement.is_empty() {
+        agreement_table(&mut out, report, basis.label());
+    }
+    if let Some(w) = &report.what_if {
+        what_if_table(&mut out, w);
+    }
+    out
+}
+
+/// One line per configuration run: its processes, nodes, time per iteration, exit code.
+fn runs_table(out: &mut String, report: &ExperimentReport) {
     let _ = writeln!(
         out,
         "\n  {:<4} {:<42} {:>5} {:>5} {:>10} {:>8} {:>5}",
@@ -135,60 +167,33 @@ pub fn render_text(report: &ExperimentReport) -> String {
             r.exit_code
         );
     }
-    let d = &report.differential;
-    match d.basis {
-        Some(basis) => {
-            let _ = writeln!(
-                out,
-                "\nStalls by difference, s per iteration and share of {} ({:.4} s):",
-                basis.label(),
-                d.basis_seconds
-            );
-        }
-        None => {
-            let _ = writeln!(out, "\nNo configuration completed an iteration.");
-            return out;
-        }
-    }
-    for c in [
-        Category::Compute,
-        Category::Interconnect,
-        Category::Network,
-        Category::DataPrep,
-        Category::DataFetch,
-    ] {
-        stall_line(&mut out, c, formula(c, report), d.get(c));
-    }
-    if !report.agreement.is_empty() {
+}
+
+/// The online breakdown of the basis run next to the differential, per category.
+fn agreement_table(out: &mut String, report: &ExperimentReport, basis: &str) {
+    let _ = writeln!(
+        out,
+        "\nOnline breakdown of {basis} against the differential:"
+    );
+    let _ = writeln!(
+        out,
+        "  {:<13} {:>7} {:>13} {:>17}",
+        "category", "online", "differential", "difference (pts)"
+    );
+    for a in &report.agreement {
+        let diff = a
+            .differential
+            .map_or("-".to_string(), |d| format!("{:.1}%", d * 100.0));
+        let err = a
+            .error_points()
+            .map_or("-".to_string(), |e| format!("{e:.1}"));
         let _ = writeln!(
             out,
-            "\nOnline breakdown of {} against the differential:",
-            d.basis.map_or("?", |b| b.label())
+            "  {:<13} {:>6.1}% {:>13} {:>17}",
+            a.category.name(),
+            a.online * 100.0,
+            diff,
+            err
         );
-        let _ = writeln!(
-            out,
-            "  {:<13} {:>7} {:>13} {:>17}",
-            "category", "online", "differential", "difference (pts)"
-        );
-        for a in &report.agreement {
-            let diff = a
-                .differential
-                .map_or("-".to_string(), |d| format!("{:.1}%", d * 100.0));
-            let err = a
-                .error_points()
-                .map_or("-".to_string(), |e| format!("{e:.1}"));
-            let _ = writeln!(
-                out,
-                "  {:<13} {:>6.1}% {:>13} {:>17}",
-                a.category.name(),
-                a.online * 100.0,
-                diff,
-                err
-            );
-        }
     }
-    if let Some(w) = &report.what_if {
-        what_if_table(&mut out, w);
-    }
-    out
 }

@@ -311,3 +311,49 @@ fn the_critical_path_takes_the_rank_the_others_waited_for() {
     assert!(close(c.compute.seconds, 0.08));
     assert!(close(c.peer_wait.seconds, 0.0));
 }
+
+#[test]
+fn the_text_of_a_full_experiment() {
+    let runs = vec![
+        run(Config::Single, &[0.100, 0.102]),
+        run(Config::Local, &[0.120, 0.118]),
+        run(Config::Nodes, &[0.150, 0.152]),
+        run(Config::Warm, &[0.250, 0.254]),
+        run(Config::Cold, &[0.400, 0.396]),
+    ];
+    let differential = differential(&runs);
+    let mut online = Split::default();
+    for (c, ms) in [
+        (Category::Compute, 100),
+        (Category::Interconnect, 15),
+        (Category::Network, 35),
+        (Category::DataPrep, 90),
+        (Category::DataFetch, 160),
+    ] {
+        online.add(c, ms);
+    }
+    let report = ExperimentReport {
+        schema: SCHEMA.into(),
+        command: vec![
+            "python3".into(),
+            "train.py".into(),
+            "--workers".into(),
+            "2".into(),
+        ],
+        iterations: 2,
+        warmup_iterations: 1,
+        agreement: agreement(&Categories::from_split(&online), &differential),
+        differential,
+        runs,
+        what_if: Some(WhatIf::tabulate(WhatIfInputs {
+            samples_per_iteration: 32.0,
+            compute_samples_per_s: 320.0,
+            prep_core_seconds_per_sample: Some(0.01),
+            prep_cores_now: 2.0,
+            storage_bytes_per_s: Some(50e6),
+            bytes_per_sample: Some(200e3),
+            cpus: 8,
+        })),
+    };
+    insta::assert_snapshot!(render_text(&report));
+}
