@@ -261,98 +261,18 @@ pub fn experiment(args: ExperimentArgs) -> anyhow::Result<i32> {
         }
     }
     let out = args.output.clone().unwrap_or_else(default_output);
-    let max_iters = (args.warmup + args.iters).to_string();
     let mut runs: Vec<ConfigRun> = Vec::new();
     let mut facts: Vec<(Config, RunFacts)> = Vec::new();
     let mut storage: Option<(u64, f64)> = None;
     let mut failed = false;
     for config in configs {
         if let Some(ds) = &dataset {
-            match config {
-                Config::Warm => {
-                    let how = ds.evict(args.cold_cache)?;
-                    let (bytes, secs) = ds.read_all()?;
-                    storage = Some((bytes, secs));
-                    eprintln!(
-                        "stallscope experiment: cache emptied ({how}), then the dataset read cold: {:.1} MB in {:.2} s ({:.1} MB/s); {:.0}% of it cached now",
-                        bytes as f64 / 1e6,
-                        secs,
-                        bytes as f64 / 1e6 / secs.max(1e-9),
-                        ds.resident_fraction().unwrap_or(f64::NAN) * 100.0
-                    );
-                }
-                Config::Cold => {
-                    let how = ds.evict(args.cold_cache)?;
-                    eprintln!(
-                        "stallscope experiment: cache emptied ({how}); {:.0}% of the dataset cached now",
-                        ds.resident_fraction().unwrap_or(f64::NAN) * 100.0
-                    );
-                }
-                _ => {}
-            }
+            storage = prepare_cache(ds, config, args.cold_cache)?.or(storage);
         }
-        let layout = layout(&args, config);
-        let profile = config_profile(&out, config);
-        eprintln!(
-            "== {}: {} ({} processes on {} node{})",
-            config.label(),
-            config.describe(),
-            layout.processes(),
-            layout.nodes.len().max(1),
-            if layout.nodes.len() > 1 { "s" } else { "" }
-        );
-        let run_args = RunArgs {
-            output: Some(profile.clone()),
-            summary_json: None,
-            rate: args.rate,
-            warmup: args.warmup,
-            no_auto: false,
-            iter_regex: None,
-            quiet: args.quiet,
-            job: None,
-            roots: crate::cli::RootArgs::live(),
-            command: launch_command(&args, &layout)?,
-        };
-        let mut env = vec![("STALLSCOPE_MAX_ITERS".to_string(), max_iters.clone())];
-        if config.synthetic() {
-            env.push(("STALLSCOPE_SYNTHETIC".to_string(), "1".to_string()));
-        }
-        let recorded = run::record(&run_args, &env)?;
-        let code = exit_code(&recorded.status);
-        let read = read_profile(&recorded.profile)
-            .with_context(|| format!("cannot read {}", recorded.profile.display()))?;
-        let f = run_facts(&read.frames, args.warmup);
-        let timing = Timing::of(&f.iteration_seconds);
-        eprintln!(
-            "== {}: {:.4} s per iteration ± {:.4} over {} iterations; exit {}",
-            config.label(),
-            timing.mean_s,
-            timing.stderr_s,
-            timing.iterations,
-            code
-        );
-        if code != 0 || timing.iterations == 0 {
-            failed = true;
-            eprintln!(
-                "stallscope experiment: {} {}",
-                config.label(),
-                if code != 0 {
-                    format!("exited with {code}")
-                } else {
-                    "completed no iterations after the warm-up".to_string()
-                }
-            );
-        }
-        runs.push(ConfigRun {
-            config,
-            processes: layout.processes(),
-            nodes: layout.nodes.len().max(1) as u32,
-            iteration_seconds: f.iteration_seconds.clone(),
-            timing,
-            exit_code: code,
-            profile: recorded.profile.display().to_string(),
-            online: (f.critical_path.total() > 0).then(|| Categories::from_split(&f.critical_path)),
-        });
+        let (run, f) = run_config(&args, config, &out)?;
+        let code = run.exit_code;
+        failed |= code != 0 || run.timing.iterations == 0;
+        runs.push(run);
         facts.push((config, f));
         if interrupted(code) {
             eprintln!(
@@ -384,6 +304,109 @@ pub fn experiment(args: ExperimentArgs) -> anyhow::Result<i32> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(if failed { FAILED_RUN } else { 0 })
+}
+
+/// Empties the page cache before R3 (then reads the dataset cold, timed: the storage rate,
+/// returned as bytes and seconds) and before R2.
+fn prepare_cache(
+    ds: &Dataset,
+    config: Config,
+    cold_cache: cache::ColdCache,
+) -> anyhow::Result<Option<(u64, f64)>> {
+    match config {
+        Config::Warm => {
+            let how = ds.evict(cold_cache)?;
+            let (bytes, secs) = ds.read_all()?;
+            eprintln!(
+                "stallscope experiment: cache emptied ({how}), then the dataset read cold: {:.1} MB in {:.2} s ({:.1} MB/s); {:.0}% of it cached now",
+                bytes as f64 / 1e6,
+                secs,
+                bytes as f64 / 1e6 / secs.max(1e-9),
+                ds.resident_fraction().unwrap_or(f64::NAN) * 100.0
+            );
+            Ok(Some((bytes, secs)))
+        }
+        Config::Cold => {
+            let how = ds.evict(cold_cache)?;
+            eprintln!(
+                "stallscope experiment: cache emptied ({how}); {:.0}% of the dataset cached now",
+                ds.resident_fraction().unwrap_or(f64::NAN) * 100.0
+            );
+            Ok(None)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Runs one configuration under the embedded `stallscope run` and reads its profile back.
+fn run_config(
+    args: &ExperimentArgs,
+    config: Config,
+    out: &Path,
+) -> anyhow::Result<(ConfigRun, RunFacts)> {
+    let layout = layout(args, config);
+    let profile = config_profile(out, config);
+    eprintln!(
+        "== {}: {} ({} processes on {} node{})",
+        config.label(),
+        config.describe(),
+        layout.processes(),
+        layout.nodes.len().max(1),
+        if layout.nodes.len() > 1 { "s" } else { "" }
+    );
+    let run_args = RunArgs {
+        output: Some(profile.clone()),
+        summary_json: None,
+        rate: args.rate,
+        warmup: args.warmup,
+        no_auto: false,
+        iter_regex: None,
+        quiet: args.quiet,
+        job: None,
+        roots: crate::cli::RootArgs::live(),
+        command: launch_command(args, &layout)?,
+    };
+    let max_iters = (args.warmup + args.iters).to_string();
+    let mut env = vec![("STALLSCOPE_MAX_ITERS".to_string(), max_iters)];
+    if config.synthetic() {
+        env.push(("STALLSCOPE_SYNTHETIC".to_string(), "1".to_string()));
+    }
+    let recorded = run::record(&run_args, &env)?;
+    let code = exit_code(&recorded.status);
+    let read = read_profile(&recorded.profile)
+        .with_context(|| format!("cannot read {}", recorded.profile.display()))?;
+    let f = run_facts(&read.frames, args.warmup);
+    let timing = Timing::of(&f.iteration_seconds);
+    eprintln!(
+        "== {}: {:.4} s per iteration ± {:.4} over {} iterations; exit {}",
+        config.label(),
+        timing.mean_s,
+        timing.stderr_s,
+        timing.iterations,
+        code
+    );
+    if code != 0 || timing.iterations == 0 {
+        eprintln!(
+            "stallscope experiment: {} {}",
+            config.label(),
+            if code != 0 {
+                format!("exited with {code}")
+            } else {
+                "completed no iterations after the warm-up".to_string()
+            }
+        );
+    }
+    let run = ConfigRun {
+        config,
+        processes: layout.processes(),
+        nodes: layout.nodes.len().max(1) as u32,
+        iteration_seconds: f.iteration_seconds.clone(),
+        timing,
+        exit_code: code,
+        profile: recorded.profile.display().to_string(),
+        online: (f.critical_path.total() > 0).then(|| Categories::from_split(&f.critical_path)),
+    };
+    Ok((run, f))
 }
 
 #[cfg(test)]
