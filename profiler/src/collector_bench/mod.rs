@@ -164,6 +164,72 @@ async fn ask<T: serde::de::DeserializeOwned + Send + 'static>(
 }
 
 /// Runs one step of the ramp with `n` agents.
+/// Waits until every one of the `n` agents was welcomed or gave up; returns how many were
+/// welcomed.
+async fn all_answered(control: &Control, n: usize) -> usize {
+    loop {
+        let done =
+            control.welcomed.load(Ordering::Acquire) + control.failed.load(Ordering::Acquire);
+        if done >= n {
+            return control.welcomed.load(Ordering::Acquire);
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), control.changed.notified()).await;
+    }
+}
+
+/// What one step measured.
+struct Measured {
+    connected: usize,
+    window: WindowReport,
+    agents_cpu: f64,
+    outcomes: Vec<Outcome>,
+    drain_s: f64,
+    totals: Totals,
+}
+
+/// The row of `n` agents: rates, CPU, and whether the collector kept up.
+fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
+    let Measured {
+        connected,
+        window,
+        agents_cpu,
+        outcomes,
+        drain_s,
+        totals,
+    } = m;
+    let sent: u64 = outcomes.iter().map(|o| o.sent).sum();
+    let acked: u64 = outcomes.iter().map(|o| o.acked).sum();
+    let error = outcomes.iter().find_map(|o| o.error.clone());
+    let offered_fps = connected as f64 * args.rate;
+    let frames_per_s = window.frames as f64 / window.wall_s.max(1e-9);
+    let values = agents::values_per_frame(&agents::report(0, n, 0, 1, 1)) as f64;
+    // Each agent's first record is its health report, not an iteration.
+    let iterations_sent = sent.saturating_sub(connected as u64);
+    let sustained = connected == n
+        && error.is_none()
+        && frames_per_s >= KEEP_UP * offered_fps
+        && acked == sent
+        && totals.frames == iterations_sent
+        && totals.lagged == 0
+        && window.p99_ms.is_some_and(|p| p < args.p99_goal_ms);
+    Row {
+        agents: n,
+        connected,
+        offered_fps,
+        frames_per_s,
+        values_per_s: frames_per_s * values,
+        collector_cpu_pct: 100.0 * window.cpu_s / window.wall_s.max(1e-9),
+        agents_cpu_pct: 100.0 * agents_cpu / window.wall_s.max(1e-9),
+        window,
+        sent,
+        acked,
+        drain_s,
+        totals,
+        error,
+        sustained,
+    }
+}
+
 fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> {
     let (side, addr) = Side::spawn(log)?;
     let side = Arc::new(std::sync::Mutex::new(side));
@@ -195,17 +261,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         let tasks: Vec<_> = (0..n)
             .map(|i| tokio::spawn(agents::agent(i, plan.clone(), control.clone())))
             .collect();
-        // Every agent welcomed or given up.
-        loop {
-            let done =
-                control.welcomed.load(Ordering::Acquire) + control.failed.load(Ordering::Acquire);
-            if done >= n {
-                break;
-            }
-            let _ =
-                tokio::time::timeout(Duration::from_millis(100), control.changed.notified()).await;
-        }
-        let connected = control.welcomed.load(Ordering::Acquire);
+        let connected = all_answered(&control, n).await;
         let start = tokio::time::Instant::now() + Duration::from_millis(50);
         let start_mono = stallscope_agent::clock::monotonic_ns() + 50_000_000;
         let _ = go_tx.send(Some(Go {
@@ -226,37 +282,18 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         }
         let drain_s = drain_from.elapsed().as_secs_f64();
         let totals: Totals = ask(&side, "finish").await?;
-        let sent: u64 = outcomes.iter().map(|o| o.sent).sum();
-        let acked: u64 = outcomes.iter().map(|o| o.acked).sum();
-        let error = outcomes.iter().find_map(|o| o.error.clone());
-        let offered_fps = connected as f64 * args.rate;
-        let frames_per_s = window.frames as f64 / window.wall_s.max(1e-9);
-        let values = agents::values_per_frame(&agents::report(0, n, 0, 1, 1)) as f64;
-        // Each agent's first record is its health report, not an iteration.
-        let iterations_sent = sent.saturating_sub(connected as u64);
-        let sustained = connected == n
-            && error.is_none()
-            && frames_per_s >= KEEP_UP * offered_fps
-            && acked == sent
-            && totals.frames == iterations_sent
-            && totals.lagged == 0
-            && window.p99_ms.is_some_and(|p| p < args.p99_goal_ms);
-        anyhow::Ok(Row {
-            agents: n,
-            connected,
-            offered_fps,
-            frames_per_s,
-            values_per_s: frames_per_s * values,
-            collector_cpu_pct: 100.0 * window.cpu_s / window.wall_s.max(1e-9),
-            agents_cpu_pct: 100.0 * agents_cpu / window.wall_s.max(1e-9),
-            window,
-            sent,
-            acked,
-            drain_s,
-            totals,
-            error,
-            sustained,
-        })
+        anyhow::Ok(row_of(
+            n,
+            args,
+            Measured {
+                connected,
+                window,
+                agents_cpu,
+                outcomes,
+                drain_s,
+                totals,
+            },
+        ))
     });
     rt.shutdown_timeout(Duration::from_secs(5));
     match Arc::try_unwrap(side) {
