@@ -33,50 +33,49 @@ pub fn report(gpu: Result<&mut dyn GpuBackend, &GpuError>, roots: &Roots) -> Str
         Err(e) => {
             let _ = writeln!(out, "  missing  {e}: GPU, PCIe and NVLink series are off");
         }
-        Ok(backend) => {
-            let d = backend.driver();
-            let cuda = d.cuda_version.as_deref().unwrap_or("unknown");
-            let _ = writeln!(
-                out,
-                "  driver {} · NVML {} · CUDA {cuda}",
-                d.driver_version, d.nvml_version
-            );
-            let probed = probe_all(backend);
-            if probed.is_empty() {
-                let _ = writeln!(out, "  missing  the driver lists no GPU");
-            }
-            for (info, caps) in probed {
-                let links = info
-                    .nvlinks
-                    .map_or("unknown".to_string(), |n| n.to_string());
-                let _ = writeln!(
-                    out,
-                    "  GPU {} {} · {} · bus {} · NVLinks {links}",
-                    info.index, info.name, info.uuid, info.pci_bus_id
-                );
-                for m in Metric::ALL {
-                    let entry = caps.entries.iter().find(|(x, _)| *x == m);
-                    match entry.map(|e| &e.1) {
-                        Some(Ok(())) => match caps.note(m) {
-                            Some(how) => {
-                                let _ = writeln!(out, "    present  {}: {how}", m.name());
-                            }
-                            None => {
-                                let _ = writeln!(out, "    present  {}", m.name());
-                            }
-                        },
-                        Some(Err(why)) => {
-                            let _ = writeln!(out, "    missing  {}: {why}", m.name());
-                        }
-                        None => {
-                            let _ = writeln!(out, "    missing  {}: not probed", m.name());
-                        }
-                    }
-                }
-            }
-        }
+        Ok(backend) => gpu_report(&mut out, backend),
     }
     let _ = writeln!(out, "Node sources");
+    node_sources_report(&mut out, roots);
+    out
+}
+
+/// The driver, then each GPU and every reading present or missing and why.
+fn gpu_report(out: &mut String, backend: &mut dyn GpuBackend) {
+    let d = backend.driver();
+    let cuda = d.cuda_version.as_deref().unwrap_or("unknown");
+    let _ = writeln!(
+        out,
+        "  driver {} · NVML {} · CUDA {cuda}",
+        d.driver_version, d.nvml_version
+    );
+    let probed = probe_all(backend);
+    if probed.is_empty() {
+        let _ = writeln!(out, "  missing  the driver lists no GPU");
+    }
+    for (info, caps) in probed {
+        let links = info
+            .nvlinks
+            .map_or("unknown".to_string(), |n| n.to_string());
+        let _ = writeln!(
+            out,
+            "  GPU {} {} · {} · bus {} · NVLinks {links}",
+            info.index, info.name, info.uuid, info.pci_bus_id
+        );
+        for m in Metric::ALL {
+            let entry = caps.entries.iter().find(|(x, _)| *x == m);
+            let _ = match (entry.map(|e| &e.1), caps.note(m)) {
+                (Some(Ok(())), Some(how)) => writeln!(out, "    present  {}: {how}", m.name()),
+                (Some(Ok(())), None) => writeln!(out, "    present  {}", m.name()),
+                (Some(Err(why)), _) => writeln!(out, "    missing  {}: {why}", m.name()),
+                (None, _) => writeln!(out, "    missing  {}: not probed", m.name()),
+            };
+        }
+    }
+}
+
+/// Each node source sampled once on this process, and the software perf event.
+fn node_sources_report(out: &mut String, roots: &Roots) {
     let watched = Watched::new(vec![std::process::id()]);
     let mut registry = Registry::default();
     for mut source in default_sources(roots) {
@@ -89,25 +88,16 @@ pub fn report(gpu: Result<&mut dyn GpuBackend, &GpuError>, roots: &Roots) -> Str
             "psi" => "psi (pressure stall information)",
             other => other,
         };
-        match source.sample(&watched, &mut registry) {
-            Ok(()) => {
-                let _ = writeln!(out, "  present  {label}: {}", source.describe());
-            }
-            Err(e) => {
-                let _ = writeln!(out, "  missing  {label}: {e}");
-            }
-        }
+        let _ = match source.sample(&watched, &mut registry) {
+            Ok(()) => writeln!(out, "  present  {label}: {}", source.describe()),
+            Err(e) => writeln!(out, "  missing  {label}: {e}"),
+        };
         registry.take_values();
     }
-    match probe_software_event(&roots.proc) {
-        Ok(what) => {
-            let _ = writeln!(out, "  present  perf: {what}");
-        }
-        Err(why) => {
-            let _ = writeln!(out, "  missing  perf (optional): {why}");
-        }
-    }
-    out
+    let _ = match probe_software_event(&roots.proc) {
+        Ok(what) => writeln!(out, "  present  perf: {what}"),
+        Err(why) => writeln!(out, "  missing  perf (optional): {why}"),
+    };
 }
 
 #[cfg(test)]
