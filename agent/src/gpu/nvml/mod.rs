@@ -33,6 +33,12 @@ use super::backend::{
 };
 
 /// The library's name on Linux, found by the dynamic loader's search.
+mod fields;
+mod gpm;
+
+use fields::*;
+use gpm::*;
+
 const LIB: &str = "libnvidia-ml.so.1";
 /// Names the NVML library to load instead of [`LIB`]: a driver installed where the loader
 /// does not look (`/usr/local/nvidia/lib64/libnvidia-ml.so.1` in some containers), or the
@@ -42,16 +48,6 @@ pub const LIB_ENV: &str = "STALLSCOPE_NVML_LIB";
 const ALL_LINKS: c_uint = c_uint::MAX;
 const SUCCESS: sys::nvmlReturn_t = 0;
 
-/// GPM metrics read, in [`GpmReading`] order.
-const GPM_METRICS: [c_uint; 7] = [
-    sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL,
-    sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL,
-    sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL,
-    sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_TX_PER_SEC,
-    sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_RX_PER_SEC,
-    sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
-    sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
-];
 /// GPM reports PCIe and NVLink rates in MiB/s.
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -62,35 +58,6 @@ enum NvlinkScope {
     AllLinks,
     /// One entry per link and direction, summed.
     PerLink(u32),
-}
-
-struct Gpm {
-    samples: [sys::nvmlGpmSample_t; 2],
-    /// Which of `samples` holds the previous read, once there is one.
-    previous: Option<usize>,
-}
-
-/// A counter NVML may give in fewer than 64 bits, unwrapped into one that only grows.
-/// Fields 197/198 are documented as "can be wrapped", and code that reads them takes them as
-/// unsigned int: 32 bits wrap every 4.29 GB, every 78 ms at 55 GB/s, so each wrap is seen as
-/// long as two reads are closer than that (the fast tier at 100 Hz reads every 10 ms).
-/// A 64-bit counter that goes down was reset, and is left for the analysis to skip.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Unwrapped {
-    last: Option<u64>,
-    /// Added for the wraps seen so far.
-    wrapped: u64,
-}
-
-impl Unwrapped {
-    /// The unwrapped value of `raw`, a counter of `bits` bits.
-    fn next(&mut self, raw: u64, bits: u32) -> u64 {
-        if bits < 64 && self.last.is_some_and(|last| raw < last) {
-            self.wrapped += 1u64 << bits;
-        }
-        self.last = Some(raw);
-        self.wrapped + raw
-    }
 }
 
 struct Dev {
@@ -150,50 +117,6 @@ fn return_text(code: sys::nvmlReturn_t) -> String {
         sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => GPU_LOST.into(),
         other => format!("NVML error {other}"),
     }
-}
-
-/// A field value as u64 (`None` for a negative or non-finite value).
-fn field_u64(f: &sys::nvmlFieldValue_t) -> Option<u64> {
-    // SAFETY: `valueType` says which member of the union NVML wrote.
-    unsafe {
-        match f.valueType {
-            sys::nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE => {
-                let d = f.value.dVal;
-                (d.is_finite() && d >= 0.0).then_some(d as u64)
-            }
-            sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT => Some(u64::from(f.value.uiVal)),
-            // c_ulong is u64 on 64-bit Linux but u32 elsewhere: the conversion is not useless.
-            #[allow(clippy::useless_conversion)]
-            sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG => Some(u64::from(f.value.ulVal)),
-            sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG => Some(f.value.ullVal),
-            sys::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG => {
-                u64::try_from(f.value.sllVal).ok()
-            }
-            sys::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT => u64::try_from(f.value.siVal).ok(),
-            sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_SHORT => {
-                Some(u64::from(f.value.usVal))
-            }
-            _ => None,
-        }
-    }
-}
-
-/// Bits of a field value's type: where a counter of that type wraps.
-fn field_bits(f: &sys::nvmlFieldValue_t) -> u32 {
-    match f.valueType {
-        sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT
-        | sys::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT => 32,
-        sys::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_SHORT => 16,
-        _ => 64,
-    }
-}
-
-fn field(id: u32, scope: c_uint) -> sys::nvmlFieldValue_t {
-    // SAFETY: a plain C struct; all-zero is a valid request before the id is set.
-    let mut f: sys::nvmlFieldValue_t = unsafe { std::mem::zeroed() };
-    f.fieldId = id;
-    f.scopeId = scope;
-    f
 }
 
 impl NvmlBackend {
@@ -262,128 +185,6 @@ impl NvmlBackend {
         get_fields(self.lib, dev.handle, &mut f).ok()?;
         (f[0].nvmlReturn == SUCCESS).then(|| field_u64(&f[0]).unwrap_or(0) as u32)
     }
-}
-
-/// Calls `nvmlDeviceGetFieldValues` on `fields` in place.
-fn get_fields(
-    lib: &NvmlLib,
-    handle: sys::nvmlDevice_t,
-    fields: &mut [sys::nvmlFieldValue_t],
-) -> Result<(), String> {
-    let f = lib
-        .nvmlDeviceGetFieldValues
-        .as_ref()
-        .map_err(|e| format!("nvmlDeviceGetFieldValues missing: {e}"))?;
-    // SAFETY: `fields` is a valid array of `len` requests NVML fills in.
-    let code = unsafe { f(handle, fields.len() as i32, fields.as_mut_ptr()) };
-    if code == SUCCESS {
-        Ok(())
-    } else {
-        Err(return_text(code))
-    }
-}
-
-/// One probe of a field with a given scope: `Ok` when the driver answers it.
-fn probe_field(
-    lib: &NvmlLib,
-    handle: sys::nvmlDevice_t,
-    id: u32,
-    scope: c_uint,
-) -> Result<(), String> {
-    probe_field_bits(lib, handle, id, scope).map(drop)
-}
-
-/// [`probe_field`], with the bits of the value's type when the driver answers.
-fn probe_field_bits(
-    lib: &NvmlLib,
-    handle: sys::nvmlDevice_t,
-    id: u32,
-    scope: c_uint,
-) -> Result<u32, String> {
-    let mut f = [field(id, scope)];
-    get_fields(lib, handle, &mut f)?;
-    if f[0].nvmlReturn == SUCCESS {
-        Ok(field_bits(&f[0]))
-    } else {
-        Err(return_text(f[0].nvmlReturn))
-    }
-}
-
-fn probe_gpm(lib: &NvmlLib, dev: &mut Dev) -> Result<(), String> {
-    let query = lib
-        .nvmlGpmQueryDeviceSupport
-        .as_ref()
-        .map_err(|_| "the driver's NVML has no GPM (driver older than 520)".to_string())?;
-    let mut support = sys::nvmlGpmSupport_t {
-        version: sys::NVML_GPM_SUPPORT_VERSION,
-        isSupportedDevice: 0,
-    };
-    // SAFETY: NVML fills the struct we own.
-    let code = unsafe { query(dev.handle, &mut support) };
-    if code != SUCCESS {
-        return Err(return_text(code));
-    }
-    if support.isSupportedDevice == 0 {
-        return Err("GPM needs a Hopper or newer GPU".into());
-    }
-    let alloc = lib.nvmlGpmSampleAlloc.as_ref().map_err(|e| e.to_string())?;
-    let mut samples: [sys::nvmlGpmSample_t; 2] = [std::ptr::null_mut(); 2];
-    for s in &mut samples {
-        // SAFETY: NVML allocates a sample and writes its handle.
-        let code = unsafe { alloc(s) };
-        if code != SUCCESS {
-            return Err(return_text(code));
-        }
-    }
-    dev.gpm = Some(Gpm {
-        samples,
-        previous: None,
-    });
-    Ok(())
-}
-
-fn read_gpm(lib: &NvmlLib, dev: &mut Dev) -> Result<Option<GpmReading>, String> {
-    let Some(gpm) = dev.gpm.as_mut() else {
-        return Ok(None);
-    };
-    let get = lib.nvmlGpmSampleGet.as_ref().map_err(|e| e.to_string())?;
-    let current = gpm.previous.map_or(0, |p| 1 - p);
-    // SAFETY: the sample was allocated by NVML for this purpose.
-    let code = unsafe { get(dev.handle, gpm.samples[current]) };
-    if code != SUCCESS {
-        return Err(return_text(code));
-    }
-    let Some(previous) = gpm.previous.replace(current) else {
-        return Ok(None);
-    };
-    let metrics_get = lib.nvmlGpmMetricsGet.as_ref().map_err(|e| e.to_string())?;
-    // SAFETY: a plain C struct, filled in below and by NVML.
-    let mut req: Box<sys::nvmlGpmMetricsGet_t> = Box::new(unsafe { std::mem::zeroed() });
-    req.version = sys::NVML_GPM_METRICS_GET_VERSION;
-    req.numMetrics = GPM_METRICS.len() as c_uint;
-    req.sample1 = gpm.samples[previous];
-    req.sample2 = gpm.samples[current];
-    for (slot, id) in req.metrics.iter_mut().zip(GPM_METRICS) {
-        slot.metricId = id;
-    }
-    // SAFETY: the request is valid and sized as NVML expects.
-    let code = unsafe { metrics_get(&mut *req) };
-    if code != SUCCESS {
-        return Err(return_text(code));
-    }
-    let value = |i: usize| {
-        let m = &req.metrics[i];
-        (m.nvmlReturn == SUCCESS && m.value.is_finite()).then_some(m.value)
-    };
-    Ok(Some(GpmReading {
-        sm_activity_pct: value(0),
-        tensor_activity_pct: value(1),
-        dram_bw_pct: value(2),
-        pcie_tx_bytes_per_s: value(3).map(|v| v * MIB),
-        pcie_rx_bytes_per_s: value(4).map(|v| v * MIB),
-        nvlink_tx_bytes_per_s: value(5).map(|v| v * MIB),
-        nvlink_rx_bytes_per_s: value(6).map(|v| v * MIB),
-    }))
 }
 
 impl NvmlBackend {
