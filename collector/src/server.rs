@@ -359,23 +359,15 @@ where
     Ok((hello, peer, clock))
 }
 
-/// After the Welcome: records in; pings and acks out.
-async fn welcomed<R, W>(
-    mut r: R,
-    mut w: W,
-    node: &str,
-    mut clock: ClockEstimator,
-    config: &ServerConfig,
-    tx: &mpsc::Sender<Ingest>,
-    mut shutdown: watch::Receiver<bool>,
-) -> Result<(), ConnError>
+/// An agent's messages after the Welcome, read on a task of their own (reading is not
+/// cancel-safe), each with the time it arrived.
+type Received = Result<(AgentMsg, u64), ConnError>;
+
+fn spawn_reader<R>(mut r: R) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Received>)
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
 {
-    let ack = Arc::new(AtomicU64::new(u64::MAX));
-    // Reading is not cancel-safe, so it runs on its own task and hands on what it read.
-    let (msg_tx, mut msgs) = mpsc::channel::<Result<(AgentMsg, u64), ConnError>>(1024);
+    let (msg_tx, msgs) = mpsc::channel::<Received>(1024);
     let reader = tokio::spawn(async move {
         let mut buf = Vec::with_capacity(4096);
         loop {
@@ -391,6 +383,56 @@ where
             }
         }
     });
+    (reader, msgs)
+}
+
+/// Takes one message of a welcomed agent: a record to the job task, a pong to the clock.
+/// `Ok(false)`: the connection ends cleanly (a goodbye, or the job task is gone).
+async fn on_message(
+    item: Received,
+    node: &str,
+    clock: &mut ClockEstimator,
+    tx: &mpsc::Sender<Ingest>,
+    ack: &Arc<AtomicU64>,
+) -> Result<bool, ConnError> {
+    match item? {
+        (AgentMsg::Record { seq, frame }, _) => {
+            let frame = tag(frame, node)?;
+            let ack = ack.clone();
+            Ok(tx.send(Ingest::Record { seq, frame, ack }).await.is_ok())
+        }
+        (AgentMsg::Pong { t1, t2, t3 }, t4) => {
+            clock.add(t1, t2, t3, t4);
+            if clock.exchanges() % BUCKET as u32 == 0 {
+                if let Some(c) = clock.estimate(node) {
+                    let _ = tx.send(Ingest::Clock(c)).await;
+                }
+            }
+            Ok(true)
+        }
+        (AgentMsg::Bye, _) => Ok(false),
+        (AgentMsg::Hello(_), _) | (AgentMsg::Watch(_), _) => Err(ConnError::Refused(
+            "a second Hello on one connection".into(),
+        )),
+    }
+}
+
+/// After the Welcome: records in; pings and acks out.
+async fn welcomed<R, W>(
+    r: R,
+    mut w: W,
+    node: &str,
+    mut clock: ClockEstimator,
+    config: &ServerConfig,
+    tx: &mpsc::Sender<Ingest>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let ack = Arc::new(AtomicU64::new(u64::MAX));
+    let (reader, mut msgs) = spawn_reader(r);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut last_ping = tokio::time::Instant::now();
     let mut acked = u64::MAX;
@@ -398,28 +440,9 @@ where
         tokio::select! {
             item = msgs.recv() => {
                 let Some(item) = item else { break Ok(()) };
-                match item {
-                    Ok((AgentMsg::Record { seq, frame }, _)) => {
-                        let frame = match tag(frame, node) {
-                            Ok(f) => f,
-                            Err(e) => break Err(e),
-                        };
-                        if tx.send(Ingest::Record { seq, frame, ack: ack.clone() }).await.is_err() {
-                            break Ok(());
-                        }
-                    }
-                    Ok((AgentMsg::Pong { t1, t2, t3 }, t4)) => {
-                        clock.add(t1, t2, t3, t4);
-                        if clock.exchanges() % BUCKET as u32 == 0 {
-                            if let Some(c) = clock.estimate(node) {
-                                let _ = tx.send(Ingest::Clock(c)).await;
-                            }
-                        }
-                    }
-                    Ok((AgentMsg::Bye, _)) => break Ok(()),
-                    Ok((AgentMsg::Hello(_), _)) | Ok((AgentMsg::Watch(_), _)) => {
-                        break Err(ConnError::Refused("a second Hello on one connection".into()))
-                    }
+                match on_message(item, node, &mut clock, tx, &ack).await {
+                    Ok(true) => {}
+                    Ok(false) => break Ok(()),
                     Err(e) => break Err(e),
                 }
             }
