@@ -199,28 +199,17 @@ async fn ship(shared: Arc<Shared>, config: ShipperConfig) {
 }
 
 /// One connection, until it breaks or the shipper stops. `Err` says why, for the user.
-async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), String> {
-    let stream = tokio::time::timeout(
-        Duration::from_secs(2),
-        TcpStream::connect(&config.collector),
-    )
-    .await
-    .map_err(|_| "no answer within 2 s; retrying".to_string())?
-    .map_err(|e| format!("cannot connect ({e}); retrying, records are kept meanwhile"))?;
-    let _ = stream.set_nodelay(true);
-    let (r, mut w) = stream.into_split();
-    let hello = AgentMsg::Hello(Hello {
-        protocol: PROTOCOL_VERSION,
-        token: config.token.clone(),
-        node: config.node.clone(),
-        agent_version: env!("CARGO_PKG_VERSION").into(),
-    });
-    let io = |e: std::io::Error| format!("connection lost ({e})");
-    w.write_all(&wire::encode(&hello)).await.map_err(io)?;
+/// What the collector sent, each with the time it arrived (the agent's clock, shifted by
+/// the injected offset).
+type Received = Result<(CollectorMsg, u64), String>;
 
-    // Reads run on their own task (not cancel-safe); pings are stamped on arrival.
-    let (tx, mut rx) = mpsc::channel::<Result<(CollectorMsg, u64), String>>(256);
-    let offset = config.clock_offset_ns;
+/// Reads the collector's messages on a task of their own (reading is not cancel-safe);
+/// pings are stamped on arrival.
+fn spawn_reader(
+    r: tokio::net::tcp::OwnedReadHalf,
+    offset: i64,
+) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Received>) {
+    let (tx, rx) = mpsc::channel::<Received>(256);
     let reader = tokio::spawn(async move {
         let mut r = BufReader::new(r);
         let mut buf = Vec::new();
@@ -247,6 +236,63 @@ async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), Strin
             }
         }
     });
+    (reader, rx)
+}
+
+/// The collector welcomed this agent: say so once after a refusal.
+fn on_welcome(shared: &Shared, config: &ShipperConfig) {
+    shared.connected.store(true, Ordering::Release);
+    if let Ok(mut last) = shared.refused.lock() {
+        if last.take().is_some() {
+            eprintln!(
+                "stallscope agent: connected to collector {}",
+                config.collector
+            );
+        }
+    }
+}
+
+/// The queued records not yet sent on this connection, up to about 256 KiB, in order;
+/// `sent_upto` moves past them.
+fn unsent(shared: &Shared, sent_upto: &mut Option<u64>) -> Vec<u8> {
+    let Ok(q) = shared.queue.lock() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (seq, bytes) in q.records.iter() {
+        if sent_upto.is_some_and(|s| *seq <= s) {
+            continue;
+        }
+        out.extend_from_slice(bytes);
+        *sent_upto = Some(*seq);
+        if out.len() > 256 * 1024 {
+            break;
+        }
+    }
+    out
+}
+
+async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), String> {
+    let stream = tokio::time::timeout(
+        Duration::from_secs(2),
+        TcpStream::connect(&config.collector),
+    )
+    .await
+    .map_err(|_| "no answer within 2 s; retrying".to_string())?
+    .map_err(|e| format!("cannot connect ({e}); retrying, records are kept meanwhile"))?;
+    let _ = stream.set_nodelay(true);
+    let (r, mut w) = stream.into_split();
+    let hello = AgentMsg::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        token: config.token.clone(),
+        node: config.node.clone(),
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+    });
+    let io = |e: std::io::Error| format!("connection lost ({e})");
+    w.write_all(&wire::encode(&hello)).await.map_err(io)?;
+
+    let offset = config.clock_offset_ns;
+    let (reader, mut rx) = spawn_reader(r, offset);
     let result = async {
         let mut welcomed = false;
         let mut sent_upto: Option<u64> = None;
@@ -266,12 +312,7 @@ async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), Strin
                         }
                         (CollectorMsg::Welcome { .. }, _) => {
                             welcomed = true;
-                            shared.connected.store(true, Ordering::Release);
-                            if let Ok(mut last) = shared.refused.lock() {
-                                if last.take().is_some() {
-                                    eprintln!("stallscope agent: connected to collector {}", config.collector);
-                                }
-                            }
+                            on_welcome(shared, config);
                         }
                         (CollectorMsg::Ack { upto }, _) => {
                             if let Ok(mut q) = shared.queue.lock() {
@@ -292,21 +333,7 @@ async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), Strin
                 _ = poll.tick() => {}
             }
             if welcomed {
-                let batch: Vec<u8> = {
-                    let Ok(q) = shared.queue.lock() else { continue };
-                    let mut out = Vec::new();
-                    for (seq, bytes) in q.records.iter() {
-                        if sent_upto.is_some_and(|s| *seq <= s) {
-                            continue;
-                        }
-                        out.extend_from_slice(bytes);
-                        sent_upto = Some(*seq);
-                        if out.len() > 256 * 1024 {
-                            break;
-                        }
-                    }
-                    out
-                };
+                let batch = unsent(shared, &mut sent_upto);
                 if !batch.is_empty() {
                     w.write_all(&batch).await.map_err(io)?;
                 }
