@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use stallscope_analysis::frame::Frame;
 use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VERSION};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 
@@ -205,8 +205,8 @@ type Received = Result<(CollectorMsg, u64), String>;
 
 /// Reads the collector's messages on a task of their own (reading is not cancel-safe);
 /// pings are stamped on arrival.
-fn spawn_reader(
-    r: tokio::net::tcp::OwnedReadHalf,
+fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(
+    r: R,
     offset: i64,
 ) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Received>) {
     let (tx, rx) = mpsc::channel::<Received>(256);
@@ -281,7 +281,22 @@ async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), Strin
     .map_err(|_| "no answer within 2 s; retrying".to_string())?
     .map_err(|e| format!("cannot connect ({e}); retrying, records are kept meanwhile"))?;
     let _ = stream.set_nodelay(true);
-    let (r, mut w) = stream.into_split();
+    let (r, w) = stream.into_split();
+    converse(r, w, shared, config).await
+}
+
+/// One connection's conversation, on any stream: Hello, then pongs, records and acks until
+/// the shipper stops (Bye) or the connection ends.
+async fn converse<R, W>(
+    r: R,
+    mut w: W,
+    shared: &Shared,
+    config: &ShipperConfig,
+) -> Result<(), String>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin,
+{
     let hello = AgentMsg::Hello(Hello {
         protocol: PROTOCOL_VERSION,
         token: config.token.clone(),
@@ -343,4 +358,118 @@ async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), Strin
     .await;
     reader.abort();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    //! The shipper's side of the protocol over an in-memory pipe (tokio's duplex), the
+    //! collector played by the test.
+
+    use super::*;
+    use stallscope_analysis::frame::NodeHealth;
+    use tokio::io::{duplex, split};
+
+    async fn read_agent<R: AsyncRead + Unpin>(r: &mut R) -> AgentMsg {
+        let mut prefix = [0u8; 4];
+        r.read_exact(&mut prefix).await.unwrap();
+        let mut buf = vec![0u8; wire::payload_len(prefix).unwrap()];
+        r.read_exact(&mut buf).await.unwrap();
+        wire::decode(&buf).unwrap()
+    }
+
+    fn shared_with(records: u64) -> Shared {
+        let mut q = Queue::default();
+        for seq in 0..records {
+            let frame = Frame::NodeHealth(NodeHealth::default());
+            q.records
+                .push_back((seq, wire::encode(&AgentMsg::Record { seq, frame })));
+        }
+        q.next_seq = records;
+        Shared {
+            queue: Mutex::new(q),
+            more: Notify::new(),
+            stop: AtomicBool::new(false),
+            connected: AtomicBool::new(false),
+            refused: Mutex::default(),
+        }
+    }
+
+    fn config() -> ShipperConfig {
+        ShipperConfig {
+            collector: "in-memory".into(),
+            token: "t".into(),
+            node: "node-a".into(),
+            buffer_records: 16,
+            clock_offset_ns: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn hello_pong_records_after_the_welcome_and_acks_free_them() {
+        let shared = Arc::new(shared_with(3));
+        let (agent, collector) = duplex(64 * 1024);
+        let (ar, aw) = split(agent);
+        let (mut cr, mut cw) = split(collector);
+        let talking = {
+            let shared = shared.clone();
+            tokio::spawn(async move { converse(ar, aw, &shared, &config()).await })
+        };
+        let AgentMsg::Hello(h) = read_agent(&mut cr).await else {
+            panic!("a Hello first")
+        };
+        assert_eq!((h.node.as_str(), h.protocol), ("node-a", PROTOCOL_VERSION));
+        cw.write_all(&wire::encode(&CollectorMsg::Ping { t1: 7 }))
+            .await
+            .unwrap();
+        assert!(matches!(
+            read_agent(&mut cr).await,
+            AgentMsg::Pong { t1: 7, .. }
+        ));
+        let welcome = CollectorMsg::Welcome {
+            collector_version: "test".into(),
+        };
+        cw.write_all(&wire::encode(&welcome)).await.unwrap();
+        for want in 0..3 {
+            let AgentMsg::Record { seq, .. } = read_agent(&mut cr).await else {
+                panic!("records after the welcome")
+            };
+            assert_eq!(seq, want);
+        }
+        assert!(shared.connected.load(Ordering::Acquire));
+        cw.write_all(&wire::encode(&CollectorMsg::Ack { upto: 1 }))
+            .await
+            .unwrap();
+        let freed = async {
+            while shared.queue.lock().unwrap().records.len() != 1 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), freed)
+            .await
+            .expect("acknowledged records are freed, the rest kept");
+        shared.stop.store(true, Ordering::Release);
+        shared.more.notify_one();
+        assert!(matches!(read_agent(&mut cr).await, AgentMsg::Bye));
+        assert_eq!(talking.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_refusal_ends_the_conversation_with_the_reason() {
+        let shared = shared_with(0);
+        let (agent, collector) = duplex(64 * 1024);
+        let (ar, aw) = split(agent);
+        let (mut cr, mut cw) = split(collector);
+        let refused = CollectorMsg::Refused {
+            reason: "wrong token".into(),
+        };
+        let collector_side = async move {
+            let _ = read_agent(&mut cr).await;
+            cw.write_all(&wire::encode(&refused)).await.unwrap();
+            (cr, cw)
+        };
+        let config = config();
+        let (result, _) = tokio::join!(converse(ar, aw, &shared, &config), collector_side);
+        let err = result.unwrap_err();
+        assert!(err.contains("refused this agent: wrong token"), "{err}");
+    }
 }
