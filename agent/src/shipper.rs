@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use stallscope_analysis::clock::shift;
 use stallscope_analysis::frame::Frame;
 use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -61,8 +62,8 @@ struct Shared {
     more: Notify,
     stop: AtomicBool,
     connected: AtomicBool,
-    /// The collector's last refusal, said once per distinct reason.
-    refused: Mutex<Option<String>>,
+    /// How the last connection ended, said once per distinct reason.
+    refused: Mutex<Option<ConnectionEnd>>,
 }
 
 /// A running shipper.
@@ -166,8 +167,21 @@ impl Drop for Shipper {
     }
 }
 
-fn shift(t: u64, by: i64) -> u64 {
-    (t as i64).saturating_add(by).max(0) as u64
+/// Why a connection to the collector ended.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum ConnectionEnd {
+    /// The collector refused this agent (a token, a version, a name): retried slowly.
+    #[error("refused this agent: {0}")]
+    Refused(String),
+    /// It could not be reached or the connection broke: retried soon.
+    #[error("{0}")]
+    Lost(String),
+}
+
+impl From<String> for ConnectionEnd {
+    fn from(why: String) -> ConnectionEnd {
+        ConnectionEnd::Lost(why)
+    }
 }
 
 async fn ship(shared: Arc<Shared>, config: ShipperConfig) {
@@ -176,7 +190,7 @@ async fn ship(shared: Arc<Shared>, config: ShipperConfig) {
         shared.connected.store(false, Ordering::Release);
         if let Err(why) = result {
             let mut last = shared.refused.lock().unwrap_or_else(|e| e.into_inner());
-            if last.as_deref() != Some(why.as_str()) {
+            if last.as_ref() != Some(&why) {
                 eprintln!("stallscope agent: collector {}: {why}", config.collector);
                 *last = Some(why);
             }
@@ -184,7 +198,7 @@ async fn ship(shared: Arc<Shared>, config: ShipperConfig) {
         let refused = shared
             .refused
             .lock()
-            .map(|r| r.as_deref().is_some_and(|w| w.starts_with("refused")))
+            .map(|r| matches!(*r, Some(ConnectionEnd::Refused(_))))
             .unwrap_or(false);
         let until = Instant::now()
             + if refused {
@@ -272,7 +286,7 @@ fn unsent(shared: &Shared, sent_upto: &mut Option<u64>) -> Vec<u8> {
     out
 }
 
-async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), String> {
+async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), ConnectionEnd> {
     let stream = tokio::time::timeout(
         Duration::from_secs(2),
         TcpStream::connect(&config.collector),
@@ -292,7 +306,7 @@ async fn converse<R, W>(
     mut w: W,
     shared: &Shared,
     config: &ShipperConfig,
-) -> Result<(), String>
+) -> Result<(), ConnectionEnd>
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin,
@@ -319,7 +333,7 @@ where
             }
             tokio::select! {
                 msg = rx.recv() => {
-                    let Some(msg) = msg else { return Err("connection lost".into()) };
+                    let Some(msg) = msg else { return Err(ConnectionEnd::Lost("connection lost".into())) };
                     match msg? {
                         (CollectorMsg::Ping { t1 }, t2) => {
                             let pong = AgentMsg::Pong { t1, t2, t3: shift(monotonic_ns(), offset) };
@@ -337,10 +351,10 @@ where
                             }
                         }
                         (CollectorMsg::Refused { reason }, _) => {
-                            return Err(format!("refused this agent: {reason}"));
+                            return Err(ConnectionEnd::Refused(reason));
                         }
                         (CollectorMsg::Feed { .. }, _) => {
-                            return Err("the collector sent a viewer's feed to an agent".into());
+                            return Err(ConnectionEnd::Lost("the collector sent a viewer's feed to an agent".into()));
                         }
                     }
                 }
@@ -470,6 +484,7 @@ mod tests {
         let config = config();
         let (result, _) = tokio::join!(converse(ar, aw, &shared, &config), collector_side);
         let err = result.unwrap_err();
-        assert!(err.contains("refused this agent: wrong token"), "{err}");
+        assert_eq!(err, ConnectionEnd::Refused("wrong token".into()));
+        assert_eq!(err.to_string(), "refused this agent: wrong token");
     }
 }

@@ -14,3 +14,8 @@ pub fn monotonic_ns() -> Nanos {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// `t` moved by `by` ns, saturating at 0 (an agent's injected clock offset, in tests).
+pub fn shift(t: Nanos, by: i64) -> Nanos {
+    t.saturating_add_signed(by)
+}

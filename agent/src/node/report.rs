@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stallscope_analysis::attribution::IterationBreakdown;
+use stallscope_analysis::clock::shift;
 use stallscope_analysis::frame::{
     CommSpan, Frame, NodeHealth, NodeIteration, NodeReport, NodeResourcesReport,
 };
@@ -21,11 +22,6 @@ use crate::sink::Sink;
 
 /// How often the node's health and resources go to the collector.
 pub const HEALTH_EVERY: Duration = Duration::from_secs(2);
-
-/// Moves a node time by `by` ns (the injected clock offset of a test), saturating at 0.
-pub fn shift(t: u64, by: i64) -> u64 {
-    t.saturating_add_signed(by)
-}
 
 /// What the collector needs of one attributed iteration.
 pub fn node_iteration(job: &JobTimeline, b: &IterationBreakdown, offset: i64) -> NodeIteration {
