@@ -134,6 +134,49 @@ fn answer<T: Serialize>(value: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The lines of stdin (the parent's commands), read on a thread of their own.
+fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (lines_tx, lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
+/// `mark`: starts the measured window now.
+fn start_window(p: &mut Probe) {
+    p.window = Some(Window {
+        started: Instant::now(),
+        cpu_s: cpu_seconds(),
+        frames_before: p.totals.frames,
+        rss_start_mib: status_mib("VmRSS:"),
+        latency: Histogram::default(),
+    });
+}
+
+/// `end`: ends the window and reports it (all zero when none was started).
+fn end_window(p: &mut Probe) -> WindowReport {
+    match p.window.take() {
+        Some(w) => WindowReport {
+            wall_s: w.started.elapsed().as_secs_f64(),
+            cpu_s: cpu_seconds() - w.cpu_s,
+            frames: p.totals.frames - w.frames_before,
+            p50_ms: w.latency.quantile_ms(0.50),
+            p99_ms: w.latency.quantile_ms(0.99),
+            max_ms: (w.latency.count > 0).then(|| w.latency.max_us as f64 / 1e3),
+            rss_mib: status_mib("VmRSS:"),
+            rss_start_mib: w.rss_start_mib,
+            rss_peak_mib: status_mib("VmHWM:"),
+        },
+        None => WindowReport::default(),
+    }
+}
+
 /// Runs the collector side until `finish` (or the end of stdin).
 pub fn run() -> anyhow::Result<i32> {
     raise_nofile_limit();
@@ -150,15 +193,7 @@ pub fn run() -> anyhow::Result<i32> {
     };
     let rt = runtime().context("cannot start the collector's runtime")?;
     let probe = Arc::new(Mutex::new(Probe::default()));
-    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut lines = stdin_lines();
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -177,31 +212,11 @@ pub fn run() -> anyhow::Result<i32> {
             let mut p = probe.lock().unwrap_or_else(|e| e.into_inner());
             match line.trim() {
                 "mark" => {
-                    p.window = Some(Window {
-                        started: Instant::now(),
-                        cpu_s: cpu_seconds(),
-                        frames_before: p.totals.frames,
-                        rss_start_mib: status_mib("VmRSS:"),
-                        latency: Histogram::default(),
-                    });
+                    start_window(&mut p);
                     answer(&"marked")?;
                 }
                 "end" => {
-                    let report = match p.window.take() {
-                        Some(w) => WindowReport {
-                            wall_s: w.started.elapsed().as_secs_f64(),
-                            cpu_s: cpu_seconds() - w.cpu_s,
-                            frames: p.totals.frames - w.frames_before,
-                            p50_ms: w.latency.quantile_ms(0.50),
-                            p99_ms: w.latency.quantile_ms(0.99),
-                            max_ms: (w.latency.count > 0).then(|| w.latency.max_us as f64 / 1e3),
-                            rss_mib: status_mib("VmRSS:"),
-                            rss_start_mib: w.rss_start_mib,
-                            rss_peak_mib: status_mib("VmHWM:"),
-                        },
-                        None => WindowReport::default(),
-                    };
-                    answer(&report)?;
+                    answer(&end_window(&mut p))?;
                 }
                 "finish" => {
                     answer(&p.totals)?;
