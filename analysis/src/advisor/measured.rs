@@ -10,6 +10,7 @@ use crate::experiment::RunFacts;
 use crate::frame::Frame;
 use crate::marker::MarkerEvent;
 use crate::secs;
+use crate::series::names;
 
 /// s per iteration of each category along the job's critical path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -91,6 +92,10 @@ pub struct Measured {
     pub collectives_per_iteration: Option<f64>,
     /// torch.distributed backend (`gloo`, `nccl`).
     pub backend: Option<String>,
+    /// CPU seconds each rank's own process (not its loaders) used per iteration, when
+    /// measured: for a job training on the CPU, its compute without the time it was
+    /// preempted by its loader workers.
+    pub rank_cpu_seconds_per_iteration: Option<f64>,
     /// Whether the job ran on accelerators (a `device` meta other than `cpu`, or GPU
     /// readings in the profile).
     pub on_gpu: bool,
@@ -144,7 +149,50 @@ pub fn measure(frames: &[Frame], warmup: u32) -> Measured {
         }
     }
     read_meta(frames, &mut m);
+    m.rank_cpu_seconds_per_iteration = rank_cpu(frames, warmup);
     m
+}
+
+/// CPU seconds per iteration of the ranks' own processes, over their counted iterations only
+/// (start-up, imports and warm-up left out), averaged over ranks.
+fn rank_cpu(frames: &[Frame], warmup: u32) -> Option<f64> {
+    use std::collections::HashMap;
+    let mut window: HashMap<u32, (u64, u64, u64)> = HashMap::new(); // pid → (start, end, n)
+    let mut series: HashMap<u32, u32> = HashMap::new(); // series id → pid
+    let mut samples: HashMap<u32, Vec<(u64, u64)>> = HashMap::new(); // pid → (t, ns)
+    for frame in frames {
+        match frame {
+            Frame::Breakdown(b) if b.iter >= warmup as u64 => {
+                let w = window.entry(b.pid).or_insert((u64::MAX, 0, 0));
+                *w = (w.0.min(b.start_ns), w.1.max(b.end_ns), w.2 + 1);
+            }
+            Frame::Series(d) if d.name == names::PROC_ALL_CPU_NS => {
+                if let Some(pid) = d.label("pid").and_then(|p| p.parse().ok()) {
+                    series.insert(d.id.0, pid);
+                }
+            }
+            Frame::Samples(batch) => {
+                for (id, v) in &batch.values {
+                    if let Some(pid) = series.get(&id.0) {
+                        samples.entry(*pid).or_default().push((batch.t_ns, *v));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut per_iter = Vec::new();
+    for (pid, (start, end, n)) in window {
+        let s = samples.get(&pid)?;
+        let inside: Vec<&(u64, u64)> = s.iter().filter(|(t, _)| *t >= start && *t <= end).collect();
+        if let (Some(a), Some(b)) = (inside.first(), inside.last()) {
+            if b.0 > a.0 && n > 1 {
+                let iters = n as f64 * (b.0 - a.0) as f64 / (end - start).max(1) as f64;
+                per_iter.push(secs(b.1.saturating_sub(a.1)) / iters);
+            }
+        }
+    }
+    (!per_iter.is_empty()).then(|| per_iter.iter().sum::<f64>() / per_iter.len() as f64)
 }
 
 fn read_meta(frames: &[Frame], m: &mut Measured) {
@@ -164,6 +212,11 @@ fn read_meta(frames: &[Frame], m: &mut Measured) {
                             "comm_bytes" => m.comm_bytes_per_iteration = v.parse().ok(),
                             "comm_buckets" => m.collectives_per_iteration = v.parse().ok(),
                             "backend" => m.backend = Some(v.clone()),
+                            "world_size" => {
+                                if let Ok(w) = v.parse::<u32>() {
+                                    m.ranks = m.ranks.max(w);
+                                }
+                            }
                             "device" if !v.starts_with("cpu") => m.on_gpu = true,
                             _ => {}
                         }

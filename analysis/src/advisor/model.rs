@@ -138,50 +138,54 @@ pub fn ring_seconds(bytes: f64, collectives: f64, ranks: u32, bytes_per_s: f64) 
 
 /// DS-Analyzer's pipeline: the loader workers prepare the next batches while the rank
 /// computes, so only preparation slower than the rest of the iteration is exposed. Returns
-/// the predicted exposed prep, s per iteration.
-fn data_prep(m: &Measured, cur: &Instance, new: &Instance, compute: f64, notes: &mut Notes) -> f64 {
-    let rest = compute + m.breakdown.other;
-    let measured = m.breakdown.data_prep;
+/// the predicted (compute, exposed prep), s per iteration, given the compute scaled for the
+/// candidate. The model's figure for the measured machine is compared with what was
+/// measured and the difference (queueing, collation in the main process, other load on the
+/// machine) carried over unchanged.
+fn data_prep(
+    m: &Measured,
+    cur: &Instance,
+    new: &Instance,
+    compute: f64,
+    notes: &mut Notes,
+) -> (f64, f64) {
+    let b = &m.breakdown;
     let (Some(per_sample), Some(batch), Some(workers)) =
         (m.loader_cpu_seconds_per_sample, m.batch_size, m.workers)
     else {
         notes.assume("data preparation kept as measured (loader CPU per sample not measured)");
-        return measured;
+        return (compute, b.data_prep);
     };
     if workers == 0 {
         notes
             .assume("data preparation runs in the training process (no workers): kept as measured");
-        return measured;
+        return (compute, b.data_prep);
     }
     let batch_cpu = per_sample * batch as f64;
-    let cur_rest = m.breakdown.compute + m.breakdown.other;
-    let cur_compute = m.breakdown.compute;
-    let cur_pipe = pipeline(m, cur, workers, batch_cpu, cur_compute, cur_rest);
-    // What the pipeline formula says for the measured machine, against what was measured:
-    // the difference (queueing, collation in the main process) is carried over unchanged.
-    let residual = measured - (cur_pipe - cur_rest).max(0.0);
+    // On the CPU the measured compute is stretched by the workers sharing its cores; the
+    // rank's own CPU time is its compute on a machine with cores to spare.
+    let own = |c: f64| match m.rank_cpu_seconds_per_iteration {
+        Some(w) if !m.on_gpu => w.min(c),
+        _ => c,
+    };
+    let cur_pipe = pipeline(m, cur, workers, batch_cpu, own(b.compute) + b.other);
+    let residual = b.compute + b.other + b.data_prep - cur_pipe;
     notes.assume(format!(
         "loader: {:.2} ms CPU per sample measured, {} workers on {:.1} cores per rank (min-of-rates pipeline)",
         per_sample * 1e3,
         workers,
         new.vcpus / ranks_per_node(m, new) as f64
     ));
-    let new_pipe = pipeline(m, new, workers, batch_cpu, compute, rest);
-    ((new_pipe - rest).max(0.0) + residual).max(0.0)
+    let compute_new = own(compute);
+    let total = pipeline(m, new, workers, batch_cpu, compute_new + b.other) + residual;
+    (compute_new, (total - compute_new - b.other).max(0.0))
 }
 
 /// s per iteration of the data pipeline with the rank's other work `rest`: the slowest of
 /// the rank's own work, the workers' preparation of one batch (`batch_cpu` CPU seconds over
 /// the cores they get), and — for a job training on the CPU — all the CPU work of an
 /// iteration over the cores the rank has.
-fn pipeline(
-    m: &Measured,
-    inst: &Instance,
-    workers: u32,
-    batch_cpu: f64,
-    compute: f64,
-    rest: f64,
-) -> f64 {
+fn pipeline(m: &Measured, inst: &Instance, workers: u32, batch_cpu: f64, rest: f64) -> f64 {
     let per_rank = inst.vcpus / ranks_per_node(m, inst) as f64;
     if m.on_gpu {
         let cores = (per_rank - 1.0).max(1.0).min(workers as f64);
@@ -189,7 +193,7 @@ fn pipeline(
     }
     let cores = per_rank.max(1.0);
     rest.max(batch_cpu / cores.min(workers as f64))
-        .max((compute + batch_cpu) / cores)
+        .max((rest + batch_cpu) / cores)
 }
 
 /// Exposed communication over the network, s per iteration, on `nodes` of `new`.
@@ -306,7 +310,7 @@ pub fn predict(
         (Some(c), Some(n)) => b.data_fetch * c / n,
         _ => b.data_fetch,
     };
-    let prep = data_prep(m, cur, new, compute, &mut notes);
+    let (compute, prep) = data_prep(m, cur, new, compute, &mut notes);
     notes.assume("peer wait and other time kept as measured; same per-process batch");
     let bd = Breakdown {
         compute,
