@@ -109,7 +109,7 @@ pub fn advise(args: AdviseArgs) -> anyhow::Result<i32> {
         .catalog
         .as_ref()
         .map_or("the shipped catalog".into(), |p| p.display().to_string());
-    let instances = catalog::parse_instances(&text).with_context(|| format!("{name}"))?;
+    let instances = catalog::parse_instances(&text).with_context(|| name.clone())?;
     let gpus = catalog::parse_gpus(catalog::SHIPPED_GPUS).context("the shipped GPU table")?;
     let m = measured(&args)?;
     if let Some(exp) = &args.experiment {

@@ -88,6 +88,9 @@ pub struct Measured {
     pub cpus: u32,
     /// bytes of gradients all-reduced per iteration per rank (sum of DDP bucket sizes).
     pub comm_bytes_per_iteration: Option<f64>,
+    /// s, median time from the first to the last DDP bucket ready in a backward: the
+    /// communication that overlapped backward compute.
+    pub comm_overlap_seconds: Option<f64>,
     /// Collectives (DDP buckets) per iteration.
     pub collectives_per_iteration: Option<f64>,
     /// torch.distributed backend (`gloo`, `nccl`).
@@ -211,6 +214,9 @@ fn read_meta(frames: &[Frame], m: &mut Measured) {
                         match k.as_str() {
                             "comm_bytes" => m.comm_bytes_per_iteration = v.parse().ok(),
                             "comm_buckets" => m.collectives_per_iteration = v.parse().ok(),
+                            "comm_overlap_us" => {
+                                m.comm_overlap_seconds = v.parse::<f64>().ok().map(|us| us / 1e6)
+                            }
                             "backend" => m.backend = Some(v.clone()),
                             "world_size" => {
                                 if let Ok(w) = v.parse::<u32>() {

@@ -197,7 +197,14 @@ fn pipeline(m: &Measured, inst: &Instance, workers: u32, batch_cpu: f64, rest: f
 }
 
 /// Exposed communication over the network, s per iteration, on `nodes` of `new`.
-fn network(m: &Measured, cur: &Instance, new: &Instance, nodes: u32, notes: &mut Notes) -> f64 {
+fn network(
+    m: &Measured,
+    cur: &Instance,
+    new: &Instance,
+    nodes: u32,
+    compute_ratio: f64,
+    notes: &mut Notes,
+) -> f64 {
     let measured = m.breakdown.network;
     if nodes <= 1 {
         return 0.0;
@@ -214,14 +221,23 @@ fn network(m: &Measured, cur: &Instance, new: &Instance, nodes: u32, notes: &mut
             let before = ring_seconds(b, colls, m.ranks, cur_gbps * 1e9 / 8.0);
             let after = ring_seconds(b, colls, ranks, new_gbps * 1e9 / 8.0);
             notes.assume(format!(
-                "network: ring all-reduce of {:.0} KiB in {colls:.0} collectives, α = {:.0} µs, the achieved share of the nominal rate and the overlap with backward as measured",
+                "network: ring all-reduce of {:.0} KiB in {colls:.0} collectives, α = {:.0} µs, the achieved share of the nominal rate as measured; the measured overlap with backward ({:.0} ms) hides the same window",
                 b / 1024.0,
-                ALPHA_SECONDS * 1e6
+                ALPHA_SECONDS * 1e6,
+                m.comm_overlap_seconds.unwrap_or(0.0) * 1e3
             ));
             if nodes != m.nodes {
                 notes.extrapolate(format!("{nodes} nodes; measured on {}", m.nodes));
             }
-            return measured * after / before.max(1e-12);
+            // The transfer took the exposed time plus the overlapped backward window; it
+            // scales with the ring, the window with compute.
+            let overlap = if measured > 0.0 {
+                m.comm_overlap_seconds.unwrap_or(0.0)
+            } else {
+                0.0
+            };
+            let transfer = (measured + overlap) * after / before.max(1e-12);
+            return (transfer - overlap * compute_ratio).max(0.0);
         }
         notes.assume("network scales with the nominal rate (gradient bytes not measured)");
         return match cur.network_gbps {
@@ -305,7 +321,7 @@ pub fn predict(
             _ => b.interconnect,
         }
     };
-    let network = network(m, cur, new, cand.nodes, &mut notes);
+    let network = network(m, cur, new, cand.nodes, ratio, &mut notes);
     let fetch = match (cur.storage_mbps, new.storage_mbps) {
         (Some(c), Some(n)) => b.data_fetch * c / n,
         _ => b.data_fetch,

@@ -38,6 +38,11 @@ _last_bucket_ns = -1
 _bucket_bytes = 0
 _bucket_count = 0
 _comm_sent = None
+# CLOCK_MONOTONIC ns at which the first bucket of the current backward became ready, and the
+# recent spans first-to-last bucket ready (communication overlapped with backward compute):
+# their median goes out as meta `comm_overlap_us` every 16 backwards.
+_first_bucket_ns = -1
+_overlaps = []
 # True while an outermost backward() runs; reentrant backward (checkpointing) runs on other
 # threads too, so this is process-wide rather than thread-local.
 _in_backward = False
@@ -297,9 +302,11 @@ class _Relay:
 
 
 def _relay_hook(state, bucket):
-    global _last_bucket_ns, _bucket_bytes, _bucket_count
+    global _last_bucket_ns, _bucket_bytes, _bucket_count, _first_bucket_ns
     _last_bucket_ns = _monotonic_ns()
     try:
+        if _bucket_count == 0:
+            _first_bucket_ns = _last_bucket_ns
         buf = bucket.buffer()
         _bucket_bytes += buf.numel() * buf.element_size()
         _bucket_count += 1
@@ -453,6 +460,12 @@ def _send_buckets():
         if _bucket_count and pair != _comm_sent:
             _comm_sent = pair
             stallscope.meta(comm_bytes=pair[0], comm_buckets=pair[1])
+        if _bucket_count:
+            _overlaps.append(max(0, _last_bucket_ns - _first_bucket_ns))
+            if len(_overlaps) >= 16:
+                spans = sorted(_overlaps)
+                del _overlaps[:]
+                stallscope.meta(comm_overlap_us=spans[len(spans) // 2] // 1000)
     except Exception:
         pass
 
