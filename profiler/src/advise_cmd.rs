@@ -17,8 +17,8 @@ pub struct AdviseArgs {
     /// their iterations are pooled.
     #[arg(required = true)]
     pub profiles: Vec<PathBuf>,
-    /// The result of `stallscope experiment` for this job: its storage rate and bytes per
-    /// sample feed the fetch model.
+    /// The result of `stallscope experiment` for this job: its cold-cache read rate stands
+    /// for the measured machine's storage rate in the fetch model.
     #[arg(long, value_name = "EXP")]
     pub experiment: Option<PathBuf>,
     /// Instance catalog CSV (SkyPilot's columns: InstanceType, AcceleratorName,
@@ -97,6 +97,28 @@ fn measured(args: &AdviseArgs) -> anyhow::Result<Measured> {
     Ok(m)
 }
 
+/// MB/s the experiment's cold-cache run read its dataset at, when it measured it.
+fn experiment_storage_mbps(exp: &PathBuf) -> anyhow::Result<Option<f64>> {
+    let frames = frames_of(exp)?;
+    let report = frames
+        .iter()
+        .find_map(|f| match f {
+            Frame::Experiment(r) => Some(r),
+            _ => None,
+        })
+        .with_context(|| {
+            format!(
+                "{} is not the result of `stallscope experiment`",
+                exp.display()
+            )
+        })?;
+    Ok(report
+        .what_if
+        .as_ref()
+        .and_then(|w| w.inputs.storage_bytes_per_s)
+        .map(|b| b / 1e6))
+}
+
 /// Prints the advice; exit code 0.
 pub fn advise(args: AdviseArgs) -> anyhow::Result<i32> {
     let text = match &args.catalog {
@@ -112,19 +134,18 @@ pub fn advise(args: AdviseArgs) -> anyhow::Result<i32> {
     let instances = catalog::parse_instances(&text).with_context(|| name.clone())?;
     let gpus = catalog::parse_gpus(catalog::SHIPPED_GPUS).context("the shipped GPU table")?;
     let m = measured(&args)?;
-    if let Some(exp) = &args.experiment {
-        let has = frames_of(exp)?
-            .iter()
-            .any(|f| matches!(f, Frame::Experiment(_)));
-        if !has {
-            anyhow::bail!(
-                "{} is not the result of `stallscope experiment`",
-                exp.display()
-            );
-        }
+    let storage = match &args.experiment {
+        Some(exp) => Some(experiment_storage_mbps(exp)?),
+        None => None,
+    };
+    let mut current = advisor::find_current(&instances, args.current.as_deref(), &m)
+        .map_err(anyhow::Error::msg)?
+        .clone();
+    if let (Some(Some(mbps)), None) = (storage, current.storage_mbps) {
+        // The measured machine's storage rate, as the experiment's cold-cache run read it.
+        current.storage_mbps = Some(mbps);
     }
-    let current = advisor::find_current(&instances, args.current.as_deref(), &m)
-        .map_err(anyhow::Error::msg)?;
+    let current = &current;
     let req = Request {
         nodes: args.nodes.clone(),
         work: match (args.train_samples, args.iterations) {
