@@ -9,6 +9,15 @@ fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
     x.map(f).unwrap_or_else(|| "—".into())
 }
 
+/// `0.412 s`, or `2.1 ms` below 0.1 s.
+fn seconds(s: f64) -> String {
+    if s < 0.1 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.3} s")
+    }
+}
+
 fn advice_lines(out: &mut String, title: &str, list: &[Advice]) {
     if list.is_empty() {
         return;
@@ -17,9 +26,9 @@ fn advice_lines(out: &mut String, title: &str, list: &[Advice]) {
     for a in list {
         let _ = writeln!(
             out,
-            "  - {} — saves about {:.3} s per iteration ({:.0}%); not when {}",
+            "  - {} — saves about {} per iteration ({:.0}%); not when {}",
             a.change,
-            a.gain_seconds,
+            seconds(a.gain_seconds),
             a.gain_fraction * 100.0,
             a.unless
         );
