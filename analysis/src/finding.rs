@@ -46,6 +46,11 @@ fn pct(f: f64) -> String {
     format!("{:.0}%", f * 100.0)
 }
 
+/// The change for interconnect time on a job that trains on the CPU: the "interconnect" is
+/// loopback between processes, and a small all-reduce is latency-bound (PyTorch's
+/// ddp-tutorial-series toy all-reduces 84 bytes), so faster links would not help.
+const CPU_INTERCONNECT: &str = "this is communication between processes on the CPU (no GPU was seen), so NVLink cannot help: when the gradients are small the all-reduce is latency-bound — accumulate gradients (DDP no_sync) or use a larger batch per process; `stallscope advise` tells which";
+
 fn suggestion(c: Category, input: &FindingInput, straggler: Option<u32>) -> String {
     match c {
         Category::DataPrep => match input.loader_workers {
@@ -61,6 +66,11 @@ fn suggestion(c: Category, input: &FindingInput, straggler: Option<u32>) -> Stri
         },
         Category::DataFetch => "cache the dataset in memory or on local disk, raise DataLoader workers/prefetch_factor to keep more reads in flight, or use storage with more read bandwidth".into(),
         Category::Network => "overlap communication with compute (larger DDP bucket_cap_mb, gradient accumulation), compress gradients (fp16/PowerSGD comm hooks), or choose an instance type with more network bandwidth".into(),
+        Category::Interconnect
+            if !input.ranks.is_empty() && input.ranks.iter().all(|r| r.gpu.is_none()) =>
+        {
+            CPU_INTERCONNECT.into()
+        }
         Category::Interconnect => "use accelerators joined by NVLink, keep peer traffic off the host (pinned memory, fewer staging copies), or overlap communication with compute".into(),
         Category::PeerWait => match straggler {
             Some(r) => format!("look at rank {r}: it arrives last at the collectives — balance its data or work, or check its device and data loading"),
@@ -182,7 +192,7 @@ fn concerned_rank(input: &FindingInput, stall: Category) -> (Option<u32>, Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::figures::{Categories, Share};
+    use crate::figures::{Categories, RankSummary, Share};
 
     fn figures(prep: f64, compute: f64) -> Figures {
         Figures {
@@ -219,6 +229,33 @@ mod tests {
         assert!(f.sentence.contains("0.200 s"), "{}", f.sentence);
         assert!(
             f.suggestion.contains("num_workers (now 0"),
+            "{}",
+            f.suggestion
+        );
+    }
+
+    #[test]
+    fn interconnect_on_a_cpu_job_does_not_ask_for_nvlink() {
+        let mut job = figures(0.0, 0.29);
+        job.categories.interconnect = Share {
+            seconds: 3.55,
+            fraction: 0.71,
+        };
+        let ranks = [RankSummary::default(), RankSummary::default()];
+        let f = find(&FindingInput {
+            job: &job,
+            ranks: &ranks,
+            loader_workers: Some(0),
+            cpus: 2,
+        });
+        assert_eq!(f.category, Some(Category::Interconnect));
+        assert!(
+            !f.suggestion.contains("use accelerators joined by NVLink"),
+            "{}",
+            f.suggestion
+        );
+        assert!(
+            f.suggestion.contains("accumulate gradients"),
             "{}",
             f.suggestion
         );

@@ -10,6 +10,7 @@
 //! Time is `CLOCK_MONOTONIC` nanoseconds of the node ([`Nanos`]); Python's
 //! `time.monotonic_ns()` reads the same clock, so markers and samples need no alignment.
 
+pub mod advisor;
 pub mod aggregate;
 pub mod attribution;
 pub mod category;

@@ -28,6 +28,9 @@ pub enum Command {
     /// DS-Analyzer): 1 process and all processes on synthetic data, over the nodes, real
     /// data with a warm and a cold page cache.
     Experiment(ExperimentArgs),
+    /// Which instance type, node count and communication setup: predicted iteration time,
+    /// time and cost to train for each catalog row, from a measured profile.
+    Advise(crate::advise_cmd::AdviseArgs),
     /// Start the processes of a data-parallel job with torchrun's environment (RANK,
     /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, …), on this node or on several.
     Launch(LaunchArgs),

@@ -1,5 +1,6 @@
 //! `stallscope`: the command line that composes the agent, the analysis and the views.
 
+mod advise_cmd;
 mod agent_cmd;
 mod child;
 mod cli;
@@ -24,6 +25,7 @@ fn main() {
         cli::Command::Summary(args) => summary_cmd::summary(args),
         cli::Command::Feed(args) => feed_cmd::feed(args),
         cli::Command::Experiment(args) => experiment::experiment(args),
+        cli::Command::Advise(args) => advise_cmd::advise(args),
         cli::Command::Launch(args) => launch::launch(args),
         cli::Command::Doctor(args) => doctor::doctor(args),
         cli::Command::NvmlBench(args) => nvml_bench::nvml_bench(args),

@@ -32,6 +32,17 @@ _installed = False
 _step_guard = threading.local()
 # CLOCK_MONOTONIC ns at which a DDP gradient bucket last became ready, in any DDP module.
 _last_bucket_ns = -1
+# Bytes and count of the DDP gradient buckets of the current backward (any DDP module), and
+# the pair last sent as meta `comm_bytes`/`comm_buckets`: the advisor tells latency-bound
+# from bandwidth-bound communication by them. Sent only when they change.
+_bucket_bytes = 0
+_bucket_count = 0
+_comm_sent = None
+# CLOCK_MONOTONIC ns at which the first bucket of the current backward became ready, and the
+# recent spans first-to-last bucket ready (communication overlapped with backward compute):
+# their median goes out as meta `comm_overlap_us` every 16 backwards.
+_first_bucket_ns = -1
+_overlaps = []
 # True while an outermost backward() runs; reentrant backward (checkpointing) runs on other
 # threads too, so this is process-wide rather than thread-local.
 _in_backward = False
@@ -291,8 +302,16 @@ class _Relay:
 
 
 def _relay_hook(state, bucket):
-    global _last_bucket_ns
+    global _last_bucket_ns, _bucket_bytes, _bucket_count, _first_bucket_ns
     _last_bucket_ns = _monotonic_ns()
+    try:
+        if _bucket_count == 0:
+            _first_bucket_ns = _last_bucket_ns
+        buf = bucket.buffer()
+        _bucket_bytes += buf.numel() * buf.element_size()
+        _bucket_count += 1
+    except Exception:
+        pass
     _cuda_timing.on_bucket()
     return state.hook(state.state, bucket)
 
@@ -413,6 +432,7 @@ def _patch_backward(torch):
             return backward(*args, **kwargs)
         start = _monotonic_ns()
         _in_backward = True
+        _reset_buckets()
         try:
             return backward(*args, **kwargs)
         finally:
@@ -422,8 +442,32 @@ def _patch_backward(torch):
                 stallscope.begin("comm", ready)
                 stallscope.end("comm")
                 _cuda_timing.on_backward_end()
+            _send_buckets()
 
     autograd.backward = _mark(wrapper)
+
+
+def _reset_buckets():
+    global _bucket_bytes, _bucket_count
+    _bucket_bytes = 0
+    _bucket_count = 0
+
+
+def _send_buckets():
+    global _comm_sent
+    try:
+        pair = (_bucket_bytes, _bucket_count)
+        if _bucket_count and pair != _comm_sent:
+            _comm_sent = pair
+            stallscope.meta(comm_bytes=pair[0], comm_buckets=pair[1])
+        if _bucket_count:
+            _overlaps.append(max(0, _last_bucket_ns - _first_bucket_ns))
+            if len(_overlaps) >= 16:
+                spans = sorted(_overlaps)
+                del _overlaps[:]
+                stallscope.meta(comm_overlap_us=spans[len(spans) // 2] // 1000)
+    except Exception:
+        pass
 
 
 # --- torch.distributed --------------------------------------------------------------------

@@ -1,0 +1,181 @@
+//! Communication and data-side advice, each with its predicted gain and the condition under
+//! which it does not apply. The first question is whether communication is bound by latency
+//! (many small collectives: a faster link does nothing) or by bandwidth (bytes over a link:
+//! a faster link, compression or hierarchy helps); the measured bytes per collective decide.
+
+use serde::{Deserialize, Serialize};
+
+use super::catalog::Instance;
+use super::measured::Measured;
+use super::model::{ranks_per_node, ALPHA_SECONDS};
+
+/// One piece of advice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Advice {
+    /// Short name (`gradient_accumulation`, `loader_workers`, …).
+    pub kind: String,
+    /// What to change, in a sentence.
+    pub change: String,
+    /// s per iteration the model predicts it saves (an upper bound where it says so).
+    pub gain_seconds: f64,
+    /// The gain as a share of the measured iteration, 0–1.
+    pub gain_fraction: f64,
+    /// When it does not apply.
+    pub unless: String,
+}
+
+/// How the measured communication is bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommBound {
+    /// Per-collective latency dominates: bytes per collective are tiny for the link.
+    Latency,
+    /// Bytes over the link dominate.
+    Bandwidth,
+    /// Not measured (no DDP buckets seen, or no communication).
+    Unknown,
+}
+
+/// Latency- or bandwidth-bound: a collective is latency-bound when moving its bytes at the
+/// link's rate takes less than its fixed cost α.
+pub fn comm_bound(m: &Measured, link_bytes_per_s: f64) -> CommBound {
+    match (m.comm_bytes_per_iteration, m.collectives_per_iteration) {
+        (Some(b), Some(c)) if c > 0.0 => {
+            if b / c / link_bytes_per_s < ALPHA_SECONDS {
+                CommBound::Latency
+            } else {
+                CommBound::Bandwidth
+            }
+        }
+        _ => CommBound::Unknown,
+    }
+}
+
+fn push(out: &mut Vec<Advice>, m: &Measured, kind: &str, change: String, gain: f64, unless: &str) {
+    if gain <= 0.0 {
+        return;
+    }
+    out.push(Advice {
+        kind: kind.into(),
+        change,
+        gain_seconds: gain,
+        gain_fraction: gain / m.iteration_seconds.max(1e-12),
+        unless: unless.into(),
+    });
+}
+
+/// The communication advice for the job as measured on `cur`.
+pub fn communication(m: &Measured, cur: &Instance) -> (CommBound, Vec<Advice>) {
+    let b = &m.breakdown;
+    let exposed = b.network + b.interconnect;
+    let link = cur.network_gbps.unwrap_or(10.0) * 1e9 / 8.0;
+    let bound = comm_bound(m, link);
+    let mut out = Vec::new();
+    if exposed <= 0.02 * m.iteration_seconds {
+        return (bound, out);
+    }
+    let k = 4.0;
+    push(
+        &mut out,
+        m,
+        "gradient_accumulation",
+        format!("accumulate gradients over {k:.0} micro-batches (DDP's no_sync() on all but the last), or a {k:.0}× larger batch per process: one all-reduce per {k:.0} batches"),
+        exposed * (1.0 - 1.0 / k),
+        "the larger effective batch changes convergence (retune the learning rate)",
+    );
+    let (Some(bytes), Some(colls)) = (m.comm_bytes_per_iteration, m.collectives_per_iteration)
+    else {
+        return (bound, out);
+    };
+    let w = m.ranks.max(2) as f64;
+    if bound == CommBound::Latency {
+        let saved = 2.0 * (w - 1.0) * ALPHA_SECONDS * (colls - 1.0);
+        push(
+            &mut out,
+            m,
+            "bucket_size",
+            format!("fewer, larger DDP buckets (bucket_cap_mb above {:.1}): {colls:.0} collectives of {:.0} bytes each are latency-bound; a faster link or NVLink would not help", bytes / 1e6 + 1.0, bytes / colls),
+            saved.min(exposed),
+            "the model has a single bucket already",
+        );
+        return (bound, out);
+    }
+    push(
+        &mut out,
+        m,
+        "compression",
+        "compress gradients to FP16/BF16 (DDP comm hook fp16_compress_hook / bf16_compress_hook): half the bytes".into(),
+        b.network * 0.5,
+        "the gradients are FP16 already, or the job is compute-bound",
+    );
+    if cur.network_gbps.is_some_and(|g| g <= 25.0) && b.network > 0.2 * m.iteration_seconds {
+        push(
+            &mut out,
+            m,
+            "priority_propagation",
+            "P3-style sliced, prioritised propagation: send the first layers' gradients first so the next forward starts early (at most the exposed network time is recovered)".into(),
+            b.network * 0.5,
+            "a high-bandwidth network where communication is already hidden",
+        );
+    }
+    let g = ranks_per_node(m, cur) as f64;
+    if m.nodes > 1 && g > 1.0 {
+        push(
+            &mut out,
+            m,
+            "hierarchical",
+            format!("PHub-style hierarchical aggregation: reduce the {g:.0} local ranks first, then one ring across nodes"),
+            b.network * (1.0 - 1.0 / g),
+            "one rank per node, or NCCL already does a tree/hierarchy",
+        );
+    }
+    // A parameter server with k dedicated servers: each worker sends and receives all bytes
+    // (2B/bw) where the ring moves 2(W-1)/W·B: never less per worker, so only noted.
+    let _ = bytes;
+    (bound, out)
+}
+
+/// Data-side advice: loader workers, caching the dataset, faster storage.
+pub fn data(m: &Measured, cur: &Instance) -> Vec<Advice> {
+    let b = &m.breakdown;
+    let mut out = Vec::new();
+    let cores = cur.vcpus / ranks_per_node(m, cur) as f64;
+    if b.data_prep > 0.02 * m.iteration_seconds {
+        let w = m.workers.unwrap_or(0);
+        let gain = match (m.loader_cpu_seconds_per_sample, m.batch_size) {
+            (Some(s), Some(batch)) if w > 0 => {
+                let now = s * batch as f64 / (w as f64).min(cores);
+                let best = s * batch as f64 / (cores - 1.0).max(1.0);
+                (now - best).clamp(0.0, b.data_prep)
+            }
+            _ => b.data_prep,
+        };
+        push(
+            &mut out,
+            m,
+            "loader_workers",
+            format!("DataLoader num_workers = {:.0} (now {w}; {cores:.0} cores per rank)", (cores - 1.0).max(1.0)),
+            gain,
+            "the cores are busy with compute (CPU training), or preparation is bound by one worker's Python",
+        );
+    }
+    if b.data_fetch > 0.02 * m.iteration_seconds {
+        push(
+            &mut out,
+            m,
+            "cache_dataset",
+            "cache the dataset in memory (page cache or a RAM copy): fetch disappears for the cached share".into(),
+            b.data_fetch,
+            "the dataset does not fit the node's memory (then the gain scales with the cached share)",
+        );
+        push(
+            &mut out,
+            m,
+            "faster_storage",
+            "twice as fast storage (local NVMe instead of network storage)".into(),
+            b.data_fetch * 0.5,
+            "the reads are bound by decoding, not the device",
+        );
+    }
+    out
+}

@@ -1,0 +1,237 @@
+//! What the advisor takes from a measured run: the iteration time and its critical-path
+//! breakdown per iteration, and the job's shape (ranks, batch, loader CPU, gradient bytes per
+//! iteration and collectives per iteration as the PyTorch hook reports them). Built from the
+//! experiment's [`RunFacts`] so both commands read a profile the same way.
+
+use serde::{Deserialize, Serialize};
+
+use crate::category::Category;
+use crate::frame::Frame;
+use crate::marker::MarkerEvent;
+use crate::run_facts::RunFacts;
+use crate::secs;
+use crate::series::names;
+
+/// s per iteration of each category along the job's critical path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Breakdown {
+    /// s, the accelerators (or compute threads) working.
+    pub compute: f64,
+    /// s, waiting for storage.
+    pub data_fetch: f64,
+    /// s, waiting for CPU preparation of batches.
+    pub data_prep: f64,
+    /// s, exposed communication over the intra-node link (NVLink/PCIe/loopback).
+    pub interconnect: f64,
+    /// s, exposed communication over the network.
+    pub network: f64,
+    /// s, waiting for a slower rank.
+    pub peer_wait: f64,
+    /// s, everything else.
+    pub other: f64,
+}
+
+impl Breakdown {
+    /// s, the sum: one iteration.
+    pub fn total(&self) -> f64 {
+        self.compute
+            + self.data_fetch
+            + self.data_prep
+            + self.interconnect
+            + self.network
+            + self.peer_wait
+            + self.other
+    }
+
+    /// Scales every part so the total is `seconds` (the median iteration), keeping shares.
+    pub fn scaled_to(&self, seconds: f64) -> Breakdown {
+        let t = self.total();
+        if t <= 0.0 {
+            return Breakdown {
+                other: seconds,
+                ..Default::default()
+            };
+        }
+        let k = seconds / t;
+        Breakdown {
+            compute: self.compute * k,
+            data_fetch: self.data_fetch * k,
+            data_prep: self.data_prep * k,
+            interconnect: self.interconnect * k,
+            network: self.network * k,
+            peer_wait: self.peer_wait * k,
+            other: self.other * k,
+        }
+    }
+}
+
+/// The measured job, as the model needs it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    /// s, the median iteration time of the job.
+    pub iteration_seconds: f64,
+    /// Critical-path breakdown of one median iteration (shares of the run, scaled to it).
+    pub breakdown: Breakdown,
+    /// Iterations counted.
+    pub iterations: usize,
+    /// Ranks (processes) of the job.
+    pub ranks: u32,
+    /// Nodes the ranks ran on (1 unless the profile says otherwise).
+    pub nodes: u32,
+    /// Per-process batch, samples.
+    pub batch_size: Option<u64>,
+    /// DataLoader worker processes per rank.
+    pub workers: Option<u32>,
+    /// CPU seconds the loader workers spent per sample prepared.
+    pub loader_cpu_seconds_per_sample: Option<f64>,
+    /// Logical CPUs of the node it ran on.
+    pub cpus: u32,
+    /// bytes of gradients all-reduced per iteration per rank (sum of DDP bucket sizes).
+    pub comm_bytes_per_iteration: Option<f64>,
+    /// s, median time from the first to the last DDP bucket ready in a backward: the
+    /// communication that overlapped backward compute.
+    pub comm_overlap_seconds: Option<f64>,
+    /// Collectives (DDP buckets) per iteration.
+    pub collectives_per_iteration: Option<f64>,
+    /// torch.distributed backend (`gloo`, `nccl`).
+    pub backend: Option<String>,
+    /// CPU seconds each rank's own process (not its loaders) used per iteration, when
+    /// measured: for a job training on the CPU, its compute without the time it was
+    /// preempted by its loader workers.
+    pub rank_cpu_seconds_per_iteration: Option<f64>,
+    /// Whether the job ran on accelerators (a `device` meta other than `cpu`, or GPU
+    /// readings in the profile).
+    pub on_gpu: bool,
+}
+
+/// The median of `xs` (0 when empty).
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Reads the measured job from a run's frames (`warmup` iterations left out).
+pub fn measure(frames: &[Frame], warmup: u32) -> Measured {
+    let facts: RunFacts = crate::run_facts::run_facts(frames, warmup);
+    let mut m = Measured {
+        iteration_seconds: median(&facts.iteration_seconds),
+        iterations: facts.iteration_seconds.len(),
+        ranks: facts.ranks.max(1),
+        nodes: 1,
+        batch_size: facts.batch_size,
+        workers: facts.workers,
+        cpus: facts.cpus,
+        ..Default::default()
+    };
+    let cp = &facts.critical_path;
+    let n = m.iterations.max(1) as f64;
+    let per = |c: Category| secs(cp.get(c)) / n;
+    m.breakdown = Breakdown {
+        compute: per(Category::Compute),
+        data_fetch: per(Category::DataFetch),
+        data_prep: per(Category::DataPrep),
+        interconnect: per(Category::Interconnect),
+        network: per(Category::Network),
+        peer_wait: per(Category::PeerWait),
+        other: per(Category::Other),
+    }
+    .scaled_to(m.iteration_seconds);
+    if let (Some(cpu), Some(b)) = (facts.loader_cpu_seconds, facts.batch_size) {
+        let samples = (facts.batches_prepared_per_rank() * b * m.ranks as u64) as f64;
+        if samples > 0.0 {
+            m.loader_cpu_seconds_per_sample = Some(cpu / samples);
+        }
+    }
+    read_meta(frames, &mut m);
+    m.rank_cpu_seconds_per_iteration = rank_cpu(frames, warmup);
+    m
+}
+
+/// CPU seconds per iteration of the ranks' own processes, over their counted iterations only
+/// (start-up, imports and warm-up left out), averaged over ranks.
+fn rank_cpu(frames: &[Frame], warmup: u32) -> Option<f64> {
+    use std::collections::HashMap;
+    let mut window: HashMap<u32, (u64, u64, u64)> = HashMap::new(); // pid → (start, end, n)
+    let mut series: HashMap<u32, u32> = HashMap::new(); // series id → pid
+    let mut samples: HashMap<u32, Vec<(u64, u64)>> = HashMap::new(); // pid → (t, ns)
+    for frame in frames {
+        match frame {
+            Frame::Breakdown(b) if b.iter >= warmup as u64 => {
+                let w = window.entry(b.pid).or_insert((u64::MAX, 0, 0));
+                *w = (w.0.min(b.start_ns), w.1.max(b.end_ns), w.2 + 1);
+            }
+            Frame::Series(d) if d.name == names::PROC_ALL_CPU_NS => {
+                if let Some(pid) = d.label("pid").and_then(|p| p.parse().ok()) {
+                    series.insert(d.id.0, pid);
+                }
+            }
+            Frame::Samples(batch) => {
+                for (id, v) in &batch.values {
+                    if let Some(pid) = series.get(&id.0) {
+                        samples.entry(*pid).or_default().push((batch.t_ns, *v));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut per_iter = Vec::new();
+    for (pid, (start, end, n)) in window {
+        let s = samples.get(&pid)?;
+        let inside: Vec<&(u64, u64)> = s.iter().filter(|(t, _)| *t >= start && *t <= end).collect();
+        if let (Some(a), Some(b)) = (inside.first(), inside.last()) {
+            if b.0 > a.0 && n > 1 {
+                let iters = n as f64 * (b.0 - a.0) as f64 / (end - start).max(1) as f64;
+                per_iter.push(secs(b.1.saturating_sub(a.1)) / iters);
+            }
+        }
+    }
+    (!per_iter.is_empty()).then(|| per_iter.iter().sum::<f64>() / per_iter.len() as f64)
+}
+
+fn read_meta(frames: &[Frame], m: &mut Measured) {
+    let mut nodes: std::collections::HashSet<String> = Default::default();
+    for frame in frames {
+        match frame {
+            Frame::Header(h) => {
+                nodes.insert(h.host.clone());
+            }
+            Frame::Markers(markers) => {
+                for mk in markers {
+                    let MarkerEvent::Meta(kv) = &mk.event else {
+                        continue;
+                    };
+                    for (k, v) in kv {
+                        match k.as_str() {
+                            "comm_bytes" => m.comm_bytes_per_iteration = v.parse().ok(),
+                            "comm_buckets" => m.collectives_per_iteration = v.parse().ok(),
+                            "comm_overlap_us" => {
+                                m.comm_overlap_seconds = v.parse::<f64>().ok().map(|us| us / 1e6)
+                            }
+                            "backend" => m.backend = Some(v.clone()),
+                            "world_size" => {
+                                if let Ok(w) = v.parse::<u32>() {
+                                    m.ranks = m.ranks.max(w);
+                                }
+                            }
+                            "device" if !v.starts_with("cpu") => m.on_gpu = true,
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            Frame::Series(d) if d.name.starts_with("gpu.") => m.on_gpu = true,
+            _ => {}
+        }
+    }
+    m.nodes = (nodes.len() as u32).max(1);
+}

@@ -1,0 +1,388 @@
+//! The performance model: each measured component of the iteration is scaled by what changes
+//! between the machine it was measured on and a candidate, and the parts are summed again.
+//! Scaling measured parts (rather than predicting from datasheets alone) keeps everything the
+//! model does not know — framework overheads, the achieved fraction of a link's nominal rate
+//! — at its measured value. See docs/ADVISOR.md for the equations and their sources.
+
+use serde::{Deserialize, Serialize};
+
+use super::catalog::{gpu, Gpu, Instance};
+use super::measured::{Breakdown, Measured};
+
+/// s, per-collective latency (α) assumed for the ring all-reduce when it cannot be measured:
+/// TCP over Ethernet (gloo, NCCL sockets) is tens of µs per step.
+pub const ALPHA_SECONDS: f64 = 50e-6;
+/// Fraction of a link's nominal rate a ring reaches when none was measured (NCCL's bus
+/// bandwidth on Ethernet is typically 60–80% of line rate).
+pub const DEFAULT_LINK_EFFICIENCY: f64 = 0.7;
+
+/// A candidate: an instance type and how many of them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate<'a> {
+    /// The instance.
+    pub instance: &'a Instance,
+    /// Nodes.
+    pub nodes: u32,
+}
+
+/// The model's answer for one candidate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstancePrediction {
+    /// The instance type.
+    pub instance_type: String,
+    /// Provider, when the catalog says.
+    pub provider: Option<String>,
+    /// Nodes.
+    pub nodes: u32,
+    /// Ranks (GPUs, or processes on a CPU machine) over all nodes.
+    pub ranks: u32,
+    /// s, predicted iteration time; `None` when the job cannot run there.
+    pub predicted_iteration_seconds: Option<f64>,
+    /// The predicted breakdown of one iteration, s.
+    pub breakdown: Option<Breakdown>,
+    /// Samples per second over the job.
+    pub samples_per_second: Option<f64>,
+    /// h, predicted time to train.
+    pub predicted_hours: Option<f64>,
+    /// USD, predicted cost to train (nodes × hours × price).
+    pub predicted_cost: Option<f64>,
+    /// USD per node-hour used.
+    pub price_per_node_hour: f64,
+    /// What the prediction rests on.
+    pub assumptions: Vec<String>,
+    /// Where it leaves what was measured (empty: within it).
+    pub extrapolations: Vec<String>,
+    /// Why there is no prediction, when there is none.
+    pub not_applicable: Option<String>,
+    /// On the Pareto front of (hours, cost).
+    pub pareto: bool,
+    /// This is the machine the profile was measured on, at the measured node count.
+    pub current: bool,
+}
+
+/// What the training needs to finish.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Work {
+    /// Samples to train on (over all ranks).
+    Samples(f64),
+    /// Iterations to run.
+    Iterations(f64),
+}
+
+/// Ratio of per-rank compute time on `new` to that on `cur` (1 = as fast).
+fn compute_ratio(
+    m: &Measured,
+    cur: &Instance,
+    new: &Instance,
+    gpus: &[Gpu],
+    notes: &mut Notes,
+) -> Option<f64> {
+    if !m.on_gpu {
+        let _ = (cur, new);
+        notes.assume(
+            "CPU compute: each rank's compute threads keep their speed; sharing cores with the loader is in the data pipeline's CPU-capacity rate",
+        );
+        return Some(1.0);
+    }
+    let (Some(a), Some(b)) = (
+        cur.accelerator.as_deref().and_then(|n| gpu(gpus, n)),
+        new.accelerator.as_deref().and_then(|n| gpu(gpus, n)),
+    ) else {
+        notes.extrapolate("a GPU model is not in the GPU table: compute kept as measured");
+        return Some(1.0);
+    };
+    if a.name != b.name {
+        notes.assume(format!(
+            "compute scales by dense BF16 tensor throughput, {} {} → {} {} TFLOPS (a job bound by memory bandwidth would scale by {:.0} → {:.0} GB/s)",
+            a.name, a.bf16_tflops, b.name, b.bf16_tflops, a.memory_gbps, b.memory_gbps
+        ));
+        notes.extrapolate(format!("compute measured on {}, not on {}", a.name, b.name));
+    }
+    Some(a.bf16_tflops / b.bf16_tflops.max(1e-9))
+}
+
+/// Ranks per node of a job on `inst`: its GPUs, or for a CPU machine the measured ranks per
+/// node.
+pub fn ranks_per_node(m: &Measured, inst: &Instance) -> u32 {
+    if inst.has_gpu() {
+        inst.accelerator_count
+    } else {
+        (m.ranks / m.nodes.max(1)).max(1)
+    }
+}
+
+/// Notes gathered while predicting.
+#[derive(Default)]
+struct Notes {
+    assumptions: Vec<String>,
+    extrapolations: Vec<String>,
+}
+
+impl Notes {
+    fn assume(&mut self, s: impl Into<String>) {
+        self.assumptions.push(s.into());
+    }
+    fn extrapolate(&mut self, s: impl Into<String>) {
+        self.extrapolations.push(s.into());
+    }
+}
+
+/// s, one ring all-reduce of `bytes` over `ranks` at `bytes_per_s` in `collectives` steps.
+pub fn ring_seconds(bytes: f64, collectives: f64, ranks: u32, bytes_per_s: f64) -> f64 {
+    if ranks <= 1 {
+        return 0.0;
+    }
+    let w = ranks as f64;
+    2.0 * (w - 1.0) * ALPHA_SECONDS * collectives + 2.0 * (w - 1.0) / w * bytes / bytes_per_s
+}
+
+/// DS-Analyzer's pipeline: the loader workers prepare the next batches while the rank
+/// computes, so only preparation slower than the rest of the iteration is exposed. Returns
+/// the predicted (compute, exposed prep), s per iteration, given the compute scaled for the
+/// candidate. The model's figure for the measured machine is compared with what was
+/// measured and the difference (queueing, collation in the main process, other load on the
+/// machine) carried over unchanged.
+fn data_prep(
+    m: &Measured,
+    cur: &Instance,
+    new: &Instance,
+    compute: f64,
+    notes: &mut Notes,
+) -> (f64, f64) {
+    let b = &m.breakdown;
+    let (Some(per_sample), Some(batch), Some(workers)) =
+        (m.loader_cpu_seconds_per_sample, m.batch_size, m.workers)
+    else {
+        notes.assume("data preparation kept as measured (loader CPU per sample not measured)");
+        return (compute, b.data_prep);
+    };
+    if workers == 0 {
+        notes
+            .assume("data preparation runs in the training process (no workers): kept as measured");
+        return (compute, b.data_prep);
+    }
+    let batch_cpu = per_sample * batch as f64;
+    // On the CPU the measured compute is stretched by the workers sharing its cores; the
+    // rank's own CPU time is its compute on a machine with cores to spare.
+    let own = |c: f64| match m.rank_cpu_seconds_per_iteration {
+        Some(w) if !m.on_gpu => w.min(c),
+        _ => c,
+    };
+    let cur_pipe = pipeline(m, cur, workers, batch_cpu, own(b.compute) + b.other);
+    let residual = b.compute + b.other + b.data_prep - cur_pipe;
+    notes.assume(format!(
+        "loader: {:.2} ms CPU per sample measured, {} workers on {:.1} cores per rank (min-of-rates pipeline)",
+        per_sample * 1e3,
+        workers,
+        new.vcpus / ranks_per_node(m, new) as f64
+    ));
+    let compute_new = own(compute);
+    let total = pipeline(m, new, workers, batch_cpu, compute_new + b.other) + residual;
+    (compute_new, (total - compute_new - b.other).max(0.0))
+}
+
+/// s per iteration of the data pipeline with the rank's other work `rest`: the slowest of
+/// the rank's own work, the workers' preparation of one batch (`batch_cpu` CPU seconds over
+/// the cores they get), and — for a job training on the CPU — all the CPU work of an
+/// iteration over the cores the rank has.
+fn pipeline(m: &Measured, inst: &Instance, workers: u32, batch_cpu: f64, rest: f64) -> f64 {
+    let per_rank = inst.vcpus / ranks_per_node(m, inst) as f64;
+    if m.on_gpu {
+        let cores = (per_rank - 1.0).max(1.0).min(workers as f64);
+        return rest.max(batch_cpu / cores);
+    }
+    let cores = per_rank.max(1.0);
+    rest.max(batch_cpu / cores.min(workers as f64))
+        .max((rest + batch_cpu) / cores)
+}
+
+/// Exposed communication over the network, s per iteration, on `nodes` of `new`.
+fn network(
+    m: &Measured,
+    cur: &Instance,
+    new: &Instance,
+    nodes: u32,
+    compute_ratio: f64,
+    notes: &mut Notes,
+) -> f64 {
+    let measured = m.breakdown.network;
+    if nodes <= 1 {
+        return 0.0;
+    }
+    let Some(new_gbps) = new.network_gbps else {
+        notes.extrapolate("the candidate's network rate is unknown: network kept as measured");
+        return measured;
+    };
+    let ranks = nodes * ranks_per_node(m, new);
+    let bytes = m.comm_bytes_per_iteration;
+    let colls = m.collectives_per_iteration.unwrap_or(1.0);
+    if m.nodes > 1 {
+        if let (Some(b), Some(cur_gbps)) = (bytes, cur.network_gbps) {
+            let before = ring_seconds(b, colls, m.ranks, cur_gbps * 1e9 / 8.0);
+            let after = ring_seconds(b, colls, ranks, new_gbps * 1e9 / 8.0);
+            notes.assume(format!(
+                "network: ring all-reduce of {:.0} KiB in {colls:.0} collectives, α = {:.0} µs, the achieved share of the nominal rate as measured; the measured overlap with backward ({:.0} ms) hides the same window",
+                b / 1024.0,
+                ALPHA_SECONDS * 1e6,
+                m.comm_overlap_seconds.unwrap_or(0.0) * 1e3
+            ));
+            if nodes != m.nodes {
+                notes.extrapolate(format!("{nodes} nodes; measured on {}", m.nodes));
+            }
+            // The transfer took the exposed time plus the overlapped backward window; it
+            // scales with the ring, the window with compute.
+            let overlap = if measured > 0.0 {
+                m.comm_overlap_seconds.unwrap_or(0.0)
+            } else {
+                0.0
+            };
+            let transfer = (measured + overlap) * after / before.max(1e-12);
+            return (transfer - overlap * compute_ratio).max(0.0);
+        }
+        notes.assume("network scales with the nominal rate (gradient bytes not measured)");
+        return match cur.network_gbps {
+            Some(c) => measured * c / new_gbps,
+            None => measured,
+        };
+    }
+    notes.extrapolate(format!(
+        "{nodes} nodes but measured on one: network time from the α–β ring model at {:.0}% of {new_gbps} Gbit/s, no overlap with backward",
+        DEFAULT_LINK_EFFICIENCY * 100.0
+    ));
+    match bytes {
+        Some(b) => ring_seconds(
+            b,
+            colls,
+            ranks,
+            DEFAULT_LINK_EFFICIENCY * new_gbps * 1e9 / 8.0,
+        ),
+        None => {
+            notes.extrapolate(
+                "gradient bytes per iteration not measured: network time unknown, taken as 0",
+            );
+            0.0
+        }
+    }
+}
+
+/// Predicts one candidate. `gpus` is the GPU table; `work` how much training is left.
+pub fn predict(
+    m: &Measured,
+    cur: &Instance,
+    cand: &Candidate,
+    gpus: &[Gpu],
+    work: Option<Work>,
+    spot: bool,
+) -> InstancePrediction {
+    let new = cand.instance;
+    let mut notes = Notes::default();
+    let price = if spot {
+        new.spot_price
+    } else {
+        Some(new.price)
+    };
+    let mut p = InstancePrediction {
+        instance_type: new.instance_type.clone(),
+        provider: new.provider.clone(),
+        nodes: cand.nodes,
+        ranks: cand.nodes * ranks_per_node(m, new),
+        predicted_iteration_seconds: None,
+        breakdown: None,
+        samples_per_second: None,
+        predicted_hours: None,
+        predicted_cost: None,
+        price_per_node_hour: price.unwrap_or(new.price),
+        assumptions: Vec::new(),
+        extrapolations: Vec::new(),
+        not_applicable: None,
+        pareto: false,
+        current: new.instance_type == cur.instance_type && cand.nodes == m.nodes,
+    };
+    if m.on_gpu != new.has_gpu() {
+        p.not_applicable = Some(if m.on_gpu {
+            "a CPU machine: the job trains on GPUs".into()
+        } else {
+            "has GPUs the job does not use (it trains on the CPU)".into()
+        });
+        return p;
+    }
+    if price.is_none() {
+        p.not_applicable = Some("no spot price in the catalog".into());
+        return p;
+    }
+    let b = m.breakdown;
+    let ratio = compute_ratio(m, cur, new, gpus, &mut notes).unwrap_or(1.0);
+    let compute = b.compute * ratio;
+    let interconnect = if ranks_per_node(m, new) <= 1 {
+        0.0
+    } else {
+        match (cur.gpu_link_gbps, new.gpu_link_gbps) {
+            (Some(c), Some(n)) if m.on_gpu => b.interconnect * c / n,
+            _ => b.interconnect,
+        }
+    };
+    let network = network(m, cur, new, cand.nodes, ratio, &mut notes);
+    let fetch = match (cur.storage_mbps, new.storage_mbps) {
+        (Some(c), Some(n)) => b.data_fetch * c / n,
+        _ => b.data_fetch,
+    };
+    let (compute, prep) = data_prep(m, cur, new, compute, &mut notes);
+    notes.assume("peer wait and other time kept as measured; same per-process batch");
+    let bd = Breakdown {
+        compute,
+        data_fetch: fetch,
+        data_prep: prep,
+        interconnect,
+        network,
+        peer_wait: b.peer_wait,
+        other: b.other,
+    };
+    with_time(&mut p, m, bd, work, cand.nodes);
+    p.assumptions = notes.assumptions;
+    p.extrapolations = notes.extrapolations;
+    p
+}
+
+/// Puts the predicted breakdown `bd` into `p` with what follows from it: throughput, and the
+/// hours and cost of `work` on `nodes` nodes.
+fn with_time(
+    p: &mut InstancePrediction,
+    m: &Measured,
+    bd: Breakdown,
+    work: Option<Work>,
+    nodes: u32,
+) {
+    let t = bd.total();
+    p.predicted_iteration_seconds = Some(t);
+    p.breakdown = Some(bd);
+    if let Some(batch) = m.batch_size {
+        p.samples_per_second = Some(batch as f64 * p.ranks as f64 / t);
+    }
+    let iterations = match work {
+        Some(Work::Iterations(n)) => Some(n),
+        Some(Work::Samples(s)) => m.batch_size.map(|b| s / (b as f64 * p.ranks as f64)),
+        None => None,
+    };
+    if let Some(n) = iterations {
+        let hours = n * t / 3600.0;
+        p.predicted_hours = Some(hours);
+        p.predicted_cost = Some(hours * p.price_per_node_hour * nodes as f64);
+    }
+}
+
+/// Marks the Pareto front of (hours, cost) — or of (iteration time, price per iteration)
+/// when no amount of work was given.
+pub fn mark_pareto(ps: &mut [InstancePrediction]) {
+    let key = |p: &InstancePrediction| -> Option<(f64, f64)> {
+        let t = p.predicted_iteration_seconds?;
+        let per_iter = t * p.price_per_node_hour * p.nodes as f64 / 3600.0;
+        Some((t, per_iter))
+    };
+    let keys: Vec<Option<(f64, f64)>> = ps.iter().map(key).collect();
+    for (i, p) in ps.iter_mut().enumerate() {
+        let Some((t, c)) = keys[i] else { continue };
+        p.pareto = !keys.iter().enumerate().any(|(j, k)| {
+            j != i && k.is_some_and(|(t2, c2)| t2 <= t && c2 <= c && (t2 < t || c2 < c))
+        });
+    }
+}

@@ -1,0 +1,260 @@
+use super::*;
+
+const CATALOG: &str = "\
+InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,NetworkGbps,GpuLinkGBps
+slow,,0,4,16,1.0,,0.1,
+fast,,0,4,16,3.0,,0.4,
+small,,0,1,4,0.5,,0.1,
+a100x8,A100,8,96,1152,32.77,,400,600
+h100x8,H100,8,192,2048,98.32,40.0,3200,900
+";
+
+fn catalog() -> Vec<Instance> {
+    parse_instances(CATALOG).unwrap()
+}
+
+fn gpus() -> Vec<Gpu> {
+    parse_gpus(catalog::SHIPPED_GPUS).unwrap()
+}
+
+/// Two CPU ranks on two nodes, 5 MB of gradients in 2 buckets, 0.4 s of network in 0.5 s.
+fn network_bound() -> Measured {
+    Measured {
+        iteration_seconds: 0.5,
+        breakdown: Breakdown {
+            compute: 0.1,
+            network: 0.4,
+            ..Default::default()
+        },
+        iterations: 20,
+        ranks: 2,
+        nodes: 2,
+        batch_size: Some(8),
+        workers: Some(0),
+        cpus: 4,
+        comm_bytes_per_iteration: Some(5e6),
+        collectives_per_iteration: Some(2.0),
+        ..Default::default()
+    }
+}
+
+fn find<'a>(r: &'a AdviceReport, name: &str) -> &'a InstancePrediction {
+    r.instances
+        .iter()
+        .find(|p| p.instance_type == name)
+        .unwrap()
+}
+
+#[test]
+fn a_four_times_faster_network_cuts_the_network_part_four_times() {
+    let cat = catalog();
+    let m = network_bound();
+    let r = advise(&m, &cat[0], &cat, &gpus(), &Request::default());
+    let slow = find(&r, "slow").predicted_iteration_seconds.unwrap();
+    let fast = find(&r, "fast").predicted_iteration_seconds.unwrap();
+    assert!(
+        (slow - 0.5).abs() < 1e-9,
+        "the measured shape predicts itself: {slow}"
+    );
+    // latency terms are tiny next to 5 MB at 0.4 Gbit/s: 0.1 + 0.4 / 4
+    assert!((fast - 0.2).abs() < 0.002, "{fast}");
+    assert!(find(&r, "slow").current);
+    assert!(find(&r, "fast").extrapolations.is_empty());
+}
+
+#[test]
+fn a_cpu_job_is_never_offered_gpus() {
+    let cat = catalog();
+    let r = advise(
+        &network_bound(),
+        &cat[0],
+        &cat,
+        &gpus(),
+        &Request::default(),
+    );
+    let gpu = find(&r, "a100x8");
+    assert!(gpu.predicted_iteration_seconds.is_none());
+    assert!(gpu
+        .not_applicable
+        .as_ref()
+        .unwrap()
+        .contains("does not use"));
+    assert!(!render_text(&r).contains("a100x8  "));
+}
+
+#[test]
+fn latency_bound_allreduce_gets_accumulation_not_nvlink() {
+    // The ddp-tutorial-series case: 21 parameters (84 bytes) all-reduced over gloo on one
+    // host, communication most of the iteration.
+    let cat = catalog();
+    let m = Measured {
+        iteration_seconds: 0.01,
+        breakdown: Breakdown {
+            compute: 0.003,
+            interconnect: 0.007,
+            ..Default::default()
+        },
+        ranks: 2,
+        nodes: 1,
+        comm_bytes_per_iteration: Some(84.0),
+        collectives_per_iteration: Some(1.0),
+        ..network_bound()
+    };
+    let r = advise(&m, &cat[0], &cat, &gpus(), &Request::default());
+    assert_eq!(r.communication_bound, CommBound::Latency);
+    assert_eq!(r.communication[0].kind, "gradient_accumulation");
+    let text = render_text(&r);
+    assert!(text.contains("latency-bound"), "{text}");
+    assert!(
+        !text
+            .to_lowercase()
+            .contains("use accelerators joined by nvlink"),
+        "{text}"
+    );
+}
+
+#[test]
+fn gpu_compute_scales_by_tensor_throughput_and_says_it_extrapolates() {
+    let cat = catalog();
+    let m = Measured {
+        iteration_seconds: 1.0,
+        breakdown: Breakdown {
+            compute: 1.0,
+            ..Default::default()
+        },
+        ranks: 8,
+        nodes: 1,
+        on_gpu: true,
+        batch_size: Some(32),
+        ..Default::default()
+    };
+    let req = Request {
+        work: Some(Work::Iterations(3600.0)),
+        ..Default::default()
+    };
+    let r = advise(&m, &cat[3], &cat, &gpus(), &req);
+    let h = find(&r, "h100x8");
+    let t = h.predicted_iteration_seconds.unwrap();
+    assert!((t - 312.0 / 989.0).abs() < 1e-6, "{t}");
+    assert!(!h.extrapolations.is_empty());
+    assert!((h.predicted_cost.unwrap() - t * 98.32).abs() < 1e-6);
+    assert!(find(&r, "small").not_applicable.is_some());
+    // H100 is faster and (per iteration) cheaper here: the A100 is off the front.
+    assert!(h.pareto && !find(&r, "a100x8").pareto);
+}
+
+#[test]
+fn more_cpus_shrink_an_exposed_prep_stall() {
+    let cat = catalog();
+    let m = Measured {
+        iteration_seconds: 0.107,
+        breakdown: Breakdown {
+            compute: 0.023,
+            data_prep: 0.084,
+            ..Default::default()
+        },
+        ranks: 1,
+        nodes: 1,
+        batch_size: Some(8),
+        workers: Some(2),
+        loader_cpu_seconds_per_sample: Some(0.0105),
+        rank_cpu_seconds_per_iteration: Some(0.023),
+        cpus: 1,
+        ..Default::default()
+    };
+    let r = advise(&m, &cat[2], &cat, &gpus(), &Request::default());
+    let one = find(&r, "small").predicted_iteration_seconds.unwrap();
+    let four = find(&r, "slow").predicted_iteration_seconds.unwrap();
+    assert!((one - 0.107).abs() < 1e-9);
+    // two workers on four cores: 0.084 / 2 per batch, the slowest rate
+    assert!((four - 0.042).abs() < 1e-3, "{four}");
+    // on its one core, more workers would not help: no such advice
+    assert!(
+        r.data.iter().all(|a| a.kind != "loader_workers"),
+        "{:?}",
+        r.data
+    );
+}
+
+#[test]
+fn budget_picks_the_cheapest_fast_enough() {
+    let cat = catalog();
+    let req = Request {
+        work: Some(Work::Iterations(36_000.0)),
+        budget_hours: Some(3.0),
+        ..Default::default()
+    };
+    let r = advise(&network_bound(), &cat[0], &cat, &gpus(), &req);
+    // slow: 5 h at $1 (over budget); fast: 2 h × 2 nodes × $3 = $12
+    assert_eq!(r.cheapest_within_budget.as_deref(), Some("2× fast"));
+}
+
+#[test]
+fn a_bad_cell_names_its_line_and_column() {
+    let csv =
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price\nx,,0,four,1,1\n";
+    let e = parse_instances(csv).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "line 2, column `vCPUs`: cannot read `four` as a number ≥ 0"
+    );
+    let e = parse_instances("InstanceType,vCPUs\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("AcceleratorName"), "{e}");
+}
+
+#[test]
+fn the_shipped_catalog_loads_and_covers_the_families() {
+    let cat = parse_instances(catalog::SHIPPED_INSTANCES).unwrap();
+    let g = gpus();
+    for family in [
+        "p3.",
+        "p4d",
+        "p5",
+        "g4dn",
+        "g5.",
+        "g6.",
+        "a2-",
+        "a3-",
+        "Standard_ND",
+        "Standard_NC",
+    ] {
+        assert!(
+            cat.iter().any(|i| i.instance_type.starts_with(family)),
+            "{family}"
+        );
+    }
+    for i in cat.iter().filter(|i| i.has_gpu()) {
+        assert!(
+            catalog::gpu(&g, i.accelerator.as_deref().unwrap()).is_some(),
+            "{}",
+            i.instance_type
+        );
+        assert!(i.source.is_some(), "{}", i.instance_type);
+    }
+}
+
+#[test]
+fn json_names_the_fields_the_readme_documents() {
+    let cat = catalog();
+    let r = advise(
+        &network_bound(),
+        &cat[0],
+        &cat,
+        &gpus(),
+        &Request::default(),
+    );
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["schema"], "stallscope.advice/1");
+    let first = &v["instances"][0];
+    for k in [
+        "instance_type",
+        "predicted_iteration_seconds",
+        "predicted_hours",
+        "predicted_cost",
+        "breakdown",
+    ] {
+        assert!(first.get(k).is_some(), "{k}");
+    }
+}

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Checks `stallscope advise` against measurement on local "instance shapes".
+
+A shape is what this machine can vary: the link rate between two network-namespace nodes
+(tbf), and the CPUs a run may use (taskset). The shapes are written as a catalog CSV, so the
+advisor reads them exactly as it reads a cloud catalog. For each pair (A, B) the example
+training is profiled on shape A, `stallscope advise --current A` predicts the median
+iteration on B, then B is run and its median measured; the error is (predicted - measured) /
+measured. Each shape runs --reps times; the table gives the median prediction from A's runs
+against B's min/median/max.
+
+    sudo python3 bench/advisor.py [--reps 3] [--iters 20] [--pairs net100:net50,...]
+         [--markdown FILE] [--json FILE]
+
+Needs root (namespaces, taskset is fine without). Prints a Markdown table.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import DATA, EXAMPLE, REPO, prepare_data  # noqa: E402
+
+NETNS = os.path.join(REPO, "scripts/netns.sh")
+
+# name -> (kind, value): "net" shapes are two nodes, one rank each, at a tbf rate in Mbit/s;
+# "cpu" shapes are one rank with loader workers on that many CPUs.
+SHAPES = {
+    "net50": ("net", 50),
+    "net100": ("net", 100),
+    "net200": ("net", 200),
+    "net400": ("net", 400),
+    "cpu1": ("cpu", 1),
+    "cpu2": ("cpu", 2),
+}
+DEFAULT_PAIRS = "net100:net50,net100:net200,net100:net400,net50:net200,net400:net100,cpu2:cpu1,cpu1:cpu2"
+NET_ARGS = ["--workers", "0", "--batch", "8", "--image-size", "32", "--width", "32", "--images", "128"]
+CPU_ARGS = ["--workers", "2", "--batch", "8", "--image-size", "32", "--width", "16", "--images", "128",
+            "--data-delay-ms", "10"]
+
+
+def catalog_csv():
+    """The shapes as a catalog in SkyPilot's columns plus NetworkGbps."""
+    rows = ["InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,NetworkGbps"]
+    for name, (kind, v) in SHAPES.items():
+        if kind == "net":
+            rows.append(f"{name},,0,{os.cpu_count()},4,1.0,{v / 1000}")
+        else:
+            rows.append(f"{name},,0,{v},4,{0.5 * v},")
+    return "\n".join(rows) + "\n"
+
+
+def run_net(args, shape, out, port):
+    """Two nodes, one rank each, at the shape's rate; returns node 0's profile."""
+    prefix = f"adv{os.getpid() % 10000}"
+    net = str(150 + os.getpid() % 50)
+    subprocess.run(["bash", NETNS, "up", prefix, f"{SHAPES[shape][1]}mbit", "--net", net],
+                   check=True, stdout=subprocess.DEVNULL)
+    try:
+        procs = []
+        for node in range(2):
+            ns = prefix + "ab"[node]
+            env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", RANK=str(node), LOCAL_RANK="0",
+                       WORLD_SIZE="2", MASTER_ADDR=f"10.77.{net}.1", MASTER_PORT=str(port))
+            cmd = ["ip", "netns", "exec", ns, args.stallscope, "run", "-q", "-o",
+                   f"{out}.node{node}.stallscope", "--", args.python, EXAMPLE, "--iters",
+                   str(args.iters), "--data-dir", DATA] + NET_ARGS
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        for p in procs:
+            if p.wait(timeout=600) != 0:
+                raise RuntimeError(f"{shape}: a node failed")
+    finally:
+        subprocess.run(["bash", NETNS, "down", prefix], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    return f"{out}.node0.stallscope", 2
+
+
+def run_cpu(args, shape, out, port):
+    cpus = ",".join(str(c) for c in range(SHAPES[shape][1]))
+    # 4x the iterations: these are short, and loader CPU needs the workers seen for a while.
+    cmd = ["taskset", "-c", cpus, args.stallscope, "run", "-q", "-o", f"{out}.stallscope", "--",
+           args.python, EXAMPLE, "--iters", str(4 * args.iters), "--port", str(port), "--data-dir",
+           DATA] + CPU_ARGS
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return f"{out}.stallscope", 1
+
+
+def advise(args, catalog, profile, shape, nodes):
+    """The advisor's JSON for a profile measured on `shape`."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run([args.stallscope, "advise", profile, "--catalog", catalog, "--current",
+                        shape, "--measured-nodes", str(nodes), "--warmup", "3", "--json",
+                        f.name], check=True, stdout=subprocess.DEVNULL)
+        return json.load(open(f.name))
+
+
+def measure_shape(args, catalog, shape, rep, work):
+    kind = SHAPES[shape][0]
+    out = os.path.join(work, f"{shape}-{rep}")
+    port = 29700 + (hash((shape, rep)) % 200)
+    profile, nodes = (run_net if kind == "net" else run_cpu)(args, shape, out, port)
+    return advise(args, catalog, profile, shape, nodes)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--python", default="/usr/bin/python3")
+    ap.add_argument("--stallscope", default=os.path.join(REPO, "target/debug/stallscope"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--pairs", default=DEFAULT_PAIRS)
+    ap.add_argument("--markdown")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
+    shapes = sorted({s for p in pairs for s in p})
+    prepare_data(args.python)
+    work = tempfile.mkdtemp(prefix="stallscope-advisor-")
+    catalog = os.path.join(work, "shapes.csv")
+    open(catalog, "w").write(catalog_csv())
+    load = os.getloadavg()[0]
+    reports = {s: [] for s in shapes}
+    for rep in range(args.reps):  # interleaved, so slow spells of the machine hit every shape
+        for s in shapes:
+            t0 = time.time()
+            reports[s].append(measure_shape(args, catalog, s, rep, work))
+            print(f"# {s} rep {rep}: {reports[s][-1]['measured']['iteration_seconds']:.3f} s "
+                  f"({time.time() - t0:.0f} s)", file=sys.stderr)
+    rows = []
+    for a, b in pairs:
+        preds = []
+        for r in reports[a]:
+            p = next(i for i in r["instances"] if i["instance_type"] == b)
+            preds.append(p["predicted_iteration_seconds"])
+        meas = [r["measured"]["iteration_seconds"] for r in reports[b]]
+        pred, med = statistics.median(preds), statistics.median(meas)
+        rows.append(dict(profiled=a, predicted_for=b, predicted=pred,
+                         profiled_median=statistics.median(
+                             r["measured"]["iteration_seconds"] for r in reports[a]),
+                         measured_min=min(meas), measured_median=med, measured_max=max(meas),
+                         error=(pred - med) / med))
+    lines = [f"load average at start {load:.2f}; {args.reps} runs per shape, {args.iters} "
+             f"iterations each (3 left out as warm-up)", "",
+             "| profiled on | median there (s) | predicted for | predicted (s) | measured min / median / max (s) | error |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['profiled']} | {r['profiled_median']:.3f} | {r['predicted_for']} | "
+                     f"{r['predicted']:.3f} | {r['measured_min']:.3f} / {r['measured_median']:.3f}"
+                     f" / {r['measured_max']:.3f} | {r['error'] * 100:+.1f}% |")
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown:
+        open(args.markdown, "w").write(text + "\n")
+    if args.json:
+        json.dump(rows, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

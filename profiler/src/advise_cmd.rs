@@ -1,0 +1,166 @@
+//! `stallscope advise PROFILE…`: reads what a profile measured, runs the advisor's model over
+//! the instance catalog (the shipped one, or the user's `--catalog`), prints the table and the
+//! advice, and writes the JSON with `--json`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use stallscope_analysis::advisor::{self, catalog, Measured, Request, Work};
+use stallscope_analysis::frame::Frame;
+use stallscope_collector::profile::read_profile;
+
+/// Arguments of `stallscope advise`.
+#[derive(Debug, Args)]
+pub struct AdviseArgs {
+    /// Profiles of the same job on the same machine (`stallscope run -o`); with several,
+    /// their iterations are pooled.
+    #[arg(required = true)]
+    pub profiles: Vec<PathBuf>,
+    /// The result of `stallscope experiment` for this job: its cold-cache read rate stands
+    /// for the measured machine's storage rate in the fetch model.
+    #[arg(long, value_name = "EXP")]
+    pub experiment: Option<PathBuf>,
+    /// Instance catalog CSV (SkyPilot's columns: InstanceType, AcceleratorName,
+    /// AcceleratorCount, vCPUs, MemoryGiB, Price; optional SpotPrice, NetworkGbps,
+    /// GpuLinkGBps, StorageMBps, Provider, Region). Default: the shipped catalog.
+    #[arg(long, value_name = "FILE")]
+    pub catalog: Option<PathBuf>,
+    /// The catalog row the profile was measured on (default: matched by CPUs and GPUs).
+    #[arg(long, value_name = "TYPE")]
+    pub current: Option<String>,
+    /// Node counts to consider, e.g. 1,2,4 (default: the measured count).
+    #[arg(long, value_delimiter = ',', value_name = "N")]
+    pub nodes: Vec<u32>,
+    /// Nodes the profile was measured on, when the profile cannot tell (network namespaces
+    /// on one host).
+    #[arg(long, value_name = "N")]
+    pub measured_nodes: Option<u32>,
+    /// Samples to train on, over all ranks.
+    #[arg(long, value_name = "N", conflicts_with = "iterations")]
+    pub train_samples: Option<f64>,
+    /// Iterations to train.
+    #[arg(long, value_name = "N")]
+    pub iterations: Option<f64>,
+    /// Longest acceptable time to train, hours.
+    #[arg(long, value_name = "H")]
+    pub budget_hours: Option<f64>,
+    /// Price at spot rates (rows without a spot price are left out).
+    #[arg(long)]
+    pub spot: bool,
+    /// Iterations per rank left out as warm-up.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Also write the advice as JSON (schema stallscope.advice/1).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+fn frames_of(path: &PathBuf) -> anyhow::Result<Vec<Frame>> {
+    let read = read_profile(path).with_context(|| format!("cannot read {}", path.display()))?;
+    for issue in &read.issues {
+        eprintln!("stallscope: {}: {}", path.display(), issue.describe());
+    }
+    Ok(read.frames)
+}
+
+/// Pools the profiles: iteration medians and breakdowns averaged, the rest from the first.
+fn measured(args: &AdviseArgs) -> anyhow::Result<Measured> {
+    let mut all: Vec<Measured> = Vec::new();
+    for p in &args.profiles {
+        let m = advisor::measure(&frames_of(p)?, args.warmup);
+        if m.iterations == 0 {
+            anyhow::bail!("{} holds no counted iterations", p.display());
+        }
+        all.push(m);
+    }
+    let mut m = all[0].clone();
+    let n = all.len() as f64;
+    m.iteration_seconds =
+        advisor::median(&all.iter().map(|x| x.iteration_seconds).collect::<Vec<_>>());
+    let mut b = advisor::Breakdown::default();
+    for x in &all {
+        let s = x.breakdown;
+        b.compute += s.compute / n;
+        b.data_fetch += s.data_fetch / n;
+        b.data_prep += s.data_prep / n;
+        b.interconnect += s.interconnect / n;
+        b.network += s.network / n;
+        b.peer_wait += s.peer_wait / n;
+        b.other += s.other / n;
+    }
+    m.breakdown = b.scaled_to(m.iteration_seconds);
+    m.iterations = all.iter().map(|x| x.iterations).sum();
+    if let Some(nodes) = args.measured_nodes {
+        m.nodes = nodes;
+    }
+    Ok(m)
+}
+
+/// MB/s the experiment's cold-cache run read its dataset at, when it measured it.
+fn experiment_storage_mbps(exp: &PathBuf) -> anyhow::Result<Option<f64>> {
+    let frames = frames_of(exp)?;
+    let report = frames
+        .iter()
+        .find_map(|f| match f {
+            Frame::Experiment(r) => Some(r),
+            _ => None,
+        })
+        .with_context(|| {
+            format!(
+                "{} is not the result of `stallscope experiment`",
+                exp.display()
+            )
+        })?;
+    Ok(report
+        .what_if
+        .as_ref()
+        .and_then(|w| w.inputs.storage_bytes_per_s)
+        .map(|b| b / 1e6))
+}
+
+/// Prints the advice; exit code 0.
+pub fn advise(args: AdviseArgs) -> anyhow::Result<i32> {
+    let text = match &args.catalog {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?
+        }
+        None => catalog::SHIPPED_INSTANCES.to_string(),
+    };
+    let name = args
+        .catalog
+        .as_ref()
+        .map_or("the shipped catalog".into(), |p| p.display().to_string());
+    let instances = catalog::parse_instances(&text).with_context(|| name.clone())?;
+    let gpus = catalog::parse_gpus(catalog::SHIPPED_GPUS).context("the shipped GPU table")?;
+    let m = measured(&args)?;
+    let storage = match &args.experiment {
+        Some(exp) => Some(experiment_storage_mbps(exp)?),
+        None => None,
+    };
+    let mut current = advisor::find_current(&instances, args.current.as_deref(), &m)
+        .map_err(anyhow::Error::msg)?
+        .clone();
+    if let (Some(Some(mbps)), None) = (storage, current.storage_mbps) {
+        // The measured machine's storage rate, as the experiment's cold-cache run read it.
+        current.storage_mbps = Some(mbps);
+    }
+    let current = &current;
+    let req = Request {
+        nodes: args.nodes.clone(),
+        work: match (args.train_samples, args.iterations) {
+            (Some(s), _) => Some(Work::Samples(s)),
+            (_, Some(i)) => Some(Work::Iterations(i)),
+            _ => None,
+        },
+        budget_hours: args.budget_hours,
+        spot: args.spot,
+    };
+    let report = advisor::advise(&m, current, &instances, &gpus, &req);
+    print!("{}", advisor::render_text(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(0)
+}
