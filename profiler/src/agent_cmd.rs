@@ -121,6 +121,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     };
     let listener = Arc::new(listener);
     let hub = Arc::new(FeedHub::default());
+    let _metrics = stallscope_collector::metrics::serve_flag(args.metrics.as_deref(), &hub)?;
     let feed_socket = crate::run::open_feed(hub.clone(), "agent.feed");
     let recorder = Recorder::new(None, header, &node, Box::new(Stderr), false)
         .with_tap(shipping_tap(shipper.clone(), listener.clone()))

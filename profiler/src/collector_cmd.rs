@@ -274,6 +274,7 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
             ..ServerConfig::default()
         };
         let hub = Arc::new(FeedHub::default());
+        let _metrics = stallscope_collector::metrics::serve_flag(args.metrics.as_deref(), &hub)?;
         let _feed_socket =
             crate::run::open_feed(hub.clone(), &format!("collector-{}.feed", addr.port()));
         let name = args.job.clone().unwrap_or_else(|| "job".into());

@@ -237,6 +237,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         .clone()
         .unwrap_or_else(|| stallscope_analysis::view::job_name(&header.command));
     let hub = Arc::new(FeedHub::default());
+    let _metrics = stallscope_collector::metrics::serve_flag(args.metrics.as_deref(), &hub)?;
     let feed_socket = open_feed(hub.clone(), &format!("run-{}.feed", std::process::id()));
     let recorder = Recorder::new(
         Some(Box::new(writer)),

@@ -223,3 +223,17 @@ pub fn serve(addr: SocketAddr, hub: &FeedHub) -> Result<MetricsServer, MetricsEr
 
 #[cfg(test)]
 mod tests;
+
+/// Serves `/metrics` when `--metrics` was given (`flag` is its value), saying where on stderr.
+pub fn serve_flag(
+    flag: Option<&str>,
+    hub: &FeedHub,
+) -> Result<Option<MetricsServer>, MetricsError> {
+    let Some(flag) = flag else { return Ok(None) };
+    let server = serve(parse_address(flag)?, hub)?;
+    eprintln!(
+        "stallscope: metrics on http://{}/metrics",
+        server.local_addr()
+    );
+    Ok(Some(server))
+}

@@ -301,6 +301,7 @@ pub fn experiment(args: ExperimentArgs) -> anyhow::Result<i32> {
             if layout.nodes.len() > 1 { "s" } else { "" }
         );
         let run_args = RunArgs {
+            metrics: None,
             output: Some(profile.clone()),
             summary_json: None,
             rate: args.rate,
