@@ -202,7 +202,11 @@ fn stragglers(out: &mut Out, state: &MetricsState) {
         "counter",
         "How long the rank held the others up in straggler windows, s.",
     );
-    for ((rank, node), s) in &state.held {
+    let mut held = state.held.clone();
+    for r in state.view.ranks.values() {
+        held.entry((r.rank, r.node.clone())).or_insert(0.0);
+    }
+    for ((rank, node), s) in &held {
         let l = [
             ("job", state.view.name.clone()),
             ("node", node.clone()),
