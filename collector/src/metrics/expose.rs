@@ -357,9 +357,12 @@ fn node_gauges(out: &mut Out, job: &str, nodes: &[&NodeView]) {
     }
 }
 
+/// A node's health figure: name, help, and its value.
+type NodeHealth = (&'static str, &'static str, fn(&NodeView) -> Option<f64>);
+
 fn node_health(out: &mut Out, job: &str, nodes: &[&NodeView]) {
     let node_labels = |n: &NodeView| [("job", job.to_string()), ("node", n.node.clone())];
-    let families: [(&str, &str, fn(&NodeView) -> Option<f64>); 4] = [
+    let families: [NodeHealth; 4] = [
         (
             "stallscope_markers_dropped_total",
             "Marker datagrams lost.",

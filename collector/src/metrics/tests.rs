@@ -106,3 +106,48 @@ fn a_histogram_counts_every_iteration_once() {
     assert_eq!(h.count(), 3);
     assert_eq!(h.over, 1);
 }
+
+/// The scrape's cost at 1,024 ranks on 128 nodes (docs/BENCHMARKS.md):
+/// `cargo test --release -p stallscope-collector --lib scrape_of_1024_ranks -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn scrape_of_1024_ranks() {
+    let mut view = model();
+    let template = view.ranks[&0].clone();
+    let node = view.nodes.values().next().unwrap().clone();
+    view.nodes.clear();
+    for rank in 0..1024u32 {
+        let name = format!("node{:03}", rank / 8);
+        let recent = (0..512)
+            .map(|i| parts(i, 80 + u64::from(rank % 7), 20))
+            .collect();
+        view.ranks.insert(
+            rank,
+            RankView {
+                rank,
+                node: name.clone(),
+                recent,
+                ..template.clone()
+            },
+        );
+        view.nodes.entry(name.clone()).or_insert_with(|| NodeView {
+            node: name,
+            ..node.clone()
+        });
+    }
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(view)));
+    let runs = 20;
+    let start = std::time::Instant::now();
+    let mut text = String::new();
+    for _ in 0..runs {
+        text = expose::render(&state);
+    }
+    let ms = start.elapsed().as_secs_f64() * 1e3 / f64::from(runs);
+    let series = text.lines().filter(|l| !l.starts_with('#')).count();
+    println!(
+        "1024 ranks, 128 nodes: {ms:.2} ms a scrape, {} bytes, {series} series",
+        text.len()
+    );
+    assert!(ms < 20.0, "a scrape took {ms:.2} ms");
+}
