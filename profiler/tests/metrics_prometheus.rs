@@ -101,8 +101,8 @@ impl Drop for Prometheus {
     }
 }
 
-/// Every `expr` of the dashboard's panels, its variables substituted.
-fn dashboard_queries() -> Vec<String> {
+/// Every `expr` of the dashboard's panels, its variables substituted (`job` = `job`).
+fn dashboard_queries(job: &str) -> Vec<String> {
     let path = repo().join("dashboards/grafana/stallscope.json");
     let d: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let mut out = Vec::new();
@@ -111,7 +111,7 @@ fn dashboard_queries() -> Vec<String> {
             let e = t["expr"].as_str().unwrap();
             out.push(
                 e.replace("$__rate_interval", "10s")
-                    .replace("$job", "train")
+                    .replace("$job", job)
                     .replace("$node", ".*")
                     .replace("$rank", ".*"),
             );
@@ -121,7 +121,7 @@ fn dashboard_queries() -> Vec<String> {
         if let Some(q) = v["query"]["query"].as_str() {
             let inner = q.trim_start_matches("label_values(").trim_end_matches(')');
             let metric = inner.rsplit_once(',').map_or(inner, |(m, _)| m);
-            out.push(metric.replace("$job", "train").replace("$node", ".*"));
+            out.push(metric.replace("$job", job).replace("$node", ".*"));
         }
     }
     out
@@ -179,7 +179,7 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
     .spawn()
     .expect("stallscope run starts");
 
-    let mut missing = dashboard_queries();
+    let mut missing = dashboard_queries("train");
     let mut checked = false;
     let deadline = Instant::now() + Duration::from_secs(300);
     while !missing.is_empty() && Instant::now() < deadline {
@@ -204,18 +204,168 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
     assert!(run.wait().unwrap().success());
 
     let summary = read_json(&dir.path().join("s.json"));
-    let totals = prom.query(
-        "sum by (category) (last_over_time(stallscope_stall_seconds_total{job=\"train\"}[10m]))",
-    );
+    shares_match(&prom, "train", &summary);
+}
+
+/// The stall shares Prometheus holds for `job` are the summary's within 5 points.
+fn shares_match(prom: &Prometheus, job: &str, summary: &Value) {
+    let totals = prom.query(&format!(
+        "sum by (category) (last_over_time(stallscope_stall_seconds_total{{job=\"{job}\"}}[10m]))"
+    ));
     let all: f64 = totals.iter().map(value).sum();
     assert!(all > 0.0, "Prometheus holds stall seconds");
     for t in &totals {
         let category = t["metric"]["category"].as_str().unwrap();
         let share = value(t) / all;
-        let want = fraction(&summary, category);
+        let want = fraction(summary, category);
         assert!(
             (share - want).abs() < 0.05,
             "{category}: Prometheus {share:.3}, summary {want:.3}"
         );
     }
+}
+
+/// A child ended by its PID when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        kill(self.0.id(), libc::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(cmd: &mut Command, log: &Path) -> Reaped {
+    let f = std::fs::File::create(log).unwrap();
+    Reaped(cmd.stdout(Stdio::null()).stderr(f).spawn().expect("starts"))
+}
+
+fn log_has(log: &Path, text: &str) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|t| t.contains(text))
+}
+
+/// Waits (bounded) for `child` to exit; whether it exited successfully.
+fn exited_ok(child: &mut Reaped, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            return status.success();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// A collector with two agents on loopback (one rank each, each node on a scripted GPU):
+/// Prometheus scrapes the collector; every dashboard query has data for the whole job and
+/// its stall shares match the job summary.
+#[test]
+fn prometheus_scrapes_a_collector_with_two_agents() {
+    if !have_torch() || !have("prometheus") {
+        eprintln!("skipped: needs torch and prometheus (scripts/install-deps.sh)");
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n);
+    std::fs::write(d("token"), "t\n").unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let prom = Prometheus::start(&metrics);
+    let mut col = spawn(
+        stallscope()
+            .args([
+                "collector",
+                "--listen",
+                &listen,
+                "--job",
+                "ddp",
+                "--metrics",
+                &metrics,
+            ])
+            .arg("--token-file")
+            .arg(d("token"))
+            .arg("--out")
+            .arg(d("job.stallscope"))
+            .arg("--summary-json")
+            .arg(d("job.json")),
+        &d("collector.log"),
+    );
+    assert!(wait_for(Duration::from_secs(30), || log_has(
+        &d("collector.log"),
+        "listening"
+    )));
+    let _agents: Vec<Reaped> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            let mut c = stallscope();
+            fake_gpu(&mut c, "gpus=1");
+            c.args([
+                "agent",
+                "--collector",
+                &listen,
+                "--node",
+                &format!("node-{n}"),
+            ])
+            .arg("--token-file")
+            .arg(d("token"))
+            .arg("--socket")
+            .arg(d(&format!("{n}.sock")));
+            spawn(&mut c, &d(&format!("agent-{n}.log")))
+        })
+        .collect();
+    assert!(wait_for(Duration::from_secs(30), || {
+        log_has(&d("collector.log"), "node-a joined")
+            && log_has(&d("collector.log"), "node-b joined")
+    }));
+    let gloo_port = free_port().to_string();
+    let mut ranks: Vec<Reaped> = [(0, "a"), (1, "b")]
+        .iter()
+        .map(|(r, n)| {
+            let mut c = stallscope();
+            c.args(["run", "-q", "--", &python(), &example()])
+                .args([
+                    "--workers",
+                    "0",
+                    "--batch",
+                    "4",
+                    "--images",
+                    "64",
+                    "--iters",
+                    "300",
+                ])
+                .args(["--data-dir", &data_dir()])
+                .env("STALLSCOPE_SOCKET", d(&format!("{n}.sock")))
+                .env("GLOO_SOCKET_IFNAME", "lo")
+                .env("RANK", r.to_string())
+                .env("LOCAL_RANK", "0")
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &gloo_port);
+            spawn(&mut c, &d(&format!("rank{r}.log")))
+        })
+        .collect();
+    let mut missing = dashboard_queries("ddp");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !missing.is_empty() && Instant::now() < deadline {
+        if ranks[0].0.try_wait().unwrap().is_some() {
+            break;
+        }
+        missing.retain(|e| prom.query(e).is_empty());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        missing.is_empty(),
+        "dashboard queries without data: {missing:#?}"
+    );
+    for r in &mut ranks {
+        assert!(exited_ok(r, Duration::from_secs(300)), "a rank finished");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    kill(col.0.id(), libc::SIGTERM);
+    assert!(
+        exited_ok(&mut col, Duration::from_secs(30)),
+        "the collector ended"
+    );
+    shares_match(&prom, "ddp", &read_json(&d("job.json")));
 }
