@@ -22,6 +22,7 @@ PACKAGES=(
     pkg-config
     ca-certificates
     curl
+    prometheus
 )
 
 dry_run=0

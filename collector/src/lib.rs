@@ -5,6 +5,7 @@
 pub mod clock;
 pub mod feed;
 pub mod job;
+pub mod metrics;
 pub mod profile;
 pub mod server;
 

@@ -102,7 +102,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     }
 
     let listener = Arc::new(listener);
-    let (recorder, feed_socket) = recorder_of(&node, args.rate, &shipper, &listener);
+    let (recorder, feed_socket, _metrics) = recorder_of(&node, &args, &shipper, &listener)?;
 
     let samplers = Samplers::start(
         args.rate,
@@ -133,20 +133,27 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
 /// node's `agent.feed` (returned, to be dropped at the end).
 fn recorder_of(
     node: &str,
-    rate_hz: f64,
+    args: &AgentArgs,
     shipper: &Arc<Shipper>,
     listener: &Arc<MarkerListener>,
-) -> (Recorder, Option<feed::FeedSocket>) {
+) -> anyhow::Result<(
+    Recorder,
+    Option<feed::FeedSocket>,
+    Option<stallscope_collector::metrics::MetricsServer>,
+)> {
+    // The node's name (--node) names it in the live model and its views.
     let header = RunHeader {
         command: vec!["stallscope".into(), "agent".into()],
-        ..header(&[], rate_hz, 0)
+        host: node.to_string(),
+        ..header(&[], args.rate, 0)
     };
     let hub = Arc::new(FeedHub::default());
+    let metrics = stallscope_collector::metrics::serve_flag(args.metrics.as_deref(), &hub)?;
     let feed_socket = feed::open(hub.clone(), "agent.feed");
-    let recorder = Recorder::new(None, header, node, Box::new(Stderr), false)
+    let recorder = Recorder::new(None, header, "", Box::new(Stderr), false)
         .with_tap(shipping_tap(shipper.clone(), listener.clone()))
         .with_feed(hub);
-    (recorder, feed_socket)
+    Ok((recorder, feed_socket, metrics))
 }
 
 /// Sends `Event::Finish` on SIGINT or SIGTERM.

@@ -60,6 +60,10 @@ pub struct DoctorArgs {
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
+    /// Serve Prometheus /metrics from the live model on ADDR (HOST:PORT, :PORT or PORT;
+    /// loopback unless a host is given; bare `--metrics`: 127.0.0.1:7572).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:7572")]
+    pub metrics: Option<String>,
     /// The collector, HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
     pub collector: String,
@@ -128,6 +132,10 @@ pub struct CollectorBenchArgs {
 
 #[derive(Debug, Args)]
 pub struct CollectorArgs {
+    /// Serve Prometheus /metrics from the live model on ADDR (HOST:PORT, :PORT or PORT;
+    /// loopback unless a host is given; bare `--metrics`: 127.0.0.1:7572).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:7572")]
+    pub metrics: Option<String>,
     /// Address to listen on for agents. Anything but loopback requires --token-file.
     #[arg(long, default_value = "127.0.0.1:7571", value_name = "ADDR")]
     pub listen: String,
@@ -153,6 +161,10 @@ pub struct CollectorArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// Serve Prometheus /metrics from the live model on ADDR (HOST:PORT, :PORT or PORT;
+    /// loopback unless a host is given; bare `--metrics`: 127.0.0.1:7572).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:7572")]
+    pub metrics: Option<String>,
     /// Where to write the profile (default: stallscope-<time>.stallscope in the current directory).
     #[arg(short, long)]
     pub output: Option<PathBuf>,

@@ -182,7 +182,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         std::thread::spawn(move || pass_stdout(stdout, re, pid, tx))
     });
 
-    let (recorder, feed_socket) = recorder_of(args, writer);
+    let (recorder, feed_socket, _metrics) = recorder_of(args, writer)?;
     let descendants = recorder.descendants.clone();
     let samplers = Samplers::start(
         args.rate,
@@ -253,14 +253,23 @@ fn listen(socket: &Path, inbox: &Inbox) -> Option<MarkerListener> {
 }
 
 /// The run's recorder, writing to `writer`, drawing the status line, publishing its model on
-/// the run's feed socket (returned, to be dropped at the end).
-fn recorder_of(args: &RunArgs, writer: ProfileWriter) -> (Recorder, Option<feed::FeedSocket>) {
+/// the run's feed socket and, with `--metrics`, on `/metrics` (returned, to be dropped at the
+/// end).
+fn recorder_of(
+    args: &RunArgs,
+    writer: ProfileWriter,
+) -> anyhow::Result<(
+    Recorder,
+    Option<feed::FeedSocket>,
+    Option<stallscope_collector::metrics::MetricsServer>,
+)> {
     let header = header(args);
     let name = args
         .job
         .clone()
         .unwrap_or_else(|| stallscope_analysis::view::job_name(&header.command));
     let hub = Arc::new(FeedHub::default());
+    let metrics = stallscope_collector::metrics::serve_flag(args.metrics.as_deref(), &hub)?;
     let feed_socket = feed::open(hub.clone(), &format!("run-{}.feed", std::process::id()));
     let recorder = Recorder::new(
         Some(Box::new(writer)),
@@ -270,7 +279,7 @@ fn recorder_of(args: &RunArgs, writer: ProfileWriter) -> (Recorder, Option<feed:
         args.iter_regex.is_some(),
     )
     .with_feed(hub);
-    (recorder, feed_socket)
+    Ok((recorder, feed_socket, metrics))
 }
 
 /// The node agent's marker socket, when an agent answers on it (`$STALLSCOPE_SOCKET`, else

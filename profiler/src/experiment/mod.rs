@@ -355,6 +355,7 @@ fn run_config(
         if layout.nodes.len() > 1 { "s" } else { "" }
     );
     let run_args = RunArgs {
+        metrics: None,
         output: Some(profile.clone()),
         summary_json: None,
         rate: args.rate,

@@ -1,0 +1,512 @@
+//! The Prometheus text exposition (format 0.0.4, which every Prometheus and `promtool` reads)
+//! of a [`MetricsState`]: a pure function, so its output is tested on a state built in the
+//! test.
+//!
+//! Labels are bounded: `job`, `node`, `rank`, `category`, `direction`, `resource`, `source`
+//! and the GPU's identity (`gpu`, `UUID`, as dcgm-exporter names them), never an iteration,
+//! a pid or a path. A figure no source gave is left out, never written as 0.
+
+use std::fmt::Write;
+
+use stallscope_analysis::category::Category;
+use stallscope_analysis::view::{NodeView, RankView};
+
+use super::{MetricsState, NodeTotals, BUCKETS};
+
+/// The `Content-Type` of a scrape.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The text of one scrape, with the process's own CPU time read now.
+pub fn render(state: &MetricsState) -> String {
+    render_with(state, own_cpu_seconds())
+}
+
+/// The text of one scrape; `own_cpu_seconds` is the profiler's CPU time, s, when known.
+pub fn render_with(state: &MetricsState, own_cpu_seconds: Option<f64>) -> String {
+    let mut out = Out::default();
+    let job = state.view.name.as_str();
+    out.family("stallscope_build_info", "gauge", "stallscope's version.");
+    out.sample(
+        "stallscope_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    if let Some(cpu) = own_cpu_seconds {
+        out.family(
+            "stallscope_process_cpu_seconds_total",
+            "counter",
+            "CPU time the profiler itself used, s.",
+        );
+        out.sample("stallscope_process_cpu_seconds_total", &[("job", job)], cpu);
+    }
+    ranks(&mut out, state);
+    gpus(&mut out, state);
+    stragglers(&mut out, state);
+    nodes(&mut out, state);
+    out.text
+}
+
+fn ranks(out: &mut Out, state: &MetricsState) {
+    let job = state.view.name.as_str();
+    let ranks: Vec<&RankView> = state.view.ranks.values().collect();
+    let labels = |r: &RankView| -> Vec<(&'static str, String)> {
+        vec![
+            ("job", job.into()),
+            ("node", r.node.clone()),
+            ("rank", r.rank.to_string()),
+        ]
+    };
+    let name = "stallscope_iterations_total";
+    out.family(name, "counter", "Iterations counted (warm-up left out).");
+    for r in &ranks {
+        out.sample_owned(name, &labels(r), r.figures.iterations as f64);
+    }
+    let name = "stallscope_iteration_wall_seconds_total";
+    out.family(name, "counter", "Wall time of the counted iterations, s.");
+    for r in &ranks {
+        out.sample_owned(name, &labels(r), r.figures.wall_seconds);
+    }
+    let name = "stallscope_stall_seconds_total";
+    out.family(
+        name,
+        "counter",
+        "Counted iterations' wall time by category, s (sums to the wall time).",
+    );
+    for r in &ranks {
+        for c in Category::ALL {
+            let mut l = labels(r);
+            l.push(("category", c.name().into()));
+            out.sample_owned(name, &l, r.figures.categories.get(c).seconds);
+        }
+    }
+    let name = "stallscope_iteration_p95_seconds";
+    out.family(
+        name,
+        "gauge",
+        "95th percentile of the recent iterations' time, s.",
+    );
+    for r in ranks.iter().filter(|r| !r.recent.is_empty()) {
+        out.sample_owned(name, &labels(r), r.p95_iteration_seconds);
+    }
+    let name = "stallscope_iteration_duration_seconds";
+    out.family(
+        name,
+        "histogram",
+        "Iteration time, every iteration (warm-up included), s.",
+    );
+    for r in &ranks {
+        let Some(h) = state.histograms.get(&r.rank) else {
+            continue;
+        };
+        let mut cumulative = 0;
+        let bucket = format!("{name}_bucket");
+        for (b, n) in BUCKETS.iter().zip(h.counts) {
+            cumulative += n;
+            let mut l = labels(r);
+            l.push(("le", b.to_string()));
+            out.sample_owned(&bucket, &l, cumulative as f64);
+        }
+        let mut l = labels(r);
+        l.push(("le", "+Inf".into()));
+        out.sample_owned(&bucket, &l, h.count() as f64);
+        out.sample_owned(&format!("{name}_sum"), &labels(r), h.sum_seconds);
+        out.sample_owned(&format!("{name}_count"), &labels(r), h.count() as f64);
+    }
+}
+
+/// A GPU figure: name, type, help, and its value from a rank.
+type GpuFigure = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&RankView) -> Option<f64>,
+);
+
+fn counted(r: &RankView, per_iteration: Option<f64>) -> Option<f64> {
+    let g = r.gpu.as_ref()?;
+    Some(per_iteration? * r.figures.iterations as f64 * g.read_fraction)
+}
+
+const GPU_FIGURES: [GpuFigure; 6] = [
+    (
+        "stallscope_gpu_busy_ratio",
+        "gauge",
+        "Share of the time a kernel ran (NVML), 0-1.",
+        |r| r.gpu.as_ref()?.busy_fraction,
+    ),
+    (
+        "stallscope_gpu_power_watts",
+        "gauge",
+        "Mean board power, W.",
+        |r| r.gpu.as_ref()?.power_watts,
+    ),
+    (
+        "stallscope_gpu_energy_joules_total",
+        "counter",
+        "Energy over the counted iterations, J.",
+        |r| counted(r, r.gpu.as_ref()?.energy_joules_per_iteration),
+    ),
+    (
+        "stallscope_gpu_pcie_received_bytes_total",
+        "counter",
+        "Bytes received over PCIe in the counted iterations.",
+        |r| counted(r, r.gpu.as_ref()?.pcie_rx_bytes_per_iteration),
+    ),
+    (
+        "stallscope_gpu_pcie_sent_bytes_total",
+        "counter",
+        "Bytes sent over PCIe in the counted iterations.",
+        |r| counted(r, r.gpu.as_ref()?.pcie_tx_bytes_per_iteration),
+    ),
+    (
+        "stallscope_gpu_nvlink_bytes_total",
+        "counter",
+        "Bytes over NVLink in the counted iterations, both directions.",
+        |r| counted(r, r.gpu.as_ref()?.nvlink_bytes_per_iteration),
+    ),
+];
+
+fn gpus(out: &mut Out, state: &MetricsState) {
+    let job = state.view.name.as_str();
+    for (name, kind, help, value) in GPU_FIGURES {
+        let rows: Vec<(&RankView, f64)> = state
+            .view
+            .ranks
+            .values()
+            .filter_map(|r| Some((r, value(r)?)))
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        out.family(name, kind, help);
+        for (r, v) in rows {
+            let g = r.gpu.as_ref().expect("a value implies a GPU");
+            let mut l = vec![
+                ("job", job.to_string()),
+                ("node", r.node.clone()),
+                ("rank", r.rank.to_string()),
+                ("gpu", g.gpu.clone()),
+            ];
+            if let Some(uuid) = &g.uuid {
+                l.push(("UUID", uuid.clone()));
+            }
+            out.sample_owned(name, &l, v);
+        }
+    }
+}
+
+fn stragglers(out: &mut Out, state: &MetricsState) {
+    let name = "stallscope_straggler_held_seconds_total";
+    out.family(
+        name,
+        "counter",
+        "How long the rank held the others up in straggler windows, s.",
+    );
+    let mut held = state.held.clone();
+    for r in state.view.ranks.values() {
+        held.entry((r.rank, r.node.clone())).or_insert(0.0);
+    }
+    for ((rank, node), s) in &held {
+        let l = [
+            ("job", state.view.name.clone()),
+            ("node", node.clone()),
+            ("rank", rank.to_string()),
+        ];
+        out.sample_owned(name, &l, *s);
+    }
+}
+
+/// A node counter: name, help, and its value from the totals.
+type NodeFigure = (
+    &'static str,
+    &'static str,
+    Option<(&'static str, &'static str)>,
+    fn(&NodeTotals) -> Option<f64>,
+);
+
+const NODE_COUNTERS: [NodeFigure; 10] = [
+    (
+        "stallscope_node_network_bytes_total",
+        "Bytes on the NICs (loopback left out).",
+        Some(("direction", "rx")),
+        |t| t.nic_rx_bytes,
+    ),
+    (
+        "stallscope_node_network_bytes_total",
+        "",
+        Some(("direction", "tx")),
+        |t| t.nic_tx_bytes,
+    ),
+    (
+        "stallscope_node_disk_read_bytes_total",
+        "Bytes read from whole disks.",
+        None,
+        |t| t.disk_read_bytes,
+    ),
+    (
+        "stallscope_node_disk_written_bytes_total",
+        "Bytes written to whole disks.",
+        None,
+        |t| t.disk_write_bytes,
+    ),
+    (
+        "stallscope_node_runqueue_delay_seconds_total",
+        "Time the training loops' threads waited for a CPU, s.",
+        None,
+        |t| t.runq_delay_seconds,
+    ),
+    (
+        "stallscope_node_job_cpu_seconds_total",
+        "CPU time the job's processes used, s.",
+        None,
+        |t| t.cpu_seconds,
+    ),
+    (
+        "stallscope_node_pcie_bytes_total",
+        "Bytes the node's GPUs moved over PCIe.",
+        Some(("direction", "rx")),
+        |t| t.pcie_rx_bytes,
+    ),
+    (
+        "stallscope_node_pcie_bytes_total",
+        "",
+        Some(("direction", "tx")),
+        |t| t.pcie_tx_bytes,
+    ),
+    (
+        "stallscope_node_nvlink_bytes_total",
+        "Bytes the node's GPUs moved over NVLink.",
+        Some(("direction", "rx")),
+        |t| t.nvlink_rx_bytes,
+    ),
+    (
+        "stallscope_node_nvlink_bytes_total",
+        "",
+        Some(("direction", "tx")),
+        |t| t.nvlink_tx_bytes,
+    ),
+];
+
+fn nodes(out: &mut Out, state: &MetricsState) {
+    let job = state.view.name.as_str();
+    let nodes: Vec<&NodeView> = state.view.nodes.values().collect();
+    for (name, help, extra, value) in NODE_COUNTERS {
+        let rows: Vec<(&String, f64)> = state
+            .nodes
+            .iter()
+            .filter_map(|(n, t)| Some((n, value(t)?)))
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        if !help.is_empty() || !out.has(name) {
+            out.family(name, "counter", help);
+        }
+        for (node, v) in rows {
+            let mut l = vec![("job", job.to_string()), ("node", node.clone())];
+            if let Some((k, val)) = extra {
+                l.push((k, val.to_string()));
+            }
+            out.sample_owned(name, &l, v);
+        }
+    }
+    node_gauges(out, job, &nodes);
+    node_health(out, job, &nodes);
+}
+
+fn node_gauges(out: &mut Out, job: &str, nodes: &[&NodeView]) {
+    let name = "stallscope_node_pressure_ratio";
+    let mut first = true;
+    for n in nodes {
+        let Some(r) = &n.resources else { continue };
+        for (resource, v) in [
+            ("cpu", r.psi_cpu),
+            ("io", r.psi_io),
+            ("memory", r.psi_memory),
+        ] {
+            let Some(v) = v else { continue };
+            if std::mem::take(&mut first) {
+                out.family(
+                    name,
+                    "gauge",
+                    "Share of the last second some task stalled (PSI some), 0-1.",
+                );
+            }
+            let l = [
+                ("job", job.into()),
+                ("node", n.node.clone()),
+                ("resource", resource.into()),
+            ];
+            out.sample_owned(name, &l, v);
+        }
+    }
+    let name = "stallscope_node_gpu_busy_ratio";
+    let rows: Vec<_> = nodes
+        .iter()
+        .filter_map(|n| Some((n, n.resources.as_ref()?.gpu_busy?)))
+        .collect();
+    if !rows.is_empty() {
+        out.family(
+            name,
+            "gauge",
+            "Mean utilisation of the node's GPUs over the last second, 0-1.",
+        );
+        for (n, v) in rows {
+            out.sample_owned(name, &[("job", job.into()), ("node", n.node.clone())], v);
+        }
+    }
+}
+
+/// A node's health figure: name, help, and its value.
+type NodeHealth = (&'static str, &'static str, fn(&NodeView) -> Option<f64>);
+
+fn node_health(out: &mut Out, job: &str, nodes: &[&NodeView]) {
+    let node_labels = |n: &NodeView| [("job", job.to_string()), ("node", n.node.clone())];
+    let families: [NodeHealth; 4] = [
+        (
+            "stallscope_markers_dropped_total",
+            "Marker datagrams lost.",
+            |n| Some(n.markers_dropped as f64),
+        ),
+        (
+            "stallscope_records_dropped_total",
+            "Records the agent dropped while the collector was away.",
+            |n| Some(n.records_dropped as f64),
+        ),
+        (
+            "stallscope_clock_offset_seconds",
+            "The node's clock minus the collector's, s.",
+            |n| Some(n.clock_offset_ns? as f64 / 1e9),
+        ),
+        (
+            "stallscope_clock_uncertainty_seconds",
+            "The clock offset is right within this, s.",
+            |n| Some(n.clock_uncertainty_ns? as f64 / 1e9),
+        ),
+    ];
+    for (name, help, value) in families {
+        let rows: Vec<_> = nodes.iter().filter_map(|n| Some((n, value(n)?))).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        out.family(name, kind, help);
+        for (n, v) in rows {
+            out.sample_owned(name, &node_labels(n), v);
+        }
+    }
+    let name = "stallscope_source_up";
+    out.family(
+        name,
+        "gauge",
+        "Whether a source delivers readings (1) or is down (0).",
+    );
+    for n in nodes {
+        for (source, up) in sources(n) {
+            let l = [
+                ("job", job.into()),
+                ("node", n.node.clone()),
+                ("source", source),
+            ];
+            out.sample_owned(name, &l, if up { 1.0 } else { 0.0 });
+        }
+    }
+}
+
+/// Each source the node's readings or its down list name, and whether it is up.
+fn sources(n: &NodeView) -> Vec<(String, bool)> {
+    let mut out: Vec<(String, bool)> = Vec::new();
+    let down: Vec<String> = n
+        .sources_down
+        .iter()
+        .map(|s| s.split(':').next().unwrap_or(s).trim().to_string())
+        .collect();
+    if let Some(r) = &n.resources {
+        let seen = [
+            ("cpu", r.cpu_busy_cores.is_some()),
+            ("runq", r.runq_delay.is_some()),
+            ("net", r.nic_rx_bytes_per_s.is_some()),
+            ("disk", r.disk_read_bytes_per_s.is_some()),
+            ("psi", r.psi_cpu.is_some()),
+            ("nvml", r.gpu_busy.is_some()),
+        ];
+        for (s, yes) in seen {
+            if yes && !down.iter().any(|d| d == s) {
+                out.push((s.into(), true));
+            }
+        }
+    }
+    for d in down {
+        if !out.iter().any(|(s, _)| *s == d) {
+            out.push((d, false));
+        }
+    }
+    out
+}
+
+#[derive(Default)]
+struct Out {
+    text: String,
+    families: Vec<&'static str>,
+}
+
+impl Out {
+    fn has(&self, name: &str) -> bool {
+        self.families.contains(&name)
+    }
+
+    fn family(&mut self, name: &'static str, kind: &str, help: &str) {
+        self.families.push(name);
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
+        self.text.push_str(name);
+        if !labels.is_empty() {
+            self.text.push('{');
+            for (i, (k, val)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.text.push(',');
+                }
+                let _ = write!(self.text, "{k}=\"");
+                escape(&mut self.text, val);
+                self.text.push('"');
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {v}");
+    }
+
+    fn sample_owned(&mut self, name: &str, labels: &[(&str, String)], v: f64) {
+        let l: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.sample(name, &l, v);
+    }
+}
+
+fn escape(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// s, this process's CPU time (user + system), from `/proc/self/stat`.
+fn own_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| (utime + stime) / hz as f64)
+}

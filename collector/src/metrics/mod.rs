@@ -1,0 +1,239 @@
+//! `/metrics`: the live job model as Prometheus text, for `stallscope run`, `agent` and
+//! `collector`.
+//!
+//! A scrape reads the model; it never samples. The server subscribes to the process's
+//! [`FeedHub`] like any other view and folds every message into its own copy of the
+//! [`JobView`] ([`MetricsState`]). It also keeps what the model itself only keeps as a window:
+//! a cumulative iteration-time histogram per rank (the feed's updates carry every new
+//! iteration) and node counters integrated from the one-second resource rates. The exposition
+//! ([`expose::render`]) is a pure function of that state, so it is tested on a state built in
+//! the test.
+
+pub mod expose;
+mod http;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use stallscope_analysis::view::hub::{FeedHub, FeedMessage};
+use stallscope_analysis::view::{IterationParts, JobView, NodeResources};
+
+pub use http::MetricsServer;
+
+/// The default port of `--metrics` (outside Prometheus's exporter range 9100–9999, which is
+/// fully allocated; next to the collector's ingest port 7571).
+pub const DEFAULT_PORT: u16 = 7572;
+
+/// s, the upper bounds of the iteration-time histogram's buckets (`+Inf` is implied).
+pub const BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Why the metrics server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The address could not be parsed.
+    #[error("--metrics {0}: not an address (HOST:PORT, :PORT or PORT)")]
+    Address(String),
+    /// The address could not be bound.
+    #[error("--metrics {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server's thread could not start.
+    #[error("metrics server thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Parses `--metrics`' value: `HOST:PORT`, `:PORT` (loopback) or `PORT` (loopback).
+pub fn parse_address(s: &str) -> Result<SocketAddr, MetricsError> {
+    let s = s.trim();
+    if let Ok(port) = s.trim_start_matches(':').parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse().map_err(|_| MetricsError::Address(s.into()))
+}
+
+/// One rank's cumulative iteration-time histogram.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Histogram {
+    /// Iterations at or below each of [`BUCKETS`], not cumulative.
+    pub counts: [u64; BUCKETS.len()],
+    /// Iterations above the last bucket.
+    pub over: u64,
+    /// s, their summed wall time.
+    pub sum_seconds: f64,
+}
+
+impl Histogram {
+    /// Counts one iteration of `seconds`.
+    pub fn observe(&mut self, seconds: f64) {
+        match BUCKETS.iter().position(|b| seconds <= *b) {
+            Some(i) => self.counts[i] += 1,
+            None => self.over += 1,
+        }
+        self.sum_seconds += seconds;
+    }
+
+    /// Iterations counted.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum::<u64>() + self.over
+    }
+}
+
+/// Bytes (or seconds) a node moved, integrated from its one-second resource rates.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeTotals {
+    /// ns, the start of the latest reading folded in.
+    pub last_t_ns: u64,
+    /// bytes received on the NICs; `None` while no reading had it.
+    pub nic_rx_bytes: Option<f64>,
+    /// bytes sent on the NICs.
+    pub nic_tx_bytes: Option<f64>,
+    /// bytes read from whole disks.
+    pub disk_read_bytes: Option<f64>,
+    /// bytes written to whole disks.
+    pub disk_write_bytes: Option<f64>,
+    /// s the loops' threads waited in the run queue.
+    pub runq_delay_seconds: Option<f64>,
+    /// s of CPU the job's processes used.
+    pub cpu_seconds: Option<f64>,
+    /// bytes the GPUs received over PCIe.
+    pub pcie_rx_bytes: Option<f64>,
+    /// bytes the GPUs sent over PCIe.
+    pub pcie_tx_bytes: Option<f64>,
+    /// bytes the GPUs received over NVLink.
+    pub nvlink_rx_bytes: Option<f64>,
+    /// bytes the GPUs sent over NVLink.
+    pub nvlink_tx_bytes: Option<f64>,
+}
+
+fn integrate(total: &mut Option<f64>, rate: Option<f64>, seconds: f64) {
+    if let Some(r) = rate {
+        *total = Some(total.unwrap_or(0.0) + r * seconds);
+    }
+}
+
+impl NodeTotals {
+    /// Folds in one reading, once.
+    pub fn add(&mut self, r: &NodeResources) {
+        if r.t_ns <= self.last_t_ns && self.last_t_ns != 0 {
+            return;
+        }
+        self.last_t_ns = r.t_ns;
+        let s = r.dur_ns as f64 / 1e9;
+        integrate(&mut self.nic_rx_bytes, r.nic_rx_bytes_per_s, s);
+        integrate(&mut self.nic_tx_bytes, r.nic_tx_bytes_per_s, s);
+        integrate(&mut self.disk_read_bytes, r.disk_read_bytes_per_s, s);
+        integrate(&mut self.disk_write_bytes, r.disk_write_bytes_per_s, s);
+        integrate(&mut self.runq_delay_seconds, r.runq_delay, s);
+        integrate(&mut self.cpu_seconds, r.cpu_busy_cores, s);
+        integrate(&mut self.pcie_rx_bytes, r.pcie_rx_bytes_per_s, s);
+        integrate(&mut self.pcie_tx_bytes, r.pcie_tx_bytes_per_s, s);
+        integrate(&mut self.nvlink_rx_bytes, r.nvlink_rx_bytes_per_s, s);
+        integrate(&mut self.nvlink_tx_bytes, r.nvlink_tx_bytes_per_s, s);
+    }
+}
+
+/// What a scrape renders: the model, plus the cumulative figures the model keeps only as
+/// windows.
+#[derive(Clone, Debug, Default)]
+pub struct MetricsState {
+    /// The model, as the feed last said.
+    pub view: JobView,
+    /// Per rank.
+    pub histograms: BTreeMap<u32, Histogram>,
+    /// Per node.
+    pub nodes: BTreeMap<String, NodeTotals>,
+    /// s, how long each (rank, node) held the others up, over every straggler window.
+    pub held: BTreeMap<(u32, String), f64>,
+    /// Whether the run ended.
+    pub ended: bool,
+}
+
+impl MetricsState {
+    /// Folds in one feed message.
+    pub fn fold(&mut self, msg: FeedMessage) {
+        match msg {
+            FeedMessage::Snapshot(view) => {
+                self.view = (*view).clone();
+                for w in &self.view.stragglers {
+                    *self.held.entry((w.rank, w.node.clone())).or_default() += w.held_seconds;
+                }
+                for r in self.view.ranks.values() {
+                    let h = self.histograms.entry(r.rank).or_default();
+                    r.recent.iter().for_each(|p| observe(h, p));
+                }
+                self.fold_nodes();
+            }
+            FeedMessage::Update(u) => {
+                for w in &u.stragglers {
+                    *self.held.entry((w.rank, w.node.clone())).or_default() += w.held_seconds;
+                }
+                for (rank, p) in &u.parts {
+                    observe(self.histograms.entry(*rank).or_default(), p);
+                }
+                self.view.apply((*u).clone());
+                self.fold_nodes();
+            }
+            FeedMessage::End => self.ended = true,
+        }
+    }
+
+    fn fold_nodes(&mut self) {
+        for n in self.view.nodes.values() {
+            let totals = self.nodes.entry(n.node.clone()).or_default();
+            for r in n.history.iter().chain(n.resources.iter()) {
+                totals.add(r);
+            }
+        }
+    }
+}
+
+fn observe(h: &mut Histogram, p: &IterationParts) {
+    h.observe(p.wall_ns() as f64 / 1e9);
+}
+
+/// Serves `/metrics` on `addr` from the model `hub` publishes, on threads of its own, until
+/// the returned server is dropped.
+pub fn serve(addr: SocketAddr, hub: &FeedHub) -> Result<MetricsServer, MetricsError> {
+    let state = Arc::new(Mutex::new(MetricsState::default()));
+    let rx = hub.subscribe(stallscope_analysis::view::hub::SUBSCRIBER_QUEUE);
+    let folder = state.clone();
+    std::thread::Builder::new()
+        .name("stallscope-metrics-fold".into())
+        .spawn(move || {
+            while let Ok(msg) = rx.recv() {
+                let end = matches!(msg, FeedMessage::End);
+                if let Ok(mut s) = folder.lock() {
+                    s.fold(msg);
+                }
+                if end {
+                    break;
+                }
+            }
+        })
+        .map_err(MetricsError::Thread)?;
+    http::start(addr, state)
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Serves `/metrics` when `--metrics` was given (`flag` is its value), saying where on stderr.
+pub fn serve_flag(
+    flag: Option<&str>,
+    hub: &FeedHub,
+) -> Result<Option<MetricsServer>, MetricsError> {
+    let Some(flag) = flag else { return Ok(None) };
+    let server = serve(parse_address(flag)?, hub)?;
+    eprintln!(
+        "stallscope: metrics on http://{}/metrics",
+        server.local_addr()
+    );
+    Ok(Some(server))
+}

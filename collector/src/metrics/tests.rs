@@ -1,0 +1,153 @@
+use std::sync::Arc;
+
+use stallscope_analysis::category::{Category, Split};
+use stallscope_analysis::summary::{Categories, Figures};
+use stallscope_analysis::view::hub::FeedMessage;
+use stallscope_analysis::view::{
+    IterationParts, JobView, NodeResources, NodeView, RankView, ViewUpdate,
+};
+
+use super::*;
+
+fn parts(iter: u64, compute_ms: u64, wait_ms: u64) -> IterationParts {
+    let mut split = Split::default();
+    split.add(Category::Compute, compute_ms * 1_000_000);
+    split.add(Category::PeerWait, wait_ms * 1_000_000);
+    IterationParts {
+        iter,
+        end_ns: (iter + 1) * 100_000_000,
+        split,
+        gpu_busy_ppm: None,
+    }
+}
+
+fn model() -> JobView {
+    let mut view = JobView::new("train");
+    let mut split = Split::default();
+    split.add(Category::Compute, 3_000_000_000);
+    split.add(Category::PeerWait, 1_000_000_000);
+    let rank = RankView {
+        rank: 0,
+        node: "a\"b".into(),
+        pid: 42,
+        figures: Figures {
+            iterations: 40,
+            wall_seconds: 4.0,
+            categories: Categories::from_split(&split),
+            ..Figures::default()
+        },
+        p95_iteration_seconds: 0.12,
+        recent: (0..3).map(|i| parts(i, 80, 20)).collect(),
+        ..RankView::default()
+    };
+    view.ranks.insert(0, rank);
+    let res = NodeResources {
+        t_ns: 1_000_000_000,
+        dur_ns: 1_000_000_000,
+        nic_rx_bytes_per_s: Some(1000.0),
+        nic_tx_bytes_per_s: Some(500.0),
+        psi_cpu: Some(0.25),
+        ..NodeResources::default()
+    };
+    view.nodes.insert(
+        "a\"b".into(),
+        NodeView {
+            node: "a\"b".into(),
+            ranks: vec![0],
+            resources: Some(res.clone()),
+            history: [res].into(),
+            clock_offset_ns: Some(-1_500_000),
+            sources_down: vec!["disk: no whole disk".into()],
+            ..NodeView::default()
+        },
+    );
+    view
+}
+
+#[test]
+fn a_scrape_of_a_model_has_every_family_and_no_unread_source() {
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(model())));
+    state.fold(FeedMessage::Update(Arc::new(ViewUpdate {
+        parts: vec![(0, parts(3, 900, 0))],
+        ..ViewUpdate::default()
+    })));
+    let text = expose::render_with(&state, Some(1.5));
+    insta::assert_snapshot!(text);
+    assert!(text.contains(
+        "stallscope_iteration_duration_seconds_count{job=\"train\",node=\"a\\\"b\",rank=\"0\"} 4"
+    ));
+    assert!(
+        !text.contains("stallscope_node_disk_read_bytes_total"),
+        "an unread source is left out"
+    );
+    assert!(text.contains("source=\"disk\"} 0"));
+}
+
+#[test]
+fn addresses_default_to_loopback() {
+    assert_eq!(
+        parse_address(":9").unwrap(),
+        SocketAddr::from(([127, 0, 0, 1], 9))
+    );
+    assert_eq!(
+        parse_address("0.0.0.0:7").unwrap(),
+        SocketAddr::from(([0, 0, 0, 0], 7))
+    );
+    assert!(parse_address("nowhere").is_err());
+}
+
+#[test]
+fn a_histogram_counts_every_iteration_once() {
+    let mut h = Histogram::default();
+    for s in [0.0005, 0.02, 100.0] {
+        h.observe(s);
+    }
+    assert_eq!(h.count(), 3);
+    assert_eq!(h.over, 1);
+}
+
+/// The scrape's cost at 1,024 ranks on 128 nodes (docs/BENCHMARKS.md):
+/// `cargo test --release -p stallscope-collector --lib scrape_of_1024_ranks -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn scrape_of_1024_ranks() {
+    let mut view = model();
+    let template = view.ranks[&0].clone();
+    let node = view.nodes.values().next().unwrap().clone();
+    view.nodes.clear();
+    for rank in 0..1024u32 {
+        let name = format!("node{:03}", rank / 8);
+        let recent = (0..512)
+            .map(|i| parts(i, 80 + u64::from(rank % 7), 20))
+            .collect();
+        view.ranks.insert(
+            rank,
+            RankView {
+                rank,
+                node: name.clone(),
+                recent,
+                ..template.clone()
+            },
+        );
+        view.nodes.entry(name.clone()).or_insert_with(|| NodeView {
+            node: name,
+            ..node.clone()
+        });
+    }
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(view)));
+    let runs = 20;
+    let start = std::time::Instant::now();
+    let mut text = String::new();
+    for _ in 0..runs {
+        text = expose::render(&state);
+    }
+    let ms = start.elapsed().as_secs_f64() * 1e3 / f64::from(runs);
+    let series = text.lines().filter(|l| !l.starts_with('#')).count();
+    println!(
+        "1024 ranks, 128 nodes: {ms:.2} ms a scrape, {} bytes, {series} series",
+        text.len()
+    );
+    assert!(ms < 20.0, "a scrape took {ms:.2} ms");
+}

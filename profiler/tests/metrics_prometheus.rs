@@ -1,0 +1,371 @@
+//! `/metrics` end to end: a real Prometheus (Debian's package, on loopback, its own temp dir,
+//! a 1 s scrape interval) scrapes `stallscope run --metrics` around the real PyTorch example on
+//! the scripted GPU. The scrape passes `promtool check metrics`, every PromQL expression of the
+//! Grafana dashboard returns data (so the dashboard cannot silently rot), and the stall shares
+//! Prometheus holds match the run's summary. Polling is bounded; nothing waits on luck.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    l.local_addr().unwrap().port()
+}
+
+fn curl(args: &[&str]) -> Option<Output> {
+    Command::new("curl")
+        .args(["-sf", "--max-time", "5"])
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+}
+
+/// A Prometheus server ended (by its PID) when dropped.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: &str) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: stallscope\n    honor_labels: true\n    static_configs:\n      \
+                 - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+            .spawn()
+            .expect("prometheus starts");
+        let p = Prometheus {
+            child,
+            port,
+            _dir: dir,
+        };
+        assert!(
+            wait_for(Duration::from_secs(90), || curl(&[&p.url("/-/ready")])
+                .is_some()),
+            "prometheus became ready"
+        );
+        p
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// The result vector of an instant query (empty on any error).
+    fn query(&self, expr: &str) -> Vec<Value> {
+        let q = format!("query={expr}");
+        let Some(out) = curl(&["--get", "--data-urlencode", &q, &self.url("/api/v1/query")]) else {
+            return Vec::new();
+        };
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        kill(self.child.id(), libc::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+/// Every `expr` of the dashboard's panels, its variables substituted (`job` = `job`).
+fn dashboard_queries(job: &str) -> Vec<String> {
+    let path = repo().join("dashboards/grafana/stallscope.json");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let e = t["expr"].as_str().unwrap();
+            out.push(
+                e.replace("$__rate_interval", "10s")
+                    .replace("$job", job)
+                    .replace("$node", ".*")
+                    .replace("$rank", ".*"),
+            );
+        }
+    }
+    for v in d["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = v["query"]["query"].as_str() {
+            let inner = q.trim_start_matches("label_values(").trim_end_matches(')');
+            let metric = inner.rsplit_once(',').map_or(inner, |(m, _)| m);
+            out.push(metric.replace("$job", job).replace("$node", ".*"));
+        }
+    }
+    out
+}
+
+fn value(sample: &Value) -> f64 {
+    sample["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+fn promtool_passes(addr: &str, dir: &Path) {
+    let out = curl(&[&format!("http://{addr}/metrics")]).expect("a scrape");
+    let file = dir.join("scrape.txt");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+#[test]
+fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
+    if !have_torch() || !have("prometheus") || !have("promtool") {
+        eprintln!("skipped: needs torch, prometheus and promtool (scripts/install-deps.sh)");
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let prom = Prometheus::start(&addr);
+    let mut cmd = stallscope();
+    fake_gpu(&mut cmd, "gpus=1");
+    let mut run = example_under(
+        cmd,
+        dir.path(),
+        &["--metrics", &addr, "--job", "train"],
+        &[
+            "--iters",
+            "150",
+            "--workers",
+            "0",
+            "--batch",
+            "4",
+            "--images",
+            "64",
+        ],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .expect("stallscope run starts");
+
+    let mut missing = dashboard_queries("train");
+    let mut checked = false;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !missing.is_empty() && Instant::now() < deadline {
+        if run.try_wait().unwrap().is_some() {
+            break;
+        }
+        if !checked && !prom.query("stallscope_iterations_total > 5").is_empty() {
+            promtool_passes(&addr, dir.path());
+            checked = true;
+        }
+        missing.retain(|e| prom.query(e).is_empty());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        checked,
+        "a scrape of the live run was checked with promtool"
+    );
+    assert!(
+        missing.is_empty(),
+        "dashboard queries without data: {missing:#?}"
+    );
+    assert!(run.wait().unwrap().success());
+
+    let summary = read_json(&dir.path().join("s.json"));
+    shares_match(&prom, "train", &summary);
+}
+
+/// The stall shares Prometheus holds for `job` are the summary's within 5 points.
+fn shares_match(prom: &Prometheus, job: &str, summary: &Value) {
+    let totals = prom.query(&format!(
+        "sum by (category) (last_over_time(stallscope_stall_seconds_total{{job=\"{job}\"}}[10m]))"
+    ));
+    let all: f64 = totals.iter().map(value).sum();
+    assert!(all > 0.0, "Prometheus holds stall seconds");
+    for t in &totals {
+        let category = t["metric"]["category"].as_str().unwrap();
+        let share = value(t) / all;
+        let want = fraction(summary, category);
+        assert!(
+            (share - want).abs() < 0.05,
+            "{category}: Prometheus {share:.3}, summary {want:.3}"
+        );
+    }
+}
+
+/// A child ended by its PID when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        kill(self.0.id(), libc::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(cmd: &mut Command, log: &Path) -> Reaped {
+    let f = std::fs::File::create(log).unwrap();
+    Reaped(cmd.stdout(Stdio::null()).stderr(f).spawn().expect("starts"))
+}
+
+fn log_has(log: &Path, text: &str) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|t| t.contains(text))
+}
+
+/// Waits (bounded) for `child` to exit; whether it exited successfully.
+fn exited_ok(child: &mut Reaped, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            return status.success();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// A collector with two agents on loopback (one rank each, each node on a scripted GPU):
+/// Prometheus scrapes the collector; every dashboard query has data for the whole job and
+/// its stall shares match the job summary.
+#[test]
+fn prometheus_scrapes_a_collector_with_two_agents() {
+    if !have_torch() || !have("prometheus") {
+        eprintln!("skipped: needs torch and prometheus (scripts/install-deps.sh)");
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n);
+    std::fs::write(d("token"), "t\n").unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let prom = Prometheus::start(&metrics);
+    let mut col = spawn(
+        stallscope()
+            .args([
+                "collector",
+                "--listen",
+                &listen,
+                "--job",
+                "ddp",
+                "--metrics",
+                &metrics,
+            ])
+            .arg("--token-file")
+            .arg(d("token"))
+            .arg("--out")
+            .arg(d("job.stallscope"))
+            .arg("--summary-json")
+            .arg(d("job.json")),
+        &d("collector.log"),
+    );
+    assert!(wait_for(Duration::from_secs(30), || log_has(
+        &d("collector.log"),
+        "listening"
+    )));
+    let _agents: Vec<Reaped> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            let mut c = stallscope();
+            fake_gpu(&mut c, "gpus=1");
+            c.args([
+                "agent",
+                "--collector",
+                &listen,
+                "--node",
+                &format!("node-{n}"),
+            ])
+            .arg("--token-file")
+            .arg(d("token"))
+            .arg("--socket")
+            .arg(d(&format!("{n}.sock")));
+            spawn(&mut c, &d(&format!("agent-{n}.log")))
+        })
+        .collect();
+    assert!(wait_for(Duration::from_secs(30), || {
+        log_has(&d("collector.log"), "node-a joined")
+            && log_has(&d("collector.log"), "node-b joined")
+    }));
+    let gloo_port = free_port().to_string();
+    let mut ranks: Vec<Reaped> = [(0, "a"), (1, "b")]
+        .iter()
+        .map(|(r, n)| {
+            let mut c = stallscope();
+            c.args(["run", "-q", "--", &python(), &example()])
+                .args([
+                    "--workers",
+                    "0",
+                    "--batch",
+                    "4",
+                    "--images",
+                    "64",
+                    "--iters",
+                    "300",
+                ])
+                .args(["--data-dir", &data_dir()])
+                .env("STALLSCOPE_SOCKET", d(&format!("{n}.sock")))
+                .env("GLOO_SOCKET_IFNAME", "lo")
+                .env("RANK", r.to_string())
+                .env("LOCAL_RANK", "0")
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &gloo_port);
+            spawn(&mut c, &d(&format!("rank{r}.log")))
+        })
+        .collect();
+    let mut missing = dashboard_queries("ddp");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !missing.is_empty() && Instant::now() < deadline {
+        if ranks[0].0.try_wait().unwrap().is_some() {
+            break;
+        }
+        missing.retain(|e| prom.query(e).is_empty());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        missing.is_empty(),
+        "dashboard queries without data: {missing:#?}"
+    );
+    for r in &mut ranks {
+        assert!(exited_ok(r, Duration::from_secs(300)), "a rank finished");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    kill(col.0.id(), libc::SIGTERM);
+    assert!(
+        exited_ok(&mut col, Duration::from_secs(30)),
+        "the collector ended"
+    );
+    shares_match(&prom, "ddp", &read_json(&d("job.json")));
+}
