@@ -151,7 +151,7 @@ fn promtool_passes(addr: &str, dir: &Path) {
 #[test]
 fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
     if !have_torch() || !have("prometheus") || !have("promtool") {
-        eprintln!("skipped: needs torch, prometheus and promtool (scripts/install-deps.sh)");
+        skip("needs torch, prometheus and promtool (scripts/install-deps.sh)");
         return;
     }
     generate_images();
@@ -262,7 +262,7 @@ fn exited_ok(child: &mut Reaped, within: Duration) -> bool {
 #[test]
 fn prometheus_scrapes_a_collector_with_two_agents() {
     if !have_torch() || !have("prometheus") {
-        eprintln!("skipped: needs torch and prometheus (scripts/install-deps.sh)");
+        skip("needs torch and prometheus (scripts/install-deps.sh)");
         return;
     }
     generate_images();

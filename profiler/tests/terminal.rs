@@ -17,7 +17,7 @@ fn tmux(args: &[&str]) -> String {
 /// GPU (`STALLSCOPE_FAKE_NVML`).
 fn run_in_tmux(gpu: Option<&str>) -> Option<(bool, Option<String>, String)> {
     if Command::new("tmux").arg("-V").output().is_err() {
-        eprintln!("SKIP: tmux is not installed (scripts/install-deps.sh installs it)");
+        skip("tmux is not installed (scripts/install-deps.sh installs it)");
         return None;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -14,6 +14,15 @@ pub fn python() -> String {
     std::env::var("STALLSCOPE_TEST_PYTHON").unwrap_or_else(|_| "/usr/bin/python3".into())
 }
 
+/// Says why an end-to-end test skips. In CI (`CI=true`) a skip is a failure: a test that
+/// cannot run there must not count as passed.
+pub fn skip(why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("an end-to-end test cannot run in CI: {why}");
+    }
+    eprintln!("SKIP: {why}");
+}
+
 /// Whether torch imports; tests that need it say why they skip.
 pub fn have_torch() -> bool {
     let ok = Command::new(python())
@@ -22,10 +31,10 @@ pub fn have_torch() -> bool {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !ok {
-        eprintln!(
-            "SKIP: {} cannot import torch/torchvision/PIL (run scripts/install-deps.sh)",
+        skip(&format!(
+            "{} cannot import torch/torchvision/PIL (run scripts/install-deps.sh)",
             python()
-        );
+        ));
     }
     ok
 }
@@ -35,7 +44,7 @@ pub fn am_root(why: &str) -> bool {
     // SAFETY: getuid has no preconditions.
     let root = unsafe { libc::getuid() } == 0;
     if !root {
-        eprintln!("SKIP: needs root to {why}");
+        skip(&format!("needs root to {why}"));
     }
     root
 }
