@@ -116,11 +116,6 @@ impl Journal {
         self.new_failure.take()
     }
 
-    /// Why the sink failed, if it did.
-    pub fn write_error(&self) -> Option<&str> {
-        self.write_error.as_deref()
-    }
-
     /// Whether frames still reach the sink.
     pub fn is_writing(&self) -> bool {
         self.sink.is_some()
@@ -172,11 +167,6 @@ impl Journal {
     /// What changed in the live model since the last call.
     pub fn take_update(&mut self) -> ViewUpdate {
         self.live.take_update()
-    }
-
-    /// The summary of everything attributed so far.
-    pub fn summary(&self) -> Summary {
-        summarize(&self.timeline)
     }
 
     /// Attributes what is left at `now` (ns), writes `end`, closes the sink and returns the

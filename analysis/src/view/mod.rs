@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::category::{Category, Split};
+use crate::category::Split;
 use crate::crossnode::StragglerWindow;
 use crate::gpu_usage::RankGpu;
 use crate::summary::{Figures, Summary};
@@ -88,11 +88,6 @@ impl RankView {
     /// ns per category over its last [`WINDOW_ITERATIONS`] iterations.
     pub fn window(&self) -> Split {
         window_split(self.recent.iter().rev().take(WINDOW_ITERATIONS))
-    }
-
-    /// The largest stall of its recent window, if any.
-    pub fn largest_stall(&self) -> Option<Category> {
-        self.window().largest_stall()
     }
 
     /// ns, the median wall time of its recent window; 0 when empty.
@@ -211,21 +206,6 @@ impl JobView {
             .unwrap_or(0)
     }
 
-    /// The rank that held the others up in the latest straggler window.
-    pub fn straggler(&self) -> Option<&StragglerWindow> {
-        self.stragglers.back()
-    }
-
-    /// Mean GPU busy share over the nodes' latest readings, 0–1, when any node has a GPU.
-    pub fn gpu_busy(&self) -> Option<f64> {
-        let busy: Vec<f64> = self
-            .nodes
-            .values()
-            .filter_map(|n| n.resources.as_ref()?.gpu_busy)
-            .collect();
-        (!busy.is_empty()).then(|| busy.iter().sum::<f64>() / busy.len() as f64)
-    }
-
     /// Folds in an update from the feed.
     pub fn apply(&mut self, u: ViewUpdate) {
         self.now_ns = u.now_ns;
@@ -293,17 +273,6 @@ pub struct ViewUpdate {
     pub nodes: Vec<NodeView>,
     /// New straggler windows.
     pub stragglers: Vec<StragglerWindow>,
-}
-
-impl ViewUpdate {
-    /// Whether it says nothing new but the time.
-    pub fn is_empty(&self) -> bool {
-        self.summary.is_none()
-            && self.ranks.is_empty()
-            && self.parts.is_empty()
-            && self.nodes.is_empty()
-            && self.stragglers.is_empty()
-    }
 }
 
 /// Appends `item`, dropping the oldest beyond `cap`.

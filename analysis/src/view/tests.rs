@@ -1,5 +1,6 @@
 use super::*;
 use crate::attribution::{Coverage, IterationBreakdown};
+use crate::category::Category;
 use crate::frame::{Frame, RunHeader};
 use crate::job::JobTimeline;
 use crate::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind};
