@@ -66,17 +66,23 @@ impl Journal {
         j
     }
 
-    /// Rebuilds the journal of a profile's frames, as the live run ended it: every frame
-    /// ingested, everything attributed.
-    pub fn replay<'a>(frames: impl IntoIterator<Item = &'a Frame>, name: &str) -> Journal {
-        let mut j = Journal {
+    /// A journal that writes nothing, for rebuilding a profile's model frame by frame
+    /// ([`Journal::ingest`], [`Journal::attribute`]).
+    pub fn reader(name: &str) -> Journal {
+        Journal {
             sink: None,
             write_error: None,
             new_failure: None,
             breakdowns: Breakdowns::NotWritten,
             timeline: JobTimeline::default(),
             live: LiveModel::new(name),
-        };
+        }
+    }
+
+    /// Rebuilds the journal of a profile's frames, as the live run ended it: every frame
+    /// ingested, everything attributed.
+    pub fn replay<'a>(frames: impl IntoIterator<Item = &'a Frame>, name: &str) -> Journal {
+        let mut j = Journal::reader(name);
         for f in frames {
             j.ingest(f);
         }
@@ -84,7 +90,8 @@ impl Journal {
         j
     }
 
-    fn ingest(&mut self, frame: &Frame) {
+    /// Takes a frame in without writing it (a frame read back from a profile).
+    pub fn ingest(&mut self, frame: &Frame) {
         self.timeline.ingest(frame);
         self.live.ingest(frame);
     }

@@ -198,6 +198,17 @@ impl LiveModel {
             };
             r.figures = rs.figures.clone();
             r.gpu = rs.gpu.clone();
+            if let Some(marks) = job.node.markers.procs.get(&r.pid) {
+                r.loader_workers = marks.info().workers;
+                r.loader_pids = job
+                    .node
+                    .markers
+                    .procs
+                    .values()
+                    .filter(|p| p.info().is_loader() && p.info().parent == Some(r.pid))
+                    .map(|p| p.pid)
+                    .collect();
+            }
             r.p95_iteration_seconds = p95_seconds(r.recent.iter().filter(|p| p.iter >= warmup));
             self.dirty_ranks.insert(rs.rank);
         }

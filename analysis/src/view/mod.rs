@@ -15,6 +15,7 @@
 pub mod hub;
 mod live;
 mod meter;
+pub mod replay;
 
 pub use crate::resources::NodeResources;
 pub use live::{job_name, LiveModel};
@@ -80,6 +81,13 @@ pub struct RankView {
     pub p95_iteration_seconds: f64,
     /// Its GPU per counted iteration, when it has one.
     pub gpu: Option<RankGpu>,
+    /// DataLoader workers its loop configured (`num_workers`), when the hook said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loader_workers: Option<u32>,
+    /// Process ids of the loader workers seen working for it (ranks of the node that keeps
+    /// the model; a collector sees other nodes' ranks without them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loader_pids: Vec<u32>,
     /// The last [`RECENT_ITERATIONS`] iterations' parts, oldest first (warm-up included).
     pub recent: VecDeque<IterationParts>,
 }

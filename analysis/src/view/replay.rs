@@ -1,0 +1,226 @@
+//! A profile replayed as the live run saw it: the model at every step of the run's time, so
+//! `stallscope top PROFILE` shows the same screens as the live dashboard with a time cursor.
+//!
+//! The frames go through the same [`Journal`] as live, attributed as time passes, and each
+//! step keeps only what changed ([`ViewUpdate`]): memory grows with the profile's iterations
+//! once, not with the steps. Moving the cursor forward applies the next updates; moving it
+//! back rebuilds from the start, which costs one pass over the updates.
+
+use crate::frame::Frame;
+use crate::journal::Journal;
+use crate::Nanos;
+
+use super::{JobView, ViewUpdate};
+
+/// At most this many cursor positions, whatever the profile's length.
+pub const MAX_STEPS: usize = 600;
+
+/// The shortest step between cursor positions, ns.
+pub const MIN_STEP_NS: Nanos = 1_000_000_000;
+
+/// The instant a frame speaks of, ns on the clock its profile runs on, when it has one.
+pub fn frame_time(frame: &Frame) -> Option<Nanos> {
+    match frame {
+        Frame::Samples(b) => Some(b.at()),
+        Frame::Markers(ms) => ms.iter().map(|m| m.t_ns).max(),
+        Frame::ProcessExit { t_ns, .. } => Some(*t_ns),
+        Frame::NodeClock(c) => Some(c.at_ns),
+        Frame::End(e) => Some(e.ended_mono_ns),
+        Frame::NodeIteration(_) | Frame::NodeReport(_) => {
+            frame.node_iteration().map(|it| it.breakdown.end_ns)
+        }
+        _ => None,
+    }
+}
+
+/// One cursor position: the model's change up to `t_ns`.
+#[derive(Clone, Debug)]
+struct Step {
+    t_ns: Nanos,
+    update: ViewUpdate,
+}
+
+/// A replayed profile: the model before the first step and each step's change.
+#[derive(Clone, Debug)]
+pub struct Replay {
+    start: JobView,
+    first_ns: Nanos,
+    steps: Vec<Step>,
+}
+
+impl Replay {
+    /// Replays `frames` (a profile's, in order) as job `name`, in steps of at least
+    /// [`MIN_STEP_NS`] and at most [`MAX_STEPS`] of them; the last step is the end of the
+    /// run, everything attributed.
+    pub fn of_frames(frames: &[Frame], name: &str) -> Replay {
+        let times = frames.iter().filter_map(frame_time);
+        let (first, last) = times.fold((Nanos::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
+        let first = if first == Nanos::MAX { 0 } else { first };
+        let span = last.saturating_sub(first);
+        let step_ns = MIN_STEP_NS.max(span.div_ceil(MAX_STEPS as Nanos));
+
+        let mut journal = Journal::reader(name);
+        let mut steps = Vec::new();
+        let mut next = first + step_ns;
+        let mut start: Option<JobView> = None;
+        for f in frames {
+            if let Some(t) = frame_time(f) {
+                if start.is_none() {
+                    journal.take_update();
+                    start = Some(journal.view().clone());
+                }
+                if t >= next {
+                    // Whole steps passed: one cursor position at the last boundary before t.
+                    let boundary = next + (t - next) / step_ns * step_ns;
+                    journal.attribute(boundary, false);
+                    steps.push(Step {
+                        t_ns: boundary,
+                        update: journal.take_update(),
+                    });
+                    next = boundary + step_ns;
+                }
+            }
+            journal.ingest(f);
+        }
+        let start = start.unwrap_or_else(|| {
+            journal.take_update();
+            journal.view().clone()
+        });
+        journal.attribute(u64::MAX, true);
+        steps.push(Step {
+            t_ns: last.max(first),
+            update: journal.take_update(),
+        });
+        Replay {
+            start,
+            first_ns: first,
+            steps,
+        }
+    }
+
+    /// Cursor positions: 1 (the end) and up.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Never: the end of the run is always a position.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// s from the profile's first frame to position `k`.
+    pub fn seconds_at(&self, k: usize) -> f64 {
+        let k = k.min(self.steps.len() - 1);
+        self.steps[k].t_ns.saturating_sub(self.first_ns) as f64 / 1e9
+    }
+
+    /// A cursor at position 0.
+    pub fn cursor(&self) -> ReplayCursor<'_> {
+        let mut c = ReplayCursor {
+            replay: self,
+            at: 0,
+            view: self.start.clone(),
+        };
+        c.view.apply(self.steps[0].update.clone());
+        c
+    }
+}
+
+/// A position in a [`Replay`] and the model there.
+pub struct ReplayCursor<'a> {
+    replay: &'a Replay,
+    at: usize,
+    view: JobView,
+}
+
+impl ReplayCursor<'_> {
+    /// The position.
+    pub fn position(&self) -> usize {
+        self.at
+    }
+
+    /// The model at the position.
+    pub fn view(&self) -> &JobView {
+        &self.view
+    }
+
+    /// Moves to position `k` (clamped to the last).
+    pub fn seek(&mut self, k: usize) {
+        let k = k.min(self.replay.steps.len() - 1);
+        if k < self.at {
+            self.view = self.replay.start.clone();
+            self.at = 0;
+            self.view.apply(self.replay.steps[0].update.clone());
+        }
+        for step in &self.replay.steps[self.at + 1..=k] {
+            self.view.apply(step.update.clone());
+        }
+        self.at = k;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{RunEnd, RunHeader};
+    use crate::marker::{Marker, MarkerEvent};
+
+    const MS: u64 = 1_000_000;
+
+    /// A 20 s run of one loop stepping every 100 ms, as a profile holds it.
+    fn profile() -> Vec<Frame> {
+        let mut frames = vec![Frame::Header(RunHeader {
+            host: "node-a".into(),
+            command: vec!["python3".into(), "train.py".into()],
+            ..RunHeader::default()
+        })];
+        for i in 0..200u64 {
+            frames.push(Frame::Markers(vec![Marker {
+                seq: i,
+                t_ns: 1_000 * MS + (i + 1) * 100 * MS,
+                pid: 7,
+                rank: Some(0),
+                iter: i,
+                event: MarkerEvent::Step,
+            }]));
+        }
+        frames.push(Frame::End(RunEnd {
+            ended_mono_ns: 1_000 * MS + 20_100 * MS,
+            ..RunEnd::default()
+        }));
+        frames
+    }
+
+    #[test]
+    fn the_cursor_shows_the_run_as_it_went_and_ends_where_the_run_ended() {
+        let frames = profile();
+        let replay = Replay::of_frames(&frames, "");
+        assert!(replay.len() >= 15 && replay.len() <= 22, "{}", replay.len());
+        let mut cursor = replay.cursor();
+        let mut seen = Vec::new();
+        for k in 0..replay.len() {
+            cursor.seek(k);
+            seen.push(cursor.view().iterations());
+        }
+        assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+        assert!(seen[replay.len() / 2] > 0 && seen[replay.len() / 2] < 200, "{seen:?}");
+        let whole = Journal::replay(&frames, "");
+        assert_eq!(cursor.view().iterations(), whole.view().iterations());
+        assert_eq!(cursor.view().summary, whole.view().summary);
+        assert!((replay.seconds_at(replay.len() - 1) - 20.0).abs() < 1e-9);
+
+        // Back to the middle: the same model as on the way there.
+        let middle = replay.len() / 2;
+        cursor.seek(middle);
+        assert_eq!(cursor.view().iterations(), seen[middle]);
+    }
+
+    #[test]
+    fn a_profile_without_frames_of_time_is_one_position() {
+        let frames = vec![Frame::Header(RunHeader::default())];
+        let replay = Replay::of_frames(&frames, "x");
+        assert_eq!(replay.len(), 1);
+        assert_eq!(replay.cursor().view().iterations(), 0);
+        assert_eq!(replay.seconds_at(0), 0.0);
+    }
+}

@@ -1,0 +1,101 @@
+//! A rank's detail (Enter on the Ranks screen): its figures per category, its GPU, its loader
+//! workers and its own timeline.
+
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Stylize;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+use ratatui::Frame;
+use stallscope_analysis::view::{JobView, RankView};
+
+use super::format::{bytes, count, duration, or_dash, pct};
+use super::{timeline, App};
+
+/// Draws rank `rank`'s detail in `area`.
+pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView, rank: u32) {
+    let Some(r) = view.ranks.get(&rank) else {
+        frame.render_widget(
+            Paragraph::new(format!("rank {rank} is not in the model (any more)")),
+            area,
+        );
+        return;
+    };
+    let mut lines = vec![Line::from(vec![
+        Span::raw(format!(" rank {} on {}", r.rank, r.node)).bold(),
+        Span::raw(format!(" · pid {}", r.pid)).dim(),
+        Span::raw(format!(
+            " · {} it · median {} · p95 {}",
+            count(r.figures.iterations),
+            duration(r.figures.median_iteration_seconds),
+            duration(r.p95_iteration_seconds)
+        )),
+    ])];
+    lines.extend(gpu_and_loader_lines(r));
+    let [facts, chart] = Layout::vertical([
+        Constraint::Length(lines.len() as u16),
+        Constraint::Min(4),
+    ])
+    .areas(area);
+    frame.render_widget(Paragraph::new(lines), facts);
+    timeline::draw_chart(
+        frame,
+        chart,
+        view,
+        Some(rank),
+        app.timeline_back,
+        &r.figures.categories,
+    );
+}
+
+fn gpu_and_loader_lines(r: &RankView) -> Vec<Line<'static>> {
+    let mut lines = Vec::new();
+    match &r.gpu {
+        Some(g) => {
+            lines.push(Line::from(vec![
+                Span::raw(format!(" GPU {}", g.gpu)).bold(),
+                Span::raw(format!(" {}", g.uuid.clone().unwrap_or_default())).dim(),
+            ]));
+            lines.push(Line::raw(format!(
+                " busy {} · {} · {} per iteration",
+                or_dash(g.busy_fraction, pct),
+                or_dash(g.power_watts, |w| format!("{w:.0} W")),
+                or_dash(g.energy_joules_per_iteration, |j| format!("{j:.1} J")),
+            )));
+            lines.push(Line::raw(format!(
+                " PCIe in {} out {} · NVLink {} per iteration",
+                or_dash(g.pcie_rx_bytes_per_iteration, bytes),
+                or_dash(g.pcie_tx_bytes_per_iteration, bytes),
+                or_dash(g.nvlink_bytes_per_iteration, bytes),
+            )));
+            lines.push(Line::raw(format!(
+                " iterations timed with CUDA events {} · with NVML readings {}",
+                pct(g.cuda_timed_fraction),
+                pct(g.read_fraction)
+            )));
+        }
+        None => lines.push(Line::raw(" no GPU seen for this rank").dim()),
+    }
+    let workers = match (r.loader_workers, r.loader_pids.is_empty()) {
+        (None, true) => " loader workers: not reported (none, or a rank of another node)".into(),
+        (w, _) => format!(
+            " loader workers: {} configured, {} seen{}",
+            or_dash(w, |n| n.to_string()),
+            r.loader_pids.len(),
+            if r.loader_pids.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (pids {})",
+                    r.loader_pids
+                        .iter()
+                        .take(6)
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )
+            }
+        ),
+    };
+    lines.push(Line::raw(workers));
+    lines
+}
