@@ -51,11 +51,20 @@ fn set_terminal_foreground(pgid: i32) {
 }
 
 impl Job {
-    /// Spawns `command` in a new process group and starts forwarding SIGINT, SIGTERM, SIGHUP
-    /// and SIGQUIT to that group.
-    pub fn spawn(mut command: Command) -> anyhow::Result<Job> {
+    /// Spawns `command` in a new process group, gives it the terminal when stallscope has
+    /// it, and starts forwarding SIGINT, SIGTERM, SIGHUP and SIGQUIT to that group.
+    pub fn spawn(command: Command) -> anyhow::Result<Job> {
+        Job::spawn_with(command, true)
+    }
+
+    /// As [`Job::spawn`], but stallscope keeps the terminal (its dashboard reads the keys).
+    pub fn spawn_keeping_terminal(command: Command) -> anyhow::Result<Job> {
+        Job::spawn_with(command, false)
+    }
+
+    fn spawn_with(mut command: Command, give_terminal: bool) -> anyhow::Result<Job> {
         use std::os::unix::process::CommandExt;
-        let foreground = terminal_foreground_is_ours();
+        let foreground = give_terminal && terminal_foreground_is_ours();
         command.process_group(0);
         let child = command.spawn().context("cannot start the command")?;
         let pgid = child.id() as i32;

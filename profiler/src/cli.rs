@@ -24,6 +24,9 @@ pub enum Command {
     /// or to a collector's HOST:PORT, and print its live model (the status line, or every
     /// message as JSON with --json).
     Feed(FeedArgs),
+    /// The live terminal dashboard: attach to the run or agent on this node (or --attach
+    /// SOCKET), to a whole job (--collector HOST:PORT), or replay a PROFILE.
+    Top(crate::top::TopArgs),
     /// Measure the stalls by difference between controlled runs of the training (Stash,
     /// DS-Analyzer): 1 process and all processes on synthetic data, over the nodes, real
     /// data with a warm and a cold page cache.
@@ -187,6 +190,11 @@ pub struct RunArgs {
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
+    /// The live terminal dashboard instead of the status line; the training's output goes
+    /// to PROFILE.log and a pane of the dashboard (needs a terminal; falls back to the status
+    /// line without one).
+    #[arg(long, conflicts_with = "quiet")]
+    pub tui: bool,
     /// The job's name in the live feed and its views (default: the training script's or
     /// program's name).
     #[arg(long, value_name = "NAME")]

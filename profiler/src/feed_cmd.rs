@@ -3,6 +3,7 @@
 //! (`--json`), or the status line as it changes.
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -11,14 +12,19 @@ use stallscope_agent::node::feed_client::FeedClient;
 
 use crate::cli::FeedArgs;
 
-/// Prints the feed; exit code 0 when it ended or `--count` messages were printed.
-pub fn feed(args: FeedArgs) -> anyhow::Result<i32> {
-    let timeout = Duration::from_secs_f64(args.timeout.max(0.1));
-    let (mut client, at) = match &args.socket {
+/// Attaches to `socket` (a feed socket, or a collector's HOST:PORT with the token in
+/// `token_file`; none: the newest feed socket of this user); a read that waits longer than
+/// `timeout` fails. Returns the client and what it is attached to.
+pub fn attach(
+    socket: Option<&Path>,
+    token_file: Option<&Path>,
+    timeout: Duration,
+) -> anyhow::Result<(FeedClient, String)> {
+    Ok(match socket {
         // HOST:PORT that is no file here: a collector's TCP port.
         Some(p) if !p.exists() && p.to_string_lossy().contains(':') => {
             let addr = p.to_string_lossy().to_string();
-            let token = match &args.token_file {
+            let token = match token_file {
                 Some(t) => crate::agent_cmd::read_token(t)?,
                 None => String::new(),
             };
@@ -29,7 +35,13 @@ pub fn feed(args: FeedArgs) -> anyhow::Result<i32> {
             let p = newest_feed()?;
             (FeedClient::connect(&p, timeout)?, p.display().to_string())
         }
-    };
+    })
+}
+
+/// Prints the feed; exit code 0 when it ended or `--count` messages were printed.
+pub fn feed(args: FeedArgs) -> anyhow::Result<i32> {
+    let timeout = Duration::from_secs_f64(args.timeout.max(0.1));
+    let (mut client, at) = attach(args.socket.as_deref(), args.token_file.as_deref(), timeout)?;
     let mut out = std::io::stdout().lock();
     let mut printed = 0u64;
     while let Some(next) = client.next_message() {

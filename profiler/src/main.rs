@@ -15,6 +15,7 @@ mod python_env;
 mod run;
 mod summary_cmd;
 mod terminal;
+mod top;
 
 use clap::Parser;
 
@@ -24,6 +25,7 @@ fn main() {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Summary(args) => summary_cmd::summary(args),
         cli::Command::Feed(args) => feed_cmd::feed(args),
+        cli::Command::Top(args) => top::top(args),
         cli::Command::Experiment(args) => experiment::experiment(args),
         cli::Command::Advise(args) => advise_cmd::advise(args),
         cli::Command::Launch(args) => launch::launch(args),

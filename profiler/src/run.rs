@@ -28,6 +28,7 @@ use crate::child::{exit_code, exit_like, Job};
 use crate::cli::RunArgs;
 use crate::python_env;
 use crate::terminal::StatusLine;
+use crate::top::run_tui;
 
 /// The default profile name: `stallscope-YYYYMMDD-HHMMSS.stallscope` in local time.
 pub fn default_profile_path() -> PathBuf {
@@ -56,11 +57,17 @@ fn header(args: &RunArgs) -> RunHeader {
     stallscope_agent::node::header(&args.command, args.rate, args.warmup)
 }
 
-/// Forwards the command's stdout line by line and turns matching lines into steps.
-fn pass_stdout(stdout: impl std::io::Read, regex: Regex, pid: u32, tx: Sender<Event>) {
+/// Forwards the command's stdout line by line to `out` (stallscope's stdout, or the log under
+/// `--tui`) and turns matching lines into steps.
+fn pass_stdout(
+    stdout: impl std::io::Read,
+    mut out: Box<dyn Write + Send>,
+    regex: Regex,
+    pid: u32,
+    tx: Sender<Event>,
+) {
     let mut reader = BufReader::new(stdout);
     let mut line = Vec::new();
-    let mut out = std::io::stdout();
     let mut seq = 0u64;
     let mut counted = 0u64;
     loop {
@@ -169,20 +176,63 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     let listener = listen(&socket, &inbox);
     let mut command = training_command(args, &socket, dir.path());
     command.envs(extra_env.iter().map(|(k, v)| (k, v)));
+    let tui_log = (args.tui && run_tui::usable()).then(|| run_tui::log_path(&profile_path));
+    let log_file = match &tui_log {
+        Some(path) => Some(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create the log {}", path.display()))?,
+        ),
+        None => None,
+    };
+    if let Some(log) = &log_file {
+        // The training writes to a file, not a pipe: it never gets SIGPIPE from stallscope.
+        command.stdout(log.try_clone()?);
+        command.stderr(log.try_clone()?);
+        command.stdin(Stdio::null());
+        command.env("PYTHONUNBUFFERED", "1");
+    }
     if regex.is_some() {
         command.stdout(Stdio::piped());
         // Python buffers a piped stdout; lines must arrive when printed to time iterations.
         command.env("PYTHONUNBUFFERED", "1");
     }
-    let mut job =
-        Job::spawn(command).with_context(|| format!("cannot run {:?}", args.command[0]))?;
+    let Outlets {
+        recorder,
+        feed_socket,
+        metrics: _metrics,
+        hub,
+    } = recorder_of(args, writer, tui_log.is_some())?;
+    let mut job = match tui_log {
+        Some(_) => Job::spawn_keeping_terminal(command),
+        None => Job::spawn(command),
+    }
+    .with_context(|| format!("cannot run {:?}", args.command[0]))?;
     let pid = job.pid();
     let stdout_thread = regex.zip(job.child.stdout.take()).map(|(re, stdout)| {
         let tx = tx.clone();
-        std::thread::spawn(move || pass_stdout(stdout, re, pid, tx))
+        let out: Box<dyn Write + Send> = match log_file.as_ref().map(|f| f.try_clone()) {
+            Some(Ok(f)) => Box::new(f),
+            _ => Box::new(std::io::stdout()),
+        };
+        std::thread::spawn(move || pass_stdout(stdout, out, re, pid, tx))
     });
+    let dashboard = match &tui_log {
+        Some(log) => {
+            let at = feed_socket.as_ref().map_or_else(
+                || "this run".to_string(),
+                |s| s.path().display().to_string(),
+            );
+            match run_tui::start(&hub, log, at) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    eprintln!("stallscope: no dashboard ({e}); the run goes on");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
 
-    let (recorder, feed_socket, _metrics) = recorder_of(args, writer)?;
     let descendants = recorder.descendants.clone();
     let samplers = Samplers::start(
         args.rate,
@@ -201,6 +251,9 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     };
 
     let status = job.wait()?;
+    if let Some(d) = dashboard {
+        d.finish();
+    }
     samplers.stop();
     let found: Vec<(u32, u64)> = descendants.lock().map(|d| d.clone()).unwrap_or_default();
     job.end_leftovers(&found);
@@ -252,17 +305,19 @@ fn listen(socket: &Path, inbox: &Inbox) -> Option<MarkerListener> {
     }
 }
 
-/// The run's recorder, writing to `writer`, drawing the status line, publishing its model on
-/// the run's feed socket and, with `--metrics`, on `/metrics` (returned, to be dropped at the
-/// end).
-fn recorder_of(
-    args: &RunArgs,
-    writer: ProfileWriter,
-) -> anyhow::Result<(
-    Recorder,
-    Option<feed::FeedSocket>,
-    Option<stallscope_collector::metrics::MetricsServer>,
-)> {
+/// What a run's journal feeds: the recorder, the feed socket, `/metrics` (kept until the end
+/// of the run) and the hub an in-process dashboard subscribes to.
+struct Outlets {
+    recorder: Recorder,
+    feed_socket: Option<feed::FeedSocket>,
+    metrics: Option<stallscope_collector::metrics::MetricsServer>,
+    hub: Arc<FeedHub>,
+}
+
+/// The run's recorder, writing to `writer`, drawing the status line (unless `tui`: the
+/// dashboard takes its place), publishing its model on the run's feed socket and, with
+/// `--metrics`, on `/metrics`.
+fn recorder_of(args: &RunArgs, writer: ProfileWriter, tui: bool) -> anyhow::Result<Outlets> {
     let header = header(args);
     let name = args
         .job
@@ -275,11 +330,16 @@ fn recorder_of(
         Some(Box::new(writer)),
         header,
         &name,
-        Box::new(StatusLine::for_stderr(args.quiet)),
+        Box::new(StatusLine::for_stderr(args.quiet || tui)),
         args.iter_regex.is_some(),
     )
-    .with_feed(hub);
-    Ok((recorder, feed_socket, metrics))
+    .with_feed(hub.clone());
+    Ok(Outlets {
+        recorder,
+        feed_socket,
+        metrics,
+        hub,
+    })
 }
 
 /// The node agent's marker socket, when an agent answers on it (`$STALLSCOPE_SOCKET`, else

@@ -61,6 +61,8 @@ enum Source {
 pub struct FeedClient {
     source: Source,
     view: Option<JobView>,
+    /// Whether messages are folded into `view` (a caller that keeps its own model says no).
+    folds: bool,
     at: String,
 }
 
@@ -85,6 +87,7 @@ impl FeedClient {
         Ok(FeedClient {
             source: Source::Unix(lines),
             view: None,
+            folds: true,
             at,
         })
     }
@@ -123,6 +126,7 @@ impl FeedClient {
         Ok(FeedClient {
             source: Source::Tcp(reader),
             view: None,
+            folds: true,
             at,
         })
     }
@@ -183,6 +187,7 @@ impl FeedClient {
             }));
         };
         match &msg {
+            _ if !self.folds => {}
             FeedMessage::Snapshot(v) => self.view = Some((**v).clone()),
             FeedMessage::Update(u) => {
                 if let Some(v) = self.view.as_mut() {
@@ -192,6 +197,18 @@ impl FeedClient {
             FeedMessage::End => {}
         }
         Some(Ok((line, msg)))
+    }
+
+    /// Keeps no model: the caller folds the messages into its own ([`FeedClient::view`] stays
+    /// `None`), so a large model is not held twice.
+    pub fn without_model(mut self) -> FeedClient {
+        self.folds = false;
+        self
+    }
+
+    /// Where it is attached (the socket or HOST:PORT).
+    pub fn at(&self) -> &str {
+        &self.at
     }
 
     /// The model as the messages so far make it (after the snapshot).

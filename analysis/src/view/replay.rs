@@ -203,7 +203,10 @@ mod tests {
             seen.push(cursor.view().iterations());
         }
         assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
-        assert!(seen[replay.len() / 2] > 0 && seen[replay.len() / 2] < 200, "{seen:?}");
+        assert!(
+            seen[replay.len() / 2] > 0 && seen[replay.len() / 2] < 200,
+            "{seen:?}"
+        );
         let whole = Journal::replay(&frames, "");
         assert_eq!(cursor.view().iterations(), whole.view().iterations());
         assert_eq!(cursor.view().summary, whole.view().summary);

@@ -29,7 +29,10 @@ impl Widget for StackedColumns<'_> {
         let shown = self.columns.len().min(area.width as usize);
         let first_x = area.x + area.width - shown as u16;
         let h = f64::from(area.height);
-        for (i, split) in self.columns[self.columns.len() - shown..].iter().enumerate() {
+        for (i, split) in self.columns[self.columns.len() - shown..]
+            .iter()
+            .enumerate()
+        {
             let x = first_x + i as u16;
             for row in 0..area.height {
                 let centre = (f64::from(row) + 0.5) / h * max as f64;

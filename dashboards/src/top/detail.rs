@@ -31,11 +31,8 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView, rank: u32)
         )),
     ])];
     lines.extend(gpu_and_loader_lines(r));
-    let [facts, chart] = Layout::vertical([
-        Constraint::Length(lines.len() as u16),
-        Constraint::Min(4),
-    ])
-    .areas(area);
+    let [facts, chart] =
+        Layout::vertical([Constraint::Length(lines.len() as u16), Constraint::Min(4)]).areas(area);
     frame.render_widget(Paragraph::new(lines), facts);
     timeline::draw_chart(
         frame,

@@ -8,7 +8,7 @@ use ratatui::widgets::{Block, Borders, Clear, Paragraph, Tabs};
 use ratatui::Frame;
 use stallscope_analysis::view::JobView;
 
-use super::format::{count, duration};
+use super::format::count;
 use super::{detail, help, job, nodes, ranks, timeline, App, Mode, Screen};
 
 /// Rows of training output the pane shows (plus its border).
@@ -73,7 +73,7 @@ fn header(app: &App, view: &JobView) -> Line<'static> {
         view.name.clone()
     };
     let mut spans = vec![
-        Span::from(" stallscope top ").bold().reversed(),
+        Span::from(" stallscope ").bold().reversed(),
         Span::raw(format!(
             " {name} · {} it × {} rank{}{nodes} ",
             count(view.iterations()),
@@ -87,10 +87,11 @@ fn header(app: &App, view: &JobView) -> Line<'static> {
         Mode::Ended(at) => Span::from(format!("ended · {}", short_source(at))).bold(),
         Mode::Lost(why) => Span::from(format!("feed lost: {why}")).bold().reversed(),
         Mode::Replay(c) => Span::from(format!(
-            "replay {} {} / {}",
+            "replay {} {} {:.1}/{:.1} s",
+            c.profile,
             if c.playing { "▶" } else { "⏸" },
-            duration(c.seconds).replace('–', "0 s"),
-            duration(c.total_seconds).replace('–', "0 s"),
+            c.seconds,
+            c.total_seconds,
         ))
         .bold(),
     };
@@ -130,7 +131,15 @@ fn footer(app: &App) -> Line<'static> {
         if app.screen == Screen::Timeline {
             keys.push(("←→", "scroll".into()));
         }
-        keys.push(("p", if app.paused.is_some() { "resume" } else { "pause" }.into()));
+        keys.push((
+            "p",
+            if app.paused.is_some() {
+                "resume"
+            } else {
+                "pause"
+            }
+            .into(),
+        ));
     }
     keys.push(("/", "filter".into()));
     let mut spans = Vec::new();

@@ -16,15 +16,21 @@ use crate::palette;
 
 /// Draws the Job screen in `area`.
 pub fn draw(frame: &mut Frame, area: Rect, view: &JobView) {
+    let verdict_text = verdict_lines(view);
+    let inner_width = area.width.saturating_sub(2).max(1) as usize;
+    let wrapped: usize = verdict_text
+        .iter()
+        .map(|l| (l.width() + l.width() / 10).div_ceil(inner_width).max(1))
+        .sum();
     let [verdict, figures, shares, health] = Layout::vertical([
-        Constraint::Length(5),
+        Constraint::Length(wrapped.clamp(1, 7) as u16 + 2),
         Constraint::Length(3),
         Constraint::Length(8),
         Constraint::Min(0),
     ])
     .areas(area);
     frame.render_widget(
-        Paragraph::new(verdict_lines(view))
+        Paragraph::new(verdict_text)
             .wrap(Wrap { trim: true })
             .block(Block::bordered().title(" Verdict ")),
         verdict,
@@ -52,15 +58,18 @@ fn verdict_lines(view: &JobView) -> Vec<Line<'static>> {
     } else {
         "no single stall bounds the speed-up".into()
     };
-    let colour = f.category.map_or(Style::new(), |c| {
-        Style::new().fg(palette::color(c)).bold()
-    });
+    let colour = f
+        .category
+        .map_or(Style::new(), |c| Style::new().fg(palette::color(c)).bold());
     vec![
         Line::from(vec![
             Span::styled("■ ", colour),
             Span::raw(f.sentence.clone()).bold(),
         ]),
-        Line::from(vec![Span::raw("→ ").bold(), Span::raw(f.suggestion.clone())]),
+        Line::from(vec![
+            Span::raw("→ ").bold(),
+            Span::raw(f.suggestion.clone()),
+        ]),
         Line::raw(format!("  ({bound})")).italic(),
     ]
 }

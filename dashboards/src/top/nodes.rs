@@ -78,7 +78,16 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView) {
         Paragraph::new(Line::from(
             format!(
                 "  {:<9} {:>3} {:>5} {:>5} {:>4} {:>11} {:>6} {:>8} {:>12} {:>5}",
-                "node", "rk", "CPU", "runq", "GPU", "NIC in/out", "disk", "PSI c/io", "clock ±", "lost"
+                "node",
+                "rk",
+                "CPU",
+                "runq",
+                "GPU",
+                "NIC in/out",
+                "disk",
+                "PSI c/io",
+                "clock ±",
+                "lost"
             )
             .bold(),
         )),
@@ -139,7 +148,11 @@ fn row(n: &NodeView, selected: bool) -> Line<'static> {
     if selected {
         style = style.add_modifier(Modifier::REVERSED);
     }
-    let flag = if n.sources_down.is_empty() { "  " } else { "! " };
+    let flag = if n.sources_down.is_empty() {
+        "  "
+    } else {
+        "! "
+    };
     Line::from(vec![
         Span::styled(flag, style.add_modifier(Modifier::BOLD)),
         Span::styled(
@@ -171,16 +184,15 @@ fn draw_panel(frame: &mut Frame, area: Rect, n: &NodeView) {
     } else {
         format!("down: {}", n.sources_down.join("; "))
     };
-    let block = Block::new()
-        .borders(Borders::TOP)
-        .title(format!(" {} · last {} s · {down} ", n.node, n.history.len()));
+    let block = Block::new().borders(Borders::TOP).title(format!(
+        " {} · last {} s · {down} ",
+        n.node,
+        n.history.len()
+    ));
     let inner = block.inner(area);
     frame.render_widget(block, area);
     if n.history.is_empty() {
-        frame.render_widget(
-            Paragraph::new("no resource readings yet").dim(),
-            inner,
-        );
+        frame.render_widget(Paragraph::new("no resource readings yet").dim(), inner);
         return;
     }
     let rows = Layout::vertical(SERIES.iter().map(|_| Constraint::Length(1))).split(inner);
@@ -205,9 +217,6 @@ fn draw_panel(frame: &mut Frame, area: Rect, n: &NodeView) {
             .collect();
         frame.render_widget(Sparkline::default().data(&data).max(100), spark);
         let latest = values.last().copied().flatten();
-        frame.render_widget(
-            Paragraph::new(format!(" {}", or_dash(latest, s.show))),
-            now,
-        );
+        frame.render_widget(Paragraph::new(format!(" {}", or_dash(latest, s.show))), now);
     }
 }

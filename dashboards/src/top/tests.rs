@@ -348,7 +348,9 @@ fn replay_and_the_training_output_pane() {
     app.screen = Screen::Timeline;
     app.output = Some(OutputPane {
         log: "stallscope-train-4242.log".into(),
-        lines: (0..10).map(|i| format!("epoch 0 step {i} loss 2.{i}")).collect(),
+        lines: (0..10)
+            .map(|i| format!("epoch 0 step {i} loss 2.{i}"))
+            .collect(),
     });
     insta::assert_snapshot!(screen(&app, &v, 80, 24).backend());
 }
@@ -370,7 +372,11 @@ fn keys_switch_screens_sort_filter_and_select() {
     assert_eq!(app.rank_sort, RankSort::Median);
     assert_eq!(app.ranks(&v)[0].rank, 4);
     key(&mut app, &v, KeyCode::Char('s'));
-    assert_eq!(app.ranks(&v)[0].rank, 4, "its data_prep is the largest stall");
+    assert_eq!(
+        app.ranks(&v)[0].rank,
+        4,
+        "its data_prep is the largest stall"
+    );
 
     // ↓ past the end stays on the last row; Enter opens that rank; Esc comes back.
     for _ in 0..10 {
@@ -395,16 +401,17 @@ fn keys_switch_screens_sort_filter_and_select() {
     key(&mut app, &v, KeyCode::Backspace);
     key(&mut app, &v, KeyCode::Enter);
     let shown: Vec<u32> = app.ranks(&v).iter().map(|r| r.rank).collect();
-    assert_eq!(shown, [2, 3], "equal stalls in rank order, filtered to node-b");
+    assert_eq!(
+        shown,
+        [2, 3],
+        "equal stalls in rank order, filtered to node-b"
+    );
     key(&mut app, &v, KeyCode::Char('4'));
     assert_eq!(app.nodes(&v).len(), 1);
 
     assert_eq!(key(&mut app, &v, KeyCode::Char('q')), Outcome::Quit);
     assert_eq!(
-        app.on_key(
-            KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL),
-            &v
-        ),
+        app.on_key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL), &v),
         Outcome::Interrupt
     );
 }

@@ -363,6 +363,7 @@ fn run_config(
         no_auto: false,
         iter_regex: None,
         quiet: args.quiet,
+        tui: false,
         job: None,
         roots: crate::cli::RootArgs::live(),
         command: launch_command(args, &layout)?,

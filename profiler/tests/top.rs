@@ -1,0 +1,238 @@
+//! `stallscope top` and `run --tui`, seen where people see them: in a terminal (tmux), around
+//! the real example training.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux").args(args).output().expect("tmux runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A tmux session running `command` in a 100×30 pane (then `EXIT=<code>`), ended on drop.
+struct Pane {
+    session: String,
+}
+
+impl Pane {
+    fn start(name: &str, command: &str) -> Option<Pane> {
+        if Command::new("tmux").arg("-V").output().is_err() {
+            skip("tmux is not installed (scripts/install-deps.sh installs it)");
+            return None;
+        }
+        let session = format!("stallscope-top-{name}-{}", std::process::id());
+        let _ = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &session,
+            "-x",
+            "100",
+            "-y",
+            "30",
+            &format!("{command}; echo EXIT=$?; sleep 60"),
+        ]);
+        Some(Pane { session })
+    }
+
+    fn screen(&self) -> String {
+        tmux(&["capture-pane", "-p", "-t", &self.session])
+    }
+
+    fn keys(&self, keys: &str) {
+        let _ = tmux(&["send-keys", "-t", &self.session, keys]);
+    }
+
+    /// Waits up to `secs` for the screen to hold every one of `texts`; the screen either way.
+    fn wait_for(&self, secs: u64, texts: &[&str]) -> (bool, String) {
+        let mut screen = String::new();
+        let ok = wait_for(Duration::from_secs(secs), || {
+            screen = self.screen();
+            texts.iter().all(|t| screen.contains(t))
+        });
+        (ok, screen)
+    }
+}
+
+impl Drop for Pane {
+    fn drop(&mut self) {
+        let _ = tmux(&["kill-session", "-t", &self.session]);
+    }
+}
+
+/// The example under `run --tui`, ending with exit code 3 (to see it pass through).
+fn tui_run(profile: &Path) -> String {
+    format!(
+        "{} run --tui --job train -o {} -- bash -c '{} {} --iters 120 --workers 1 --data-dir {}; exit 3'",
+        env!("CARGO_BIN_EXE_stallscope"),
+        profile.display(),
+        python(),
+        example(),
+        data_dir()
+    )
+}
+
+#[test]
+fn run_tui_shows_ranks_and_categories_and_q_leaves_the_training_running() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.stallscope");
+    let Some(pane) = Pane::start("tui", &tui_run(&profile)) else {
+        return;
+    };
+    let (live, screen) = pane.wait_for(60, &["live ·", "counted", "data_prep", "iter 2"]);
+    assert!(
+        live,
+        "the Job screen with the training's output never showed:\n{screen}"
+    );
+
+    pane.keys("3");
+    let rank_row = |screen: &str| {
+        screen
+            .lines()
+            .find(|l| l.trim_start().starts_with("0 vm ") || l.trim_start().starts_with("0 "))
+            .filter(|l| l.contains(" ms "))
+            .map(str::to_string)
+    };
+    let mut screen = String::new();
+    let ranks = wait_for(Duration::from_secs(15), || {
+        screen = pane.screen();
+        screen.contains("largest stall") && rank_row(&screen).is_some()
+    });
+    assert!(ranks, "no Ranks screen with rank 0's figures:\n{screen}");
+    let row = rank_row(&screen).unwrap_or_default();
+    assert!(row.contains('█'), "no parts bar: {row}");
+
+    pane.keys("2");
+    let (timeline, screen) = pane.wait_for(10, &["mean over ranks", "compute", "peer_wait"]);
+    assert!(timeline, "no Timeline screen:\n{screen}");
+
+    pane.keys("q");
+    let (closed, screen) = pane.wait_for(10, &["dashboard closed; the training goes on"]);
+    assert!(closed, "q did not close the dashboard:\n{screen}");
+    assert!(
+        !screen.contains("EXIT="),
+        "the training should still run after q:\n{screen}"
+    );
+    let (ended, screen) = pane.wait_for(90, &["EXIT=3"]);
+    assert!(
+        ended,
+        "the training did not end with its exit code 3:\n{screen}"
+    );
+    assert!(screen.contains("finding:"), "no summary:\n{screen}");
+    assert!(
+        screen.contains("iter 119"),
+        "the output after q was not shown:\n{screen}"
+    );
+
+    // The log holds all of the training's output, in order.
+    let log = std::fs::read_to_string(dir.path().join("p.log")).expect("the log");
+    let iters: Vec<&str> = log.lines().filter(|l| l.starts_with("iter ")).collect();
+    assert_eq!(iters.len(), 120, "{log}");
+    assert!(iters[0].starts_with("iter 0 ") && iters[119].starts_with("iter 119 "));
+}
+
+#[test]
+fn the_dashboard_closes_with_the_run_and_top_replays_its_profile() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.stallscope");
+    let Some(pane) = Pane::start("end", &tui_run(&profile)) else {
+        return;
+    };
+    let (ended, screen) = pane.wait_for(120, &["EXIT=3"]);
+    assert!(ended, "the run did not end:\n{screen}");
+    assert!(
+        !screen.contains("libnvidia-ml"),
+        "a source's warning went to the screen:\n{screen}"
+    );
+    assert!(
+        screen.contains("the training's output is in") && screen.contains("iter 119"),
+        "the end of the log and where it is were not said:\n{screen}"
+    );
+    assert!(screen.contains("finding:"), "no summary:\n{screen}");
+    drop(pane);
+
+    let replay = format!(
+        "{} top {}",
+        env!("CARGO_BIN_EXE_stallscope"),
+        profile.display()
+    );
+    let Some(pane) = Pane::start("replay", &replay) else {
+        return;
+    };
+    let (at_end, screen) = pane.wait_for(20, &["replay p.stallscope", "120 it × 1 rank"]);
+    assert!(
+        at_end,
+        "the replay does not open at the run's end:\n{screen}"
+    );
+    pane.keys("Home");
+    let (at_start, screen) = pane.wait_for(10, &["0 it × 0 ranks"]);
+    assert!(at_start, "Home did not go to the start:\n{screen}");
+    for _ in 0..8 {
+        pane.keys("Right");
+    }
+    let (moved, screen) = pane.wait_for(10, &["counted", "⏸ 9.0/"]);
+    assert!(moved, "→ did not step through the run:\n{screen}");
+    let shown: u64 = screen
+        .lines()
+        .next()
+        .and_then(|l| l.split(" it × ").next())
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.replace(',', "").parse().ok())
+        .unwrap_or_else(|| panic!("no iteration count in the header:\n{screen}"));
+    assert!(shown > 0 && shown < 120, "9 s into the run: {shown}");
+    pane.keys("q");
+    let (quit, screen) = pane.wait_for(10, &["EXIT=0"]);
+    assert!(quit, "q did not end the replay:\n{screen}");
+}
+
+#[test]
+fn without_a_terminal_tui_falls_back_to_the_status_line() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_ok(
+        stallscope()
+            .args(["run", "--tui", "-o"])
+            .arg(dir.path().join("p.stallscope"))
+            .args([
+                "--",
+                &python(),
+                &example(),
+                "--iters",
+                "10",
+                "--workers",
+                "0",
+            ])
+            .args(["--data-dir", &data_dir()]),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--tui needs a terminal on stdin and stdout; showing the status line"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("finding:"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("iter 9 "));
+}
+
+#[test]
+fn top_without_a_terminal_says_what_to_use_instead() {
+    let out = stallscope().args(["top"]).output().expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("`stallscope feed`"), "{stderr}");
+}
