@@ -11,15 +11,21 @@ use stallscope_analysis::view::JobView;
 use super::format::count;
 use super::{detail, help, job, nodes, ranks, timeline, App, Mode, Screen};
 
-/// Rows of training output the pane shows (plus its border).
-const OUTPUT_ROWS: u16 = 4;
+/// Rows of training output the pane shows (plus its border): more on a tall terminal.
+fn output_rows(height: u16) -> u16 {
+    match height {
+        34.. => 5,
+        24.. => 2,
+        _ => 0,
+    }
+}
 
 /// Draws the whole dashboard: `app`'s screen of `live` (or of the paused copy).
 pub fn draw(frame: &mut Frame, app: &App, live: &JobView) {
     let view = app.shown(live);
     let area = frame.area();
     let output_rows = match &app.output {
-        Some(_) if area.height >= 20 => OUTPUT_ROWS + 1,
+        Some(_) if output_rows(area.height) > 0 => output_rows(area.height) + 1,
         _ => 0,
     };
     let [head, tabs, body, output, foot] = Layout::vertical([

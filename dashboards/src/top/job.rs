@@ -1,5 +1,5 @@
-//! The Job screen: the verdict first (the finding, the change it suggests, the bound on its
-//! gain), then the figures (iterations, median and p95, throughput), each category's share in
+//! The Job screen: the verdict first (the finding with the bound on its gain, and the change
+//! it suggests), then the figures (iterations, median and p95, throughput), each category's share in
 //! the whole run and in the recent window, and how much to trust them (coverage, drops,
 //! sources down).
 
@@ -50,14 +50,6 @@ fn verdict_lines(view: &JobView) -> Vec<Line<'static>> {
             "No counted iteration yet: the verdict comes after the warm-up.",
         )];
     }
-    let bound = if f.max_speedup.is_finite() && f.max_speedup > 1.0 {
-        format!(
-            "removing it would make iterations at most {:.2}× faster",
-            f.max_speedup.min(100.0)
-        )
-    } else {
-        "no single stall bounds the speed-up".into()
-    };
     let colour = f
         .category
         .map_or(Style::new(), |c| Style::new().fg(palette::color(c)).bold());
@@ -70,7 +62,6 @@ fn verdict_lines(view: &JobView) -> Vec<Line<'static>> {
             Span::raw("→ ").bold(),
             Span::raw(f.suggestion.clone()),
         ]),
-        Line::raw(format!("  ({bound})")).italic(),
     ]
 }
 

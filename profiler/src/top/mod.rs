@@ -11,6 +11,9 @@ pub mod log_tail;
 pub mod run_tui;
 pub mod screen;
 
+#[cfg(test)]
+mod bench;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
