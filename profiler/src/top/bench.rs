@@ -155,7 +155,10 @@ fn draw_of_a_full_frame() {
     let mut view = big_job();
     let mut iter = RECENT_ITERATIONS as u64;
     println!("draw of one frame, 1,024 ranks on 128 nodes, 200 frames per screen and size");
-    println!("{:<10} {:>8} {:>9} {:>9} {:>9}", "screen", "size", "min ms", "median", "max");
+    println!(
+        "{:<10} {:>8} {:>9} {:>9} {:>9}",
+        "screen", "size", "min ms", "median", "max"
+    );
     for (w, h) in [(80u16, 24u16), (200, 60)] {
         let mut terminal = sink_terminal(w, h);
         for screen in Screen::ALL {
@@ -199,7 +202,11 @@ fn thread_cpu_seconds(name: &str) -> f64 {
     // SAFETY: sysconf only reads a constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let mut ticks = 0u64;
-    for task in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
             continue;
         };
@@ -304,5 +311,8 @@ fn cpu_at_four_redraws_a_second() {
         reader_cpu / wall * 100.0,
         (loop_cpu + reader_cpu) / wall * 100.0
     );
-    println!("  feed messages folded {messages} ({:.1}/s), feed {status:?}", messages as f64 / wall);
+    println!(
+        "  feed messages folded {messages} ({:.1}/s), feed {status:?}",
+        messages as f64 / wall
+    );
 }
