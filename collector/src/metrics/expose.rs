@@ -1,20 +1,66 @@
-//! The Prometheus text exposition (format 0.0.4, which every Prometheus and `promtool` reads)
-//! of a [`MetricsState`]: a pure function, so its output is tested on a state built in the
-//! test.
+//! The exposition of a [`MetricsState`] in OpenMetrics text, written by the Prometheus
+//! organisation's `prometheus-client` crate: a pure function, so its output is tested on a
+//! state built in the test.
+//!
+//! The figures are the model's at the time of the scrape, so they are collected into
+//! families here and handed to the crate through its `Collector` interface (const counters,
+//! gauges and histograms), which writes the names, types, escaping and `# EOF`. Counters are
+//! named here with their `_total`, as users query them; the crate's counter family is that
+//! name without it.
 //!
 //! Labels are bounded: `job`, `node`, `rank`, `category`, `direction`, `resource`, `source`
 //! and the GPU's identity (`gpu`, `UUID`, as dcgm-exporter names them), never an iteration,
 //! a pid or a path. A figure no source gave is left out, never written as 0.
 
-use std::fmt::Write;
-
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use stallscope_analysis::category::Category;
 use stallscope_analysis::view::{NodeView, RankView};
 
 use super::{MetricsState, NodeTotals, BUCKETS};
 
-/// The `Content-Type` of a scrape.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The `Content-Type` of a scrape in OpenMetrics (what Prometheus asks for).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `Content-Type` of a scrape in the Prometheus text format 0.0.4 (for clients that do
+/// not accept OpenMetrics: curl, `promtool check metrics`, older scrapers).
+pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether a request's `Accept` header takes OpenMetrics.
+pub fn accepts_openmetrics(accept: &str) -> bool {
+    accept.contains("application/openmetrics-text")
+}
+
+/// The same exposition in the Prometheus text format 0.0.4: a counter family is named with
+/// its `_total` there, and there is no `# EOF`. Everything else is the same text.
+pub fn to_text_format(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len() + 4096);
+    let mut lines = openmetrics.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line == "# EOF" {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap_or("");
+            let counter = lines
+                .peek()
+                .is_some_and(|next| *next == format!("# TYPE {name} counter"));
+            if counter {
+                out.push_str(&format!("# HELP {name}_total{}\n", &rest[name.len()..]));
+                lines.next();
+                out.push_str(&format!("# TYPE {name}_total counter\n"));
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
 
 /// The text of one scrape, with the process's own CPU time read now.
 pub fn render(state: &MetricsState) -> String {
@@ -25,25 +71,28 @@ pub fn render(state: &MetricsState) -> String {
 pub fn render_with(state: &MetricsState, own_cpu_seconds: Option<f64>) -> String {
     let mut out = Out::default();
     let job = state.view.name.as_str();
-    out.family("stallscope_build_info", "gauge", "stallscope's version.");
-    out.sample(
-        "stallscope_build_info",
-        &[("version", env!("CARGO_PKG_VERSION"))],
-        1.0,
-    );
     if let Some(cpu) = own_cpu_seconds {
         out.family(
             "stallscope_process_cpu_seconds_total",
             "counter",
             "CPU time the profiler itself used, s.",
         );
-        out.sample("stallscope_process_cpu_seconds_total", &[("job", job)], cpu);
+        out.sample_owned(
+            "stallscope_process_cpu_seconds_total",
+            &[("job", job.to_string())],
+            cpu,
+        );
     }
     ranks(&mut out, state);
     gpus(&mut out, state);
     stragglers(&mut out, state);
     nodes(&mut out, state);
-    out.text
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(out));
+    let mut text = String::new();
+    // Writing to a String cannot fail; the families are well-formed by construction.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+    text
 }
 
 fn ranks(out: &mut Out, state: &MetricsState) {
@@ -92,25 +141,22 @@ fn ranks(out: &mut Out, state: &MetricsState) {
     out.family(
         name,
         "histogram",
-        "Iteration time, every iteration (warm-up included), s.",
+        "Iteration time of the counted iterations (warm-up left out), s.",
     );
     for r in &ranks {
         let Some(h) = state.histograms.get(&r.rank) else {
             continue;
         };
-        let mut cumulative = 0;
-        let bucket = format!("{name}_bucket");
-        for (b, n) in BUCKETS.iter().zip(h.counts) {
-            cumulative += n;
-            let mut l = labels(r);
-            l.push(("le", b.to_string()));
-            out.sample_owned(&bucket, &l, cumulative as f64);
-        }
-        let mut l = labels(r);
-        l.push(("le", "+Inf".into()));
-        out.sample_owned(&bucket, &l, h.count() as f64);
-        out.sample_owned(&format!("{name}_sum"), &labels(r), h.sum_seconds);
-        out.sample_owned(&format!("{name}_count"), &labels(r), h.count() as f64);
+        let mut buckets: Vec<(f64, u64)> = BUCKETS.iter().copied().zip(h.counts).collect();
+        buckets.push((f64::INFINITY, h.over));
+        out.push(
+            &labels(r),
+            Value::Histogram {
+                sum: h.sum_seconds,
+                count: h.count(),
+                buckets,
+            },
+        );
     }
 }
 
@@ -448,54 +494,108 @@ fn sources(n: &NodeView) -> Vec<(String, bool)> {
     out
 }
 
-#[derive(Default)]
+/// One sample's value.
+#[derive(Debug)]
+enum Value {
+    Number(f64),
+    Histogram {
+        sum: f64,
+        count: u64,
+        /// (upper bound, count in that bucket alone), ending with +Inf.
+        buckets: Vec<(f64, u64)>,
+    },
+}
+
+/// One metric family and its samples.
+#[derive(Debug)]
+struct Family {
+    name: &'static str,
+    help: String,
+    kind: MetricType,
+    samples: Vec<(Vec<(&'static str, String)>, Value)>,
+}
+
+/// The families of one scrape, in order; given to `prometheus-client` as a collector.
+#[derive(Debug, Default)]
 struct Out {
-    text: String,
-    families: Vec<&'static str>,
+    families: Vec<Family>,
 }
 
 impl Out {
     fn has(&self, name: &str) -> bool {
-        self.families.contains(&name)
+        self.families.iter().any(|f| f.name == name)
     }
 
+    /// Starts family `name` of `kind` (`counter`, `gauge` or `histogram`).
     fn family(&mut self, name: &'static str, kind: &str, help: &str) {
-        self.families.push(name);
-        let _ = writeln!(self.text, "# HELP {name} {help}");
-        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+        let kind = match kind {
+            "counter" => MetricType::Counter,
+            "histogram" => MetricType::Histogram,
+            _ => MetricType::Gauge,
+        };
+        self.families.push(Family {
+            name,
+            help: help.to_string(),
+            kind,
+            samples: Vec::new(),
+        });
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
-        self.text.push_str(name);
-        if !labels.is_empty() {
-            self.text.push('{');
-            for (i, (k, val)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.text.push(',');
-                }
-                let _ = write!(self.text, "{k}=\"");
-                escape(&mut self.text, val);
-                self.text.push('"');
-            }
-            self.text.push('}');
+    /// Adds a sample to family `name` (the latest family of that name).
+    fn sample_owned(&mut self, name: &str, labels: &[(&'static str, String)], v: f64) {
+        if let Some(f) = self.families.iter_mut().rev().find(|f| f.name == name) {
+            f.samples.push((labels.to_vec(), Value::Number(v)));
         }
-        let _ = writeln!(self.text, " {v}");
     }
 
-    fn sample_owned(&mut self, name: &str, labels: &[(&str, String)], v: f64) {
-        let l: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        self.sample(name, &l, v);
+    /// Adds a sample to the latest family.
+    fn push(&mut self, labels: &[(&'static str, String)], v: Value) {
+        if let Some(f) = self.families.last_mut() {
+            f.samples.push((labels.to_vec(), v));
+        }
     }
 }
 
-fn escape(out: &mut String, s: &str) {
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
+impl Collector for Out {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // A gauge of 1, as exporters name their build info: promtool's parser (and the
+        // Prometheus text format) has no `info` type.
+        let mut build = encoder.encode_descriptor(
+            "stallscope_build_info",
+            "stallscope's version.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1i64)
+            .encode(build.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
+        for f in &self.families {
+            let name = match f.kind {
+                MetricType::Counter => f.name.strip_suffix("_total").unwrap_or(f.name),
+                _ => f.name,
+            };
+            let mut family = encoder.encode_descriptor(name, &f.help, None, f.kind)?;
+            for (labels, v) in &f.samples {
+                let sample = family.encode_family(labels)?;
+                match (v, f.kind) {
+                    (Value::Number(x), MetricType::Counter) => {
+                        ConstCounter::new(x.max(0.0)).encode(sample)?
+                    }
+                    (Value::Number(x), _) => ConstGauge::new(*x).encode(sample)?,
+                    (
+                        Value::Histogram {
+                            sum,
+                            count,
+                            buckets,
+                        },
+                        _,
+                    ) => {
+                        let mut sample = sample;
+                        sample.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?
+                    }
+                }
+            }
         }
+        Ok(())
     }
 }
 

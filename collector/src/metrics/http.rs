@@ -1,13 +1,19 @@
-//! The smallest HTTP/1.1 server Prometheus needs: `GET /metrics` answered from the state,
-//! one request per connection, on a current-thread tokio runtime on a thread of its own (so
-//! `stallscope run` and `agent`, which have no runtime, can serve, and the collector's
-//! runtime never waits on a scrape).
+//! The HTTP side of `/metrics`: hyper's HTTP/1.1 server on a current-thread tokio runtime on
+//! a thread of its own (so `stallscope run` and `agent`, which have no runtime, can serve, and
+//! the collector's runtime never waits on a scrape). `GET /metrics` is answered from the
+//! state in OpenMetrics when the scraper accepts it (Prometheus does), else in the text
+//! format 0.0.4; anything else is a 404.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use super::{expose, MetricsError, MetricsState};
@@ -80,44 +86,50 @@ async fn accept_loop(listener: TcpListener, state: Arc<Mutex<MetricsState>>) {
         };
         let state = state.clone();
         tokio::spawn(async move {
-            let _ = answer(stream, &state).await;
+            let service = service_fn(move |req| {
+                let reply = answer(&req, &state);
+                async move { Ok::<_, std::convert::Infallible>(reply) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }
 
-/// bytes, the most of a request head read.
-const MAX_HEAD: usize = 8192;
-
-async fn answer(mut stream: TcpStream, state: &Mutex<MetricsState>) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&head);
-    let path = line.split_whitespace().nth(1).unwrap_or("");
-    let (status, kind, body) = if line.starts_with("GET ") && path.starts_with("/metrics") {
-        let body = match state.lock() {
-            Ok(s) => expose::render(&s),
-            Err(_) => String::new(),
-        };
-        ("200 OK", expose::CONTENT_TYPE, body)
-    } else {
-        (
-            "404 Not Found",
+fn answer(req: &Request<Incoming>, state: &Mutex<MetricsState>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET || !req.uri().path().starts_with("/metrics") {
+        return reply(
+            StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
             "stallscope serves /metrics\n".into(),
-        )
+        );
+    }
+    let openmetrics = req
+        .headers()
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(expose::accepts_openmetrics);
+    let text = match state.lock() {
+        Ok(s) => expose::render(&s),
+        Err(_) => String::new(),
     };
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(reply.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+    if openmetrics {
+        reply(StatusCode::OK, expose::CONTENT_TYPE, text)
+    } else {
+        reply(
+            StatusCode::OK,
+            expose::CONTENT_TYPE_TEXT,
+            expose::to_text_format(&text),
+        )
+    }
+}
+
+fn reply(status: StatusCode, kind: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    r
 }

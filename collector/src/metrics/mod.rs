@@ -164,9 +164,13 @@ impl MetricsState {
                 for w in &self.view.stragglers {
                     *self.held.entry((w.rank, w.node.clone())).or_default() += w.held_seconds;
                 }
+                let warmup = u64::from(self.view.summary.warmup_iterations);
                 for r in self.view.ranks.values() {
                     let h = self.histograms.entry(r.rank).or_default();
-                    r.recent.iter().for_each(|p| observe(h, p));
+                    r.recent
+                        .iter()
+                        .filter(|p| p.iter >= warmup)
+                        .for_each(|p| observe(h, p));
                 }
                 self.fold_nodes();
             }
@@ -174,7 +178,13 @@ impl MetricsState {
                 for w in &u.stragglers {
                     *self.held.entry((w.rank, w.node.clone())).or_default() += w.held_seconds;
                 }
-                for (rank, p) in &u.parts {
+                // The summary comes in the round of the first iteration, warm-up and all.
+                let warmup = u64::from(
+                    u.summary
+                        .as_ref()
+                        .map_or(self.view.summary.warmup_iterations, |s| s.warmup_iterations),
+                );
+                for (rank, p) in u.parts.iter().filter(|(_, p)| p.iter >= warmup) {
                     observe(self.histograms.entry(*rank).or_default(), p);
                 }
                 self.view.apply((*u).clone());

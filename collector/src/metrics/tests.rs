@@ -151,3 +151,25 @@ fn scrape_of_1024_ranks() {
     );
     assert!(ms < 20.0, "a scrape took {ms:.2} ms");
 }
+
+#[test]
+fn the_text_format_names_counter_families_with_total_and_has_no_eof() {
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(model())));
+    let open = expose::render_with(&state, Some(1.5));
+    assert!(open.contains("# TYPE stallscope_iterations counter\n"));
+    assert!(open.ends_with("# EOF\n"));
+    let text = expose::to_text_format(&open);
+    assert!(text.contains(
+        "# HELP stallscope_iterations_total Iterations counted (warm-up left out).\n# TYPE stallscope_iterations_total counter\n"
+    ));
+    assert!(text.contains("# TYPE stallscope_iteration_duration_seconds histogram\n"));
+    assert!(!text.contains("# EOF"));
+    // Only the family lines differ.
+    let samples = |t: &str| t.lines().filter(|l| !l.starts_with('#')).count();
+    assert_eq!(samples(&open), samples(&text));
+    assert!(expose::accepts_openmetrics(
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    ));
+    assert!(!expose::accepts_openmetrics("*/*"));
+}

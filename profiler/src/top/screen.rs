@@ -34,9 +34,40 @@ pub trait Keys {
 /// The terminal's keys (crossterm).
 pub struct TerminalKeys;
 
+/// Waits up to `timeout` for stdin to be readable; an error once the terminal hung up (a
+/// closed tmux pane, a dropped ssh session), where crossterm would read end-of-file forever.
+fn stdin_ready(timeout: Duration) -> io::Result<bool> {
+    let mut fd = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one pollfd we own, for the length of the call.
+    let n = unsafe { libc::poll(&mut fd, 1, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    if fd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "the terminal went away",
+        ));
+    }
+    Ok(n > 0)
+}
+
 impl Keys for TerminalKeys {
     fn next(&mut self, timeout: Duration) -> io::Result<Option<Input>> {
-        if !event::poll(timeout)? {
+        // crossterm may hold input it already read (a burst of keys): ask it first.
+        let pending =
+            event::poll(Duration::ZERO)? || (stdin_ready(timeout)? && event::poll(Duration::ZERO)?);
+        if !pending {
             return Ok(None);
         }
         Ok(match event::read()? {
