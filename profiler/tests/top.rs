@@ -236,3 +236,42 @@ fn top_without_a_terminal_says_what_to_use_instead() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("`stallscope feed`"), "{stderr}");
 }
+
+/// Processes whose command line mentions `text`.
+fn processes_with(text: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(text))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[test]
+fn a_terminal_that_goes_away_ends_the_dashboard_and_the_run() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.stallscope");
+    let Some(pane) = Pane::start("hangup", &tui_run(&profile)) else {
+        return;
+    };
+    let (live, screen) = pane.wait_for(60, &["live ·", "iter 2"]);
+    assert!(live, "the dashboard never showed:\n{screen}");
+    let marker = dir.path().display().to_string();
+    assert!(!processes_with(&marker).is_empty());
+    drop(pane); // tmux kill-session: the terminal hangs up.
+    let gone = wait_for(Duration::from_secs(20), || processes_with(&marker).is_empty());
+    let left = processes_with(&marker);
+    for pid in &left {
+        kill(*pid, libc::SIGKILL);
+    }
+    assert!(gone, "still running 20 s after the terminal went away: {left:?}");
+}
