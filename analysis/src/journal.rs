@@ -79,6 +79,11 @@ impl Journal {
         }
     }
 
+    /// Summarises every `ns` of the job's time ([`LiveModel::set_summary_every`]).
+    pub fn set_summary_every(&mut self, ns: Nanos) {
+        self.live.set_summary_every(ns);
+    }
+
     /// Rebuilds the journal of a profile's frames, as the live run ended it: every frame
     /// ingested, everything attributed.
     pub fn replay<'a>(frames: impl IntoIterator<Item = &'a Frame>, name: &str) -> Journal {

@@ -26,6 +26,7 @@ pub mod journal;
 pub mod loops;
 pub mod marker;
 pub mod process;
+pub mod report;
 pub mod resources;
 pub mod run_facts;
 pub mod series;

@@ -34,6 +34,11 @@ pub enum Command {
     /// Which instance type, node count and communication setup: predicted iteration time,
     /// time and cost to train for each catalog row, from a measured profile.
     Advise(crate::advise_cmd::AdviseArgs),
+    /// The post-hoc report of a profile (a run's, a job's, an experiment's; or several run
+    /// profiles of one job): verdict, breakdown, every iteration over the run, time outside
+    /// iterations, stragglers, resources, advice. HTML (default), Markdown or JSON by the
+    /// extension of -o; --compare BEFORE AFTER shows two runs side by side.
+    Report(crate::report_cmd::ReportArgs),
     /// Start the processes of a data-parallel job with torchrun's environment (RANK,
     /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, …), on this node or on several.
     Launch(LaunchArgs),
@@ -52,6 +57,10 @@ pub enum Command {
     /// collector in a child process, ramped over agent counts.
     #[command(hide = true)]
     CollectorBench(CollectorBenchArgs),
+    /// Cost benchmark of `stallscope report`: writes a long job's profile (24 h of 64 ranks
+    /// by default) and reports it, measuring wall time, peak memory and size per node-hour.
+    #[command(hide = true)]
+    ReportBench(crate::report_bench::ReportBenchArgs),
 }
 
 #[derive(Debug, Args)]

@@ -73,6 +73,20 @@ fn a_prep_bound_training_shows_prep_by_difference() {
     let again = run_ok(stallscope().args(["summary", "--json"]).arg(&profile));
     let replayed: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(replayed["differential"], e["differential"]);
+
+    // The report of the warm run with the experiment beside it: online and by difference.
+    let warm = runs[1]["profile"].as_str().unwrap();
+    let args = [
+        std::ffi::OsStr::new(warm),
+        std::ffi::OsStr::new("--experiment"),
+        profile.as_os_str(),
+    ];
+    if let Some(dom) = report_in_chromium(dir.path(), "report", &args) {
+        assert_report_holds(&dom, &[0], &["chart-timeline", "chart-iteration-time"]);
+        let section = &dom[dom.find("id=\"experiment\"").unwrap()..];
+        let section = &section[..section.find("</section>").unwrap()];
+        assert!(section.contains("data prep"), "{section}");
+    }
 }
 
 /// A configuration that cannot run is refused before anything starts.

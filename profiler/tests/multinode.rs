@@ -452,6 +452,16 @@ fn a_slowed_rank_on_another_node_is_named_straggler() {
         "rank 0 waits for rank 1: {s:#}"
     );
     assert!(log.contains("straggler: rank 1 on node node-b"), "{log}");
+    // The job profile's report names the straggler, its node, and what it was doing.
+    let profile = dir.path().join("job.stallscope");
+    if let Some(dom) = report_in_chromium(dir.path(), "job", &[profile.as_os_str()]) {
+        assert_report_holds(&dom, &[0, 1], &["chart-timeline", "chart-iteration-time"]);
+        let section = &dom[dom.find("id=\"stragglers\"").unwrap()..];
+        let section = &section[..section.find("</section>").unwrap()];
+        assert!(section.contains("node-b"), "{section}");
+        assert!(section.contains("data-straggler=\"1\""), "{section}");
+        assert!(!section.contains("data-straggler=\"0\""), "{section}");
+    }
 }
 
 /// Each node's agent reads its own GPU (the scripted library, moving 1 GB/s over PCIe on

@@ -49,6 +49,24 @@ fn heavy_preprocessing_without_workers_is_reported_as_data_prep() {
     let replay = run_ok(stallscope().arg("summary").arg("--json").arg(&profile));
     let r: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
     assert_eq!(r["job"], s["job"]);
+    // The report, where people read it: Chromium shows the verdict on data prep, the rank,
+    // every iteration's parts, the iteration time and the node's CPU beside them.
+    if let Some(dom) = report_in_chromium(dir.path(), "report", &[profile.as_os_str()]) {
+        assert_report_holds(
+            &dom,
+            &[0],
+            &[
+                "chart-timeline",
+                "chart-iteration-time",
+                "chart-resource-cpu-busy",
+            ],
+        );
+        let verdict = &dom[dom.find("id=\"verdict\"").unwrap()..];
+        assert!(
+            verdict[..verdict.find("</section>").unwrap()].contains("data prep"),
+            "{verdict}"
+        );
+    }
 }
 
 /// (iii) The training's exit code is stallscope's exit code.
@@ -138,6 +156,12 @@ fn a_profile_cut_by_kill_9_is_still_summarised() {
     assert!(s["exit_code"].is_null());
     let text = run_ok(stallscope().arg("summary").arg(&profile));
     assert!(String::from_utf8_lossy(&text.stdout).contains("cut short"));
+    // The report of the cut profile says so first, and still shows what it holds.
+    if let Some(dom) = report_in_chromium(dir.path(), "cut", &[profile.as_os_str()]) {
+        assert!(dom.contains("id=\"problems\""), "{dom}");
+        assert!(dom.contains("the profile was cut"), "{dom}");
+        assert_report_holds(&dom, &[0], &["chart-timeline", "chart-iteration-time"]);
+    }
 }
 
 /// SIGTERM to stallscope reaches the training's process group, and stallscope dies of it too.

@@ -131,4 +131,26 @@ fn a_slow_network_makes_network_the_largest_category() {
         assert!(fraction(&s, "network") > fraction(&s, "compute"), "{s:#}");
         assert_eq!(s["finding"]["category"], "network", "{s:#}");
     }
+    // The two nodes' run profiles, joined as the collector would: one report of both ranks
+    // with network as the verdict.
+    let profiles: Vec<std::path::PathBuf> = (0..2)
+        .map(|n| dir.path().join(format!("node{n}.stallscope")))
+        .collect();
+    let args: Vec<&std::ffi::OsStr> = profiles.iter().map(|p| p.as_os_str()).collect();
+    if let Some(dom) = report_in_chromium(dir.path(), "joined", &args) {
+        assert_report_holds(
+            &dom,
+            &[0, 1],
+            &[
+                "chart-timeline",
+                "chart-iteration-time",
+                "chart-resource-nic",
+            ],
+        );
+        let verdict = &dom[dom.find("id=\"verdict\"").unwrap()..];
+        assert!(
+            verdict[..verdict.find("</section>").unwrap()].contains("network"),
+            "{verdict}"
+        );
+    }
 }

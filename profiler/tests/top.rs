@@ -268,10 +268,15 @@ fn a_terminal_that_goes_away_ends_the_dashboard_and_the_run() {
     let marker = dir.path().display().to_string();
     assert!(!processes_with(&marker).is_empty());
     drop(pane); // tmux kill-session: the terminal hangs up.
-    let gone = wait_for(Duration::from_secs(20), || processes_with(&marker).is_empty());
+    let gone = wait_for(Duration::from_secs(20), || {
+        processes_with(&marker).is_empty()
+    });
     let left = processes_with(&marker);
     for pid in &left {
         kill(*pid, libc::SIGKILL);
     }
-    assert!(gone, "still running 20 s after the terminal went away: {left:?}");
+    assert!(
+        gone,
+        "still running 20 s after the terminal went away: {left:?}"
+    );
 }

@@ -41,7 +41,7 @@ mod stragglers;
 
 use resplit::{gpu_exposed_comm, held_by_least_exposed};
 pub use resplit::{resplit, resplit_gpu};
-use stragglers::{IterationArrivals, StragglerWindows};
+pub(crate) use stragglers::{IterationArrivals, StragglerWindows};
 pub use stragglers::{StragglerWindow, STRAGGLER_MIN_WAIT, WINDOW_CLOSE_LAG_ITERS, WINDOW_ITERS};
 
 /// How long an iteration reported by some ranks waits for the others before it is joined
@@ -145,7 +145,9 @@ impl CrossNode {
         if self.joined.get(&rank).is_some_and(|j| j.contains(iter)) {
             return false;
         }
-        self.rank_nodes.insert(it.breakdown.rank, it.node.clone());
+        if self.rank_nodes.get(&rank) != Some(&it.node) {
+            self.rank_nodes.insert(rank, it.node.clone());
+        }
         if let Some(w) = it.world_size {
             self.world_size = Some(self.world_size.map_or(w, |o| o.max(w)));
         }

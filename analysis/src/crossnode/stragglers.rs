@@ -53,11 +53,11 @@ pub struct StragglerWindow {
 
 /// What joined iterations say about who arrived last: one iteration's, or a window's summed.
 #[derive(Clone, Debug, Default)]
-pub(super) struct IterationArrivals {
+pub(crate) struct IterationArrivals {
     /// ns each rank held the next-to-last one up, by rank.
-    pub(super) held: BTreeMap<u32, u64>,
+    pub(crate) held: BTreeMap<u32, u64>,
     /// Per rank: (peer_wait ns, wall ns).
-    pub(super) waits: BTreeMap<u32, (u64, u64)>,
+    pub(crate) waits: BTreeMap<u32, (u64, u64)>,
 }
 
 impl IterationArrivals {
@@ -98,9 +98,9 @@ impl IterationArrivals {
 /// The straggler windows of a job: open ones with their summed arrivals, closed ones reduced
 /// to their straggler.
 #[derive(Debug, Default)]
-pub(super) struct StragglerWindows {
+pub(crate) struct StragglerWindows {
     /// First iteration of the first window (the warm-up).
-    pub(super) first_iter: u64,
+    pub(crate) first_iter: u64,
     /// Arrivals summed per window still open, by window (0 = the one starting at
     /// `first_iter`).
     open: BTreeMap<u64, IterationArrivals>,
@@ -113,7 +113,7 @@ pub(super) struct StragglerWindows {
 impl StragglerWindows {
     /// Sums iteration `iter`'s arrivals into its window, unless it is before the first or its
     /// window is closed.
-    pub(super) fn add(&mut self, iter: u64, arrivals: &IterationArrivals) {
+    pub(crate) fn add(&mut self, iter: u64, arrivals: &IterationArrivals) {
         if iter >= self.first_iter {
             let w = (iter - self.first_iter) / WINDOW_ITERS;
             if w >= self.closed_below {
@@ -146,7 +146,7 @@ impl StragglerWindows {
     }
 
     /// Every window that named a straggler, closed then open, with the node of each rank.
-    pub(super) fn list(&self, rank_nodes: &BTreeMap<u32, String>) -> Vec<StragglerWindow> {
+    pub(crate) fn list(&self, rank_nodes: &BTreeMap<u32, String>) -> Vec<StragglerWindow> {
         let open = self
             .open
             .iter()

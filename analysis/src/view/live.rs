@@ -39,6 +39,9 @@ pub struct LiveModel {
     /// GPU busy shares (ppm) other nodes' agents reported, by (rank, iteration), until the
     /// joined iteration is observed: at most [`REPORT_GPU_HELD`].
     report_gpu: BTreeMap<(u32, u64), u32>,
+    /// ns between summaries when set ([`LiveModel::set_summary_every`]), instead of the
+    /// live pace.
+    summary_every: Option<Nanos>,
 }
 
 /// Reported GPU readings held for iterations not yet joined.
@@ -133,8 +136,18 @@ impl LiveModel {
     /// Between two summary refreshes, ns of the job's time: 1 s up to 64 ranks, then 1 s per
     /// 64 ranks, at most 10 s.
     pub fn summary_every_ns(&self) -> Nanos {
+        if let Some(ns) = self.summary_every {
+            return ns;
+        }
         let ranks = self.view.ranks.len().max(1);
         (ranks.div_ceil(RANKS_PER_SECOND) as Nanos).min(10) * 1_000_000_000
+    }
+
+    /// Summarises every `ns` of the job's time instead of at the live pace: a reader that
+    /// replays a long profile only needs the summary at the end, and each one costs a pass
+    /// over every rank's figures.
+    pub fn set_summary_every(&mut self, ns: Nanos) {
+        self.summary_every = Some(ns);
     }
 
     /// Takes the iterations an attribution round produced at `now` (ns, the clock the job
@@ -280,20 +293,21 @@ impl LiveModel {
         u.samples_per_second = self.view.samples_per_second;
         u.batch_size = self.view.batch_size;
         u.records_dropped = self.view.records_dropped;
+        // The update carries neither a rank's recent iterations nor a node's history (their
+        // news is in `parts`; the history is the viewer's to keep): they are set aside while
+        // the rest is cloned.
         for rank in std::mem::take(&mut self.dirty_ranks) {
-            if let Some(r) = self.view.ranks.get(&rank) {
-                u.ranks.push(RankView {
-                    recent: Default::default(),
-                    ..r.clone()
-                });
+            if let Some(r) = self.view.ranks.get_mut(&rank) {
+                let recent = std::mem::take(&mut r.recent);
+                u.ranks.push(r.clone());
+                r.recent = recent;
             }
         }
         for node in std::mem::take(&mut self.dirty_nodes) {
-            if let Some(n) = self.view.nodes.get(&node) {
-                u.nodes.push(NodeView {
-                    history: Default::default(),
-                    ..n.clone()
-                });
+            if let Some(n) = self.view.nodes.get_mut(&node) {
+                let history = std::mem::take(&mut n.history);
+                u.nodes.push(n.clone());
+                n.history = history;
             }
         }
         u

@@ -14,7 +14,7 @@
 //! offered rate in the window, every record sent was acknowledged and reached the live feed,
 //! and the p99 latency is under the goal.
 
-mod agents;
+pub(crate) mod agents;
 mod histogram;
 pub mod side;
 

@@ -276,3 +276,76 @@ pub fn fake_gpu<'a>(cmd: &'a mut Command, script: &str) -> &'a mut Command {
     cmd.env(stallscope_agent::gpu::nvml::LIB_ENV, fake_nvml())
         .env("STALLSCOPE_FAKE_NVML", script)
 }
+
+/// bytes a screenshot of a report page must exceed: a 1280×2400 page holding only a heading
+/// is about 15 kB as PNG, a report with its charts several hundred.
+pub const NON_TRIVIAL_SCREENSHOT: u64 = 100_000;
+
+/// `stallscope report ARGS -o DIR/NAME.html`, then the page where people read it: headless
+/// Chromium takes a screenshot (checked non-trivial) and dumps the DOM it built, which is
+/// returned. `None` (a skip) when Chromium is missing.
+pub fn report_in_chromium(dir: &Path, name: &str, args: &[&std::ffi::OsStr]) -> Option<String> {
+    let Ok(chromium) = which("chromium") else {
+        skip("chromium is not installed (run scripts/install-deps.sh)");
+        return None;
+    };
+    let page = dir.join(format!("{name}.html"));
+    let out = run_ok(stallscope().arg("report").args(args).arg("-o").arg(&page));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("report written to"), "{said}");
+    let shot = dir.join(format!("{name}.png"));
+    let profile_dir = dir.join(format!("{name}-chromium"));
+    let headless = |extra: &str| {
+        let mut c = Command::new(&chromium);
+        c.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile_dir.display()))
+        .arg("--window-size=1280,2400")
+        .arg(extra)
+        .arg(format!("file://{}", page.display()));
+        c
+    };
+    run_ok(&mut headless(&format!("--screenshot={}", shot.display())));
+    let bytes = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        bytes > NON_TRIVIAL_SCREENSHOT,
+        "the screenshot of {} is {bytes} bytes: the page did not render",
+        page.display()
+    );
+    let dom = run_ok(&mut headless("--dump-dom"));
+    Some(String::from_utf8_lossy(&dom.stdout).into_owned())
+}
+
+/// The path of `program` on PATH.
+pub fn which(program: &str) -> Result<PathBuf, String> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| format!("{program} is not on PATH"))
+}
+
+/// Checks what every report page must hold: the verdict, each rank's row, and the charts
+/// (each drawn as SVG inside its figure).
+pub fn assert_report_holds(dom: &str, ranks: &[u32], charts: &[&str]) {
+    assert!(dom.contains("id=\"verdict\""), "no verdict: {dom}");
+    for r in ranks {
+        assert!(
+            dom.contains(&format!("data-rank=\"{r}\"")),
+            "rank {r} missing"
+        );
+    }
+    for id in charts {
+        let at = dom
+            .find(&format!("id=\"{id}\""))
+            .unwrap_or_else(|| panic!("chart {id} missing"));
+        let figure = &dom[at..];
+        let end = figure.find("</figure>").unwrap_or(figure.len());
+        assert!(figure[..end].contains("<svg"), "chart {id} has no SVG");
+    }
+}

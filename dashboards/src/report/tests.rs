@@ -1,0 +1,88 @@
+//! The report's renderers on constructed profiles: Markdown and JSON as snapshots, the HTML
+//! checked for what a reader needs (Chromium checks it where people see it, in
+//! profiler/tests/report.rs).
+
+use stallscope_analysis::report::sample::two_rank_profile;
+use stallscope_analysis::report::{compare, Report, ReportBuilder};
+
+use super::*;
+
+fn report(cut: bool) -> Report {
+    let mut b = ReportBuilder::new("");
+    for f in two_rank_profile(cut) {
+        b.ingest(&f);
+    }
+    let mut r = b.finish();
+    r.stallscope_version = "test".into();
+    r
+}
+
+#[test]
+fn markdown_of_a_two_rank_run() {
+    let md = markdown(&report(false), "report");
+    insta::assert_snapshot!(md.text);
+    let names: Vec<&str> = md.files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["report-timeline.svg", "report-iteration-time.svg"]);
+    assert!(md.files.iter().all(|(_, svg)| svg.starts_with("<svg")));
+}
+
+#[test]
+fn json_of_a_cut_run() {
+    let r = report(true);
+    let json = json(&r);
+    let back: Report = serde_json::from_str(&json).expect("the JSON reads back");
+    assert_eq!(
+        super::json(&back),
+        json,
+        "the JSON reads back to the same report"
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let summary = serde_json::json!({
+        "schema": v["schema"],
+        "problems": v["problems"],
+        "verdict": v["verdict"],
+        "outside": v["outside"]["ranks"],
+        "columns": v["timeline"]["columns"].as_array().map(Vec::len),
+    });
+    insta::assert_snapshot!(serde_json::to_string_pretty(&summary).expect("JSON"));
+}
+
+#[test]
+fn the_html_holds_the_verdict_every_rank_and_every_chart_and_nothing_external() {
+    let r = report(false);
+    let page = html(&r);
+    assert!(page.contains(&escape(&r.verdict.sentence)));
+    for rank in &r.breakdown.ranks {
+        assert!(page.contains(&format!("data-rank=\"{}\"", rank.rank)));
+    }
+    for id in ["chart-timeline", "chart-iteration-time"] {
+        assert!(page.contains(&format!("id=\"{id}\"")), "{id}");
+    }
+    assert!(!page.contains("<script"), "no script");
+    assert!(!page.contains("src=\"http") && !page.contains("href=\"http"));
+    assert!(page.contains(palette::hex(Category::Compute)));
+}
+
+#[test]
+fn an_empty_profile_renders_a_page_that_says_so() {
+    let r = ReportBuilder::new("").finish();
+    let page = html(&r);
+    assert!(page.contains("holds no frames"), "{page}");
+    assert!(page.contains("nothing to chart"));
+    let md = markdown(&r, "x");
+    assert!(md.text.contains("holds no frames"));
+    assert!(md.files.is_empty());
+}
+
+#[test]
+fn a_comparison_shows_both_runs() {
+    let c = compare(report(false), report(true));
+    let page = html_comparison(&c);
+    assert!(page.contains("chart-compare"));
+    assert!(page.contains("data-rank=\"1\""));
+    let md = markdown_comparison(&c, "diff");
+    assert!(md.text.contains("| compute |"), "{}", md.text);
+}
+
+use crate::palette;
+use stallscope_analysis::category::Category;
