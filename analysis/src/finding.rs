@@ -13,6 +13,12 @@ use crate::figures::{Figures, RankSummary};
 /// A stall share below which no change is suggested, 0–1.
 pub const MINOR_STALL: f64 = 0.05;
 
+/// The largest speed-up a finding promises. Removing a stall of share `f` bounds the speed-up
+/// at `1 / (1 - f)`, which runs away as `f` nears 1 (a job whose time is all "other" would be
+/// "10⁹× faster"): what is left of the iteration then is too little of what was measured to
+/// bound anything, so the finding says "more than 10×" and why.
+pub const MAX_SPEEDUP: f64 = 10.0;
+
 /// What stallscope would tell the user first.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
@@ -106,23 +112,34 @@ pub fn find(input: &FindingInput) -> Finding {
         return compute_bound(job);
     }
     let (rank, straggler) = concerned_rank(input, stall);
-    let speedup = 1.0 / (1.0 - f).max(1e-9);
+    let unbounded = 1.0 / (1.0 - f).max(1e-9);
+    let speedup = unbounded.min(MAX_SPEEDUP);
     let rank_note = match (rank, input.ranks.len()) {
         (Some(r), n) if n > 1 && stall != Category::PeerWait => format!(" (most on rank {r})"),
         _ => String::new(),
+    };
+    let gain = if unbounded > MAX_SPEEDUP {
+        format!(
+            "removing it could make the iteration more than {MAX_SPEEDUP:.0}× faster than its median of {t:.3} s; the profile measured too little else ({}) to bound it closer",
+            pct(1.0 - f)
+        )
+    } else {
+        format!(
+            "removing it would cut the median iteration from {:.3} s to about {:.3} s ({:.2}× faster)",
+            t,
+            t * (1.0 - f),
+            speedup
+        )
     };
     Finding {
         category: Some(stall),
         fraction: f,
         rank,
         sentence: format!(
-            "{} of the iteration time is spent {}{}: removing it would cut the median iteration from {:.3} s to about {:.3} s ({:.2}× faster)",
+            "{} of the iteration time is spent {}{}: {gain}",
             pct(f),
             describe(stall),
             rank_note,
-            t,
-            t * (1.0 - f),
-            speedup
         ),
         suggestion: suggestion(stall, input, straggler),
         max_speedup: speedup,
@@ -232,6 +249,24 @@ mod tests {
             "{}",
             f.suggestion
         );
+    }
+
+    #[test]
+    fn a_stall_near_the_whole_iteration_is_capped_and_says_why() {
+        let job = figures(0.999, 0.001);
+        let f = find(&FindingInput {
+            job: &job,
+            ranks: &[],
+            loader_workers: Some(0),
+            cpus: 8,
+        });
+        assert_eq!(f.max_speedup, MAX_SPEEDUP);
+        assert!(
+            f.sentence.contains("more than 10× faster"),
+            "{}",
+            f.sentence
+        );
+        assert!(!f.sentence.contains("1000.00×"), "{}", f.sentence);
     }
 
     #[test]

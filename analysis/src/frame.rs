@@ -12,8 +12,10 @@ use crate::marker::Marker;
 use crate::series::{SampleBatch, SeriesDecl};
 use crate::Nanos;
 
-/// Version of the frame encoding written by this build.
-pub const FORMAT_VERSION: u8 = 1;
+/// Version of the frame encoding written by this build. 2: sample batches are written packed
+/// into runs ([`Frame::SampleRun`]); readers of version 1 would skip every run as
+/// undecodable, so they refuse the file by name instead. Version-1 files read as before.
+pub const FORMAT_VERSION: u8 = 2;
 
 /// What a run was.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -208,6 +210,10 @@ pub enum Frame {
     /// A node's resources over the last second (CPU, run queue, NICs, disks, PSI, GPUs), as its
     /// agent measured them (agents of protocol 4 on).
     NodeResources(Box<NodeResourcesReport>),
+    /// Consecutive [`Frame::Samples`] packed (format 2 on): the profile writer makes them and
+    /// the reader gives back the batches one [`Frame::Samples`] at a time, so nothing past
+    /// the file sees this variant.
+    SampleRun(Box<crate::sample_run::SampleRun>),
 }
 
 /// A node's resources as its agent measured them, in the agent's clock.

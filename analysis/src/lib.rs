@@ -29,6 +29,7 @@ pub mod process;
 pub mod report;
 pub mod resources;
 pub mod run_facts;
+pub mod sample_run;
 pub mod series;
 pub mod summary;
 pub mod timeline;

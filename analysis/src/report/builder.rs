@@ -423,7 +423,21 @@ impl ReportBuilder {
         let stragglers = ctx.stragglers(&summary);
         let resources = ctx.resources(&view);
         let breakdown = ctx.breakdown(&summary);
-        let verdict = verdict(&summary, &view, &problems, self.end.is_some());
+        let workers = self
+            .journal
+            .timeline()
+            .node
+            .markers
+            .loops()
+            .filter_map(|m| m.info().workers)
+            .max();
+        let critical = CriticalPath {
+            split: self.critical,
+            iterations: self.critical_iterations,
+            loader_workers: workers,
+            cpus: self.header.as_ref().map_or(0, |h| h.cpus),
+        };
+        let verdict = verdict(&summary, &critical, &view, &problems, self.end.is_some());
 
         Report {
             schema: REPORT_SCHEMA.into(),
@@ -859,25 +873,69 @@ fn outside_sentence(run_seconds: f64, ranks: &[RankOutside]) -> String {
 }
 
 /// The verdict and how sure it is.
+/// The job's critical path as the builder summed it, and what the finding's advice needs.
+struct CriticalPath {
+    /// ns per category over the iterations, each from the rank that finished it last.
+    split: Split,
+    iterations: u64,
+    loader_workers: Option<u32>,
+    cpus: u32,
+}
+
+/// The finding on the critical path: what the slowest rank of each iteration spent its time
+/// on, so the waiters' peer wait does not outweigh the straggler's cause. Falls back to the
+/// live summary's finding when no iteration was complete on every rank.
+fn critical_finding(
+    summary: &crate::summary::Summary,
+    cp: &CriticalPath,
+) -> (crate::finding::Finding, Categories) {
+    if cp.iterations == 0 || cp.split.total() == 0 {
+        return (summary.finding.clone(), summary.job.categories);
+    }
+    let figures = crate::figures::Figures {
+        iterations: cp.iterations,
+        median_iteration_seconds: summary.job.median_iteration_seconds,
+        wall_seconds: cp.split.total() as f64 / 1e9,
+        categories: Categories::from_split(&cp.split),
+        coverage: summary.job.coverage,
+    };
+    let f = crate::finding::find(&crate::finding::FindingInput {
+        job: &figures,
+        ranks: &summary.ranks,
+        loader_workers: cp.loader_workers,
+        cpus: cp.cpus,
+    });
+    (f, figures.categories)
+}
+
 fn verdict(
     summary: &crate::summary::Summary,
+    critical: &CriticalPath,
     view: &crate::view::JobView,
     problems: &[String],
     complete: bool,
 ) -> Verdict {
-    let f = &summary.finding;
+    let (finding, shares) = critical_finding(summary, critical);
+    let f = &finding;
     let median = summary.job.median_iteration_seconds;
     let gain = if f.max_speedup > 1.0 {
         median * (1.0 - 1.0 / f.max_speedup)
     } else {
         0.0
     };
+    let capped = f.max_speedup >= crate::finding::MAX_SPEEDUP;
     let bound_explained = match f.category {
-        Some(Category::Compute) | None => "no stall is large enough to remove: only faster compute shortens the iteration".into(),
-        Some(c) => format!(
-            "the bound assumes the {} time disappears entirely and nothing else changes: the job's other stalls ({:.0}% of its time) and its compute remain, so the real gain is at most this, and less if the change moves time into another category",
+        Some(Category::Compute) | None => "No stall is large enough to remove: only faster compute shortens the iteration.".into(),
+        Some(c) if capped => format!(
+            "The {} time is {:.0}% of the critical path: removing all of it would leave too little of what was measured to say how fast the iteration could get, so the bound is capped at {:.0}×.",
             c.name().replace('_', " "),
-            (1.0 - f.fraction - summary.job.categories.compute.fraction).max(0.0) * 100.0
+            f.fraction * 100.0,
+            crate::finding::MAX_SPEEDUP
+        ),
+        Some(c) => format!(
+            "The bound assumes the {} time disappears entirely from the critical path (the rank that finished each iteration last) and nothing else changes: the other stalls ({:.0}% of its time) and its compute remain, so the real gain is at most this, and less if the change moves time into another category.",
+            c.name().replace('_', " "),
+            (1.0 - f.fraction - shares.compute.fraction).max(0.0) * 100.0
         ),
     };
     let mut reasons: Vec<String> = problems.to_vec();

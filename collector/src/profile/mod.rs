@@ -10,6 +10,12 @@
 //!           payload = postcard encoding of one Frame (Frame::encode), len ≤ 16 MiB
 //! ```
 //!
+//! Format 2 packs consecutive sample batches into one frame (`Frame::SampleRun`: the first
+//! batch whole, then each as its time step and the values that changed), which the reader
+//! gives back as the batches; a run stands alone, so damage costs at most that run (a second
+//! of samples). Format-1 files read as before; a writer appends only to a file of its own
+//! format.
+//!
 //! # Why this shape
 //!
 //! A profile is written while the training job runs and must survive the profiler being
@@ -321,6 +327,9 @@ fn every_variant() -> Vec<Frame> {
             Frame::Experiment(_) => 12,
             Frame::NodeReport(_) => 13,
             Frame::NodeResources(_) => 14,
+            // The writer packs Samples frames into runs and the reader unpacks them: a run
+            // never comes back out; `samples_are_packed_and_read_back` tests them.
+            Frame::SampleRun(_) => unreachable!("not a frame callers write"),
         };
         seen[i] = true;
     }

@@ -142,7 +142,8 @@ pub fn read_profile(path: impl AsRef<Path>) -> Result<ReadProfile, ProfileError>
 
 /// Streams the frames of a profile, holding at most one frame (and one read chunk) in memory.
 ///
-/// Yields good frames in file order; damage and a torn tail are not errors but
+/// Yields good frames in file order, a [`Frame::SampleRun`] as the [`Frame::Samples`] it
+/// packs (one run, at most a second of samples, is held unpacked); damage and a torn tail are not errors but
 /// [`ReadIssue`]s, collected in [`issues`](Self::issues) as they are met. Only an I/O error
 /// ends the stream with `Err`, after which it yields nothing.
 #[derive(Debug)]
@@ -158,6 +159,8 @@ pub struct ProfileReader<R = File> {
     eof: bool,
     done: bool,
     issues: Vec<ReadIssue>,
+    /// Sample batches of a run read and not yet yielded, in order.
+    unpacked: std::collections::VecDeque<Frame>,
 }
 
 impl ProfileReader<File> {
@@ -185,6 +188,7 @@ impl<R: Read> ProfileReader<R> {
             eof: false,
             done: false,
             issues: Vec::new(),
+            unpacked: Default::default(),
         };
         let got = r.fill(FILE_HEADER_LEN).map_err(|e| r.io(e))?;
         let head = &r.buf[..got.min(FILE_HEADER_LEN)];
@@ -417,10 +421,18 @@ impl<R: Read> Iterator for ProfileReader<R> {
     type Item = Result<Frame, ProfileError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(batch) = self.unpacked.pop_front() {
+            return Some(Ok(batch));
+        }
         if self.done {
             return None;
         }
         match self.next_frame() {
+            Ok(Some(Frame::SampleRun(run))) => {
+                self.unpacked
+                    .extend(run.unpack().into_iter().map(Frame::Samples));
+                self.unpacked.pop_front().map(Ok)
+            }
             Ok(Some(frame)) => Some(Ok(frame)),
             Ok(None) => {
                 self.done = true;
@@ -767,5 +779,97 @@ mod tests {
              frame before and after them was read"
         );
         assert_eq!(corrupt.offset(), 100);
+    }
+
+    /// A second of the fast tier on a busy rank: counters that move every batch, gauges that
+    /// rarely do, and a process that exits part-way.
+    fn fast_tier(batches: u64) -> Vec<SampleBatch> {
+        (0..batches)
+            .map(|k| {
+                let mut values = vec![
+                    (SeriesId(1), 900_000_000_000 + k * 9_400_000),
+                    (SeriesId(2), 41_000_000 + k * 3_100),
+                    (SeriesId(3), u64::from(k % 17 == 0)),
+                    (SeriesId(4), 1_234_567_890 + (k / 7) * 1_448),
+                    (SeriesId(5), 77),
+                ];
+                if k < batches / 2 {
+                    values.push((SeriesId(6), 5_000_000 + k * 20_000));
+                }
+                SampleBatch {
+                    t_ns: 50_000_000_000 + k * 10_000_000 + k % 3 * 1_000,
+                    dur_ns: 20_000 + (k % 5) as u32 * 1_000,
+                    values,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn samples_are_packed_and_read_back() {
+        let marker = every_variant().remove(3);
+        let mut frames: Vec<Frame> = fast_tier(250).into_iter().map(Frame::Samples).collect();
+        // A frame between batches ends the run: the order in the file is the order written.
+        frames.insert(120, marker.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.ssprof");
+        let mut w = ProfileWriter::create(&path).unwrap();
+        for f in &frames {
+            w.write(f).unwrap();
+        }
+        w.finish().unwrap();
+        let read = read_profile(&path).unwrap();
+        assert!(read.issues.is_empty(), "{:?}", read.issues);
+        assert_eq!(read.frames, frames);
+        let packed = std::fs::metadata(&path).unwrap().len() as usize;
+        let single: usize = frames
+            .iter()
+            .map(|f| FRAME_HEADER_LEN + f.encode().len())
+            .sum();
+        assert!(
+            packed * 2 < single,
+            "packed {packed} bytes against {single} one batch per frame"
+        );
+    }
+
+    #[test]
+    fn damage_inside_a_run_costs_that_run_only() {
+        let batches = fast_tier(300);
+        let frames: Vec<Frame> = batches.iter().cloned().map(Frame::Samples).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.ssprof");
+        let mut w = ProfileWriter::create(&path).unwrap();
+        for f in &frames {
+            w.write(f).unwrap();
+        }
+        w.finish().unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        // Runs of 100 batches: damage the middle one.
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x55;
+        let read = read_bytes(&bytes).unwrap();
+        assert_eq!(read.issues.len(), 1, "{:?}", read.issues);
+        let mut expected = frames.clone();
+        expected.drain(100..200);
+        assert_eq!(read.frames, expected);
+    }
+
+    #[test]
+    fn a_format_1_profile_still_reads() {
+        let frames = every_variant();
+        let mut bytes = MAGIC.to_vec();
+        bytes.push(1);
+        for f in &frames {
+            let payload = f.encode();
+            let len = (payload.len() as u32).to_le_bytes();
+            bytes.extend_from_slice(&FRAME_MAGIC);
+            bytes.push(1);
+            bytes.extend_from_slice(&len);
+            bytes.extend_from_slice(&frame_crc(1, len, &payload).to_le_bytes());
+            bytes.extend_from_slice(&payload);
+        }
+        let read = read_bytes(&bytes).unwrap();
+        assert!(read.issues.is_empty(), "{:?}", read.issues);
+        assert_eq!(read.frames, frames);
     }
 }

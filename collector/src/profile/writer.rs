@@ -5,6 +5,8 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use stallscope_analysis::frame::{Frame, FORMAT_VERSION};
+use stallscope_analysis::sample_run::{SampleRunBuilder, RUN_MAX_BATCHES};
+use stallscope_analysis::series::SampleBatch;
 
 use super::{
     frame_crc, ProfileError, FILE_HEADER_LEN, FRAME_HEADER_LEN, FRAME_MAGIC, MAGIC, MAX_PAYLOAD,
@@ -16,12 +18,18 @@ const BUFFER: usize = 1 << 20;
 
 /// Writes a profile: the file header at once, then frames into a buffer that reaches the
 /// file on [`flush`](Self::flush) (or when it fills), always as whole frames.
+///
+/// Consecutive [`Frame::Samples`] are packed into one [`Frame::SampleRun`] (at most
+/// [`RUN_MAX_BATCHES`]), written when another frame comes, at a flush, or when the run is
+/// full, so the frames keep their order in the file.
 #[derive(Debug)]
 pub struct ProfileWriter {
     out: BufWriter<File>,
     path: PathBuf,
     /// One encoded frame, header and payload, reused between frames.
     scratch: Vec<u8>,
+    /// Sample batches not yet written, being packed.
+    run: Option<SampleRunBuilder>,
 }
 
 impl ProfileWriter {
@@ -42,6 +50,7 @@ impl ProfileWriter {
             out: BufWriter::with_capacity(BUFFER, file),
             path,
             scratch: Vec::new(),
+            run: None,
         })
     }
 
@@ -83,6 +92,7 @@ impl ProfileWriter {
             out: BufWriter::with_capacity(BUFFER, file),
             path,
             scratch: Vec::new(),
+            run: None,
         })
     }
 
@@ -94,6 +104,38 @@ impl ProfileWriter {
     /// Appends one frame to the buffer (or, when the buffer is full, writes the buffer and
     /// then the frame). A frame is never split between the buffer and the file.
     pub fn write(&mut self, frame: &Frame) -> Result<(), ProfileError> {
+        if let Frame::Samples(batch) = frame {
+            return self.add_samples(batch);
+        }
+        self.write_run()?;
+        self.write_frame(frame)
+    }
+
+    /// Adds a batch to the run being packed, or starts a new run with it.
+    fn add_samples(&mut self, batch: &SampleBatch) -> Result<(), ProfileError> {
+        if let Some(run) = &mut self.run {
+            if run.len() < RUN_MAX_BATCHES && run.push(batch) {
+                return Ok(());
+            }
+        }
+        self.write_run()?;
+        self.run = Some(SampleRunBuilder::new(batch.clone()));
+        Ok(())
+    }
+
+    /// Writes the run being packed, if any: a lone batch as the plain frame it was.
+    fn write_run(&mut self) -> Result<(), ProfileError> {
+        let Some(run) = self.run.take().map(SampleRunBuilder::finish) else {
+            return Ok(());
+        };
+        if run.steps.is_empty() {
+            self.write_frame(&Frame::Samples(run.first))
+        } else {
+            self.write_frame(&Frame::SampleRun(Box::new(run)))
+        }
+    }
+
+    fn write_frame(&mut self, frame: &Frame) -> Result<(), ProfileError> {
         let payload = frame.encode();
         if payload.len() > MAX_PAYLOAD as usize {
             return Err(ProfileError::FrameTooLarge {
@@ -117,6 +159,7 @@ impl ProfileWriter {
     /// profiler being killed; it is not yet safe from a crash of the machine (see
     /// [`sync`](Self::sync)).
     pub fn flush(&mut self) -> Result<(), ProfileError> {
+        self.write_run()?;
         self.out.flush().map_err(|e| self.io(e))
     }
 
@@ -151,6 +194,14 @@ impl stallscope_analysis::journal::FrameSink for ProfileWriter {
 
     fn finish(self: Box<Self>) -> Result<(), String> {
         ProfileWriter::finish(*self).map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for ProfileWriter {
+    /// Puts the batches still being packed into the buffer, which dropping then flushes, as
+    /// it flushes every other frame written.
+    fn drop(&mut self) {
+        let _ = self.write_run();
     }
 }
 
