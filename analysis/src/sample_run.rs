@@ -12,7 +12,7 @@
 //! A run stands alone (it needs no earlier frame), so a damaged frame costs its own run and
 //! no other, as with every frame of the profile.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -91,25 +91,25 @@ impl Prediction {
 impl SampleStep {
     /// The batch this step makes of `prev`, as `p` predicts it.
     fn apply(&self, prev: &SampleBatch, p: &Prediction) -> SampleBatch {
-        let residual = |id: SeriesId| {
-            self.changed
-                .iter()
-                .find(|(c, _)| *c == id)
-                .map_or(0, |(_, r)| *r as u64)
-        };
+        let residuals: HashMap<SeriesId, i64> = self.changed.iter().copied().collect();
+        let dropped: HashSet<SeriesId> = self.dropped.iter().copied().collect();
         let t_ns = prev
             .t_ns
             .wrapping_add(p.dt_ns.wrapping_add(self.dt_ns as u64));
         let mut values: Vec<(SeriesId, u64)> = prev
             .values
             .iter()
-            .filter(|(id, _)| !self.dropped.contains(id))
-            .map(|(id, _)| (*id, p.value(*id).wrapping_add(residual(*id))))
+            .filter(|(id, _)| !dropped.contains(id))
+            .map(|(id, _)| {
+                let r = residuals.get(id).copied().unwrap_or(0);
+                (*id, p.value(*id).wrapping_add(r as u64))
+            })
             .collect();
+        let in_prev = ids(prev);
         let added = self
             .changed
             .iter()
-            .filter(|(id, _)| !prev.values.iter().any(|(q, _)| q == id))
+            .filter(|(id, _)| !in_prev.contains(id))
             .zip(&self.added_at);
         for ((id, r), at) in added {
             let value = p.value(*id).wrapping_add(*r as u64);
@@ -124,11 +124,12 @@ impl SampleStep {
 
     /// The step from `prev` to `next`, as `p` predicts it.
     fn between(prev: &SampleBatch, next: &SampleBatch, p: &Prediction) -> SampleStep {
+        let (in_prev, in_next) = (ids(prev), ids(next));
         let dropped = prev
             .values
             .iter()
             .map(|(id, _)| *id)
-            .filter(|id| !next.values.iter().any(|(n, _)| n == id))
+            .filter(|id| !in_next.contains(id))
             .collect();
         let dt = next.t_ns.wrapping_sub(prev.t_ns);
         let changed = next
@@ -136,15 +137,14 @@ impl SampleStep {
             .iter()
             .filter_map(|(id, v)| {
                 let missed = v.wrapping_sub(p.value(*id)) as i64;
-                let in_prev = prev.values.iter().any(|(q, _)| q == id);
-                (missed != 0 || !in_prev).then_some((*id, missed))
+                (missed != 0 || !in_prev.contains(id)).then_some((*id, missed))
             })
             .collect();
         let added_at = next
             .values
             .iter()
             .enumerate()
-            .filter(|(_, (id, _))| !prev.values.iter().any(|(q, _)| q == id))
+            .filter(|(_, (id, _))| !in_prev.contains(id))
             .map(|(i, _)| i as u32)
             .collect();
         SampleStep {
@@ -155,6 +155,11 @@ impl SampleStep {
             added_at,
         }
     }
+}
+
+/// The series a batch read.
+fn ids(batch: &SampleBatch) -> HashSet<SeriesId> {
+    batch.values.iter().map(|(id, _)| *id).collect()
 }
 
 impl SampleRun {
