@@ -169,6 +169,28 @@ pub struct NodeHealth {
     pub sources_down: Vec<SourceStatus>,
 }
 
+/// The GPUs of a node as NVML names them: what a dashboard labels a GPU's figures with
+/// (dcgm-exporter's `modelName`). An agent ships it when it first knows its GPUs, when they
+/// change, and now and then so that a restarted collector learns them again.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeGpus {
+    /// The node (set by the collector from the agent's Hello).
+    pub node: String,
+    /// Its GPUs, by NVML index.
+    pub gpus: Vec<GpuIdentity>,
+}
+
+/// One GPU's identity.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GpuIdentity {
+    /// NVML index (the `gpu` label of its series).
+    pub gpu: String,
+    /// `GPU-…`, when NVML gave it.
+    pub uuid: Option<String>,
+    /// Product name (`NVIDIA H100 80GB HBM3`), when NVML gave it.
+    pub model: Option<String>,
+}
+
 /// One record of the profile.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Frame {
@@ -214,6 +236,9 @@ pub enum Frame {
     /// the reader gives back the batches one [`Frame::Samples`] at a time, so nothing past
     /// the file sees this variant.
     SampleRun(Box<crate::sample_run::SampleRun>),
+    /// A node's GPUs as NVML names them (agents of protocol 5 on; a run's own GPUs come from
+    /// its series' labels). Last, so that profiles written before it still read.
+    NodeGpus(NodeGpus),
 }
 
 /// A node's resources as its agent measured them, in the agent's clock.

@@ -142,6 +142,8 @@ pub mod names {
 pub const LABEL_GPU: &str = "gpu";
 /// Label holding a GPU's UUID (`GPU-…`).
 pub const LABEL_UUID: &str = "uuid";
+/// Label holding a GPU's product name (`NVIDIA H100 80GB HBM3`), as NVML names it.
+pub const LABEL_MODEL: &str = "model";
 
 /// Label value of `link` for the loopback interface.
 pub const LINK_LOOPBACK: &str = "loopback";

@@ -26,8 +26,9 @@ use crate::Nanos;
 /// Version of this protocol; both sides must speak the same one. 2: breakdowns may carry the
 /// CUDA-event evidence (`Basis::Gpu*` beyond `H2dPcieBytes`), which version 1 cannot decode.
 /// 3: iterations travel as [`Frame::NodeReport`], with the rank's GPU readings. 4: agents also
-/// send their node's resources ([`Frame::NodeResources`]).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// send their node's resources ([`Frame::NodeResources`]). 5: and their GPUs' names
+/// ([`Frame::NodeGpus`]).
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// bytes, the largest message either side accepts (1 MiB).
 pub const MAX_MESSAGE: u32 = 1 << 20;

@@ -12,7 +12,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use stallscope_analysis::series::{names, SeriesId, SeriesKind, LABEL_GPU, LABEL_UUID};
+use stallscope_analysis::series::{
+    names, SeriesId, SeriesKind, LABEL_GPU, LABEL_MODEL, LABEL_UUID,
+};
 
 use crate::sources::{Registry, Source, SourceError, Tier, Watched};
 
@@ -62,11 +64,17 @@ pub fn probe_all(backend: &mut dyn GpuBackend) -> Vec<(DeviceInfo, Capabilities)
         .collect()
 }
 
-fn labels(info: &DeviceInfo) -> [(&'static str, String); 2] {
-    [
+/// The labels of every series of a device: its index, UUID and (when NVML named it) its
+/// product name, which views show next to its figures.
+fn labels(info: &DeviceInfo) -> Vec<(&'static str, String)> {
+    let mut labels = vec![
         (LABEL_GPU, info.index.to_string()),
         (LABEL_UUID, info.uuid.clone()),
-    ]
+    ];
+    if !info.name.is_empty() {
+        labels.push((LABEL_MODEL, info.name.clone()));
+    }
+    labels
 }
 
 fn declare(
@@ -76,8 +84,9 @@ fn declare(
     unit: &str,
     kind: SeriesKind,
 ) -> SeriesId {
-    let [(gk, gv), (uk, uv)] = labels(info);
-    out.series(name, unit, kind, &[(gk, &gv), (uk, &uv)])
+    let labels = labels(info);
+    let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    out.series(name, unit, kind, &labels)
 }
 
 fn failed(e: GpuError) -> SourceError {
@@ -263,19 +272,19 @@ impl Source for GpuSlowSource {
                     rate(gpm.nvlink_rx_bytes_per_s),
                 );
             }
-            let [(gk, gv), (uk, uv)] = labels(info);
+            let device_labels = labels(info);
             for p in reading
                 .processes
                 .iter()
                 .filter(|p| watched.pids.contains(&p.pid))
             {
                 let pid = p.pid.to_string();
-                let id = out.series(
-                    names::GPU_PROC_SM_PCT,
-                    "%",
-                    SeriesKind::Gauge,
-                    &[(gk, &gv), (uk, &uv), ("pid", &pid)],
-                );
+                let mut labels: Vec<(&str, &str)> = device_labels
+                    .iter()
+                    .map(|(k, v)| (*k, v.as_str()))
+                    .collect();
+                labels.push(("pid", &pid));
+                let id = out.series(names::GPU_PROC_SM_PCT, "%", SeriesKind::Gauge, &labels);
                 out.push(id, u64::from(p.sm_pct));
             }
         }

@@ -1,6 +1,7 @@
 //! What an agent ships to the collector: per attributed iteration, the rank's iteration with
 //! the begin and end of its collectives (for the cross-node join) and what its GPU did; every
-//! few seconds, the node's health (when it changed) and its latest resource reading.
+//! few seconds, the node's health (when it changed) and its latest resource reading; its
+//! GPUs' names when known, changed, and every [`GPUS_EVERY`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,7 +9,8 @@ use std::time::{Duration, Instant};
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::clock::shift;
 use stallscope_analysis::frame::{
-    CommSpan, Frame, NodeHealth, NodeIteration, NodeReport, NodeResourcesReport,
+    CommSpan, Frame, GpuIdentity, NodeGpus, NodeHealth, NodeIteration, NodeReport,
+    NodeResourcesReport,
 };
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::marker::phase;
@@ -22,6 +24,10 @@ use crate::sink::Sink;
 
 /// How often the node's health and resources go to the collector.
 pub const HEALTH_EVERY: Duration = Duration::from_secs(2);
+
+/// How often the node's GPUs' names go again unchanged, so that a collector restarted since
+/// learns them.
+pub const GPUS_EVERY: Duration = Duration::from_secs(30);
 
 /// What the collector needs of one attributed iteration.
 pub fn node_iteration(job: &JobTimeline, b: &IterationBreakdown, offset: i64) -> NodeIteration {
@@ -53,6 +59,7 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
     let offset = shipper.clock_offset_ns();
     let mut last_health: Option<(Instant, NodeHealth)> = None;
     let mut last_resources_at: Option<u64> = None;
+    let mut last_gpus: Option<(Instant, Vec<GpuIdentity>)> = None;
     Box::new(
         move |job: &JobTimeline, view: &JobView, new: &[IterationBreakdown]| {
             for b in new {
@@ -92,6 +99,18 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
                     node: String::new(),
                     resources: r,
                 })));
+            }
+            let gpus = view.nodes.values().find(|n| !n.gpus.is_empty());
+            if let Some(gpus) = gpus.map(|n| &n.gpus).filter(|gpus| {
+                last_gpus
+                    .as_ref()
+                    .is_none_or(|(at, last)| last != *gpus || at.elapsed() >= GPUS_EVERY)
+            }) {
+                shipper.push(Frame::NodeGpus(NodeGpus {
+                    node: String::new(),
+                    gpus: gpus.clone(),
+                }));
+                last_gpus = Some((Instant::now(), gpus.clone()));
             }
         },
     )

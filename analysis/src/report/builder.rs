@@ -773,6 +773,7 @@ impl Ctx<'_> {
                     records_dropped: nv.records_dropped,
                     markers_dropped: nv.markers_dropped,
                     sources_down: nv.sources_down.clone(),
+                    gpus: nv.gpus.clone(),
                     columns,
                 }
             })

@@ -3,13 +3,15 @@
 //!
 //! Each profile is replayed through its own [`Journal`] as its node's agent would have, and
 //! every attributed iteration becomes a [`Frame::NodeIteration`] with its collectives' spans,
-//! every second of its samples a [`Frame::NodeResources`], its losses a [`Frame::NodeHealth`].
+//! every second of its samples a [`Frame::NodeResources`], its losses a [`Frame::NodeHealth`],
+//! its GPUs' names (from its series' labels) a [`Frame::NodeGpus`].
 //! The nodes' monotonic clocks are aligned through their wall clocks (each header holds both
 //! at the run's start): the hosts' NTP is trusted to [`WALL_CLOCK_UNCERTAINTY_NS`], where a
 //! collector would have measured the offsets. The collector's join then runs on them.
 
 use crate::frame::{
-    CommSpan, Frame, NodeClock, NodeHealth, NodeIteration, NodeResourcesReport, RunEnd, RunHeader,
+    CommSpan, Frame, GpuIdentity, NodeClock, NodeGpus, NodeHealth, NodeIteration,
+    NodeResourcesReport, RunEnd, RunHeader,
 };
 use crate::journal::Journal;
 use crate::marker::phase;
@@ -74,6 +76,7 @@ pub fn join_runs(profiles: &[(String, Vec<Frame>)]) -> Result<Vec<Frame>, String
             node: node.clone(),
             ..NodeHealth::default()
         };
+        let mut gpus: Vec<GpuIdentity> = Vec::new();
         for f in frames {
             journal.ingest(f);
             if let Some(r) = meter.ingest(f) {
@@ -98,6 +101,18 @@ pub fn join_runs(profiles: &[(String, Vec<Frame>)]) -> Result<Vec<Frame>, String
                 }
                 Frame::Source(s) if !s.up => health.sources_down.push(s.clone()),
                 Frame::Experiment(_) => timed.push((0, f.clone())),
+                Frame::Series(d) => {
+                    use crate::series::{LABEL_GPU, LABEL_MODEL, LABEL_UUID};
+                    if let Some(gpu) = d.label(LABEL_GPU) {
+                        if !gpus.iter().any(|g| g.gpu == gpu) {
+                            gpus.push(GpuIdentity {
+                                gpu: gpu.to_string(),
+                                uuid: d.label(LABEL_UUID).map(str::to_string),
+                                model: d.label(LABEL_MODEL).map(str::to_string),
+                            });
+                        }
+                    }
+                }
                 _ => {}
             }
             if let Some(t) = frame_time(f) {
@@ -131,6 +146,10 @@ pub fn join_runs(profiles: &[(String, Vec<Frame>)]) -> Result<Vec<Frame>, String
             ));
         }
         timed.push((end.ended_mono_ns, Frame::NodeHealth(health)));
+        if !gpus.is_empty() {
+            gpus.sort();
+            timed.push((0, Frame::NodeGpus(NodeGpus { node, gpus })));
+        }
     }
     timed.sort_by_key(|(t, _)| *t);
     let first = &headers[0];

@@ -357,6 +357,9 @@ pub struct NodeResourceSeries {
     pub markers_dropped: u64,
     /// Sources down on it, with why.
     pub sources_down: Vec<String>,
+    /// Its GPUs as NVML named them (index, product name, UUID); empty when none was seen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<crate::frame::GpuIdentity>,
     /// Readings, one row per column that has one.
     pub columns: Vec<ResourceRow>,
 }

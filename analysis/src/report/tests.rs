@@ -186,10 +186,32 @@ fn run_profiles_of_two_nodes_join_into_one_job() {
             _ => {}
         }
     }
+    // node-b's GPU, as its run's series name it.
+    b.insert(
+        1,
+        Frame::Series(crate::series::SeriesDecl {
+            id: crate::series::SeriesId(900),
+            name: "gpu.util_pct".into(),
+            unit: "%".into(),
+            kind: crate::series::SeriesKind::Gauge,
+            labels: vec![
+                ("gpu".into(), "0".into()),
+                ("model".into(), "NVIDIA A100-SXM4-80GB".into()),
+            ],
+        }),
+    );
     let joined = join::join_runs(&[("a".into(), a), ("b".into(), b)]).expect("joined");
     let r = report_of(&joined);
     assert_eq!(r.breakdown.ranks.len(), 4, "{:?}", r.breakdown.ranks);
     assert_eq!(r.breakdown.nodes.len(), 2);
     assert!((r.run_seconds - 26.4).abs() < 0.1, "{}", r.run_seconds);
     assert_eq!(r.verdict.confidence.clock_uncertainty_ms, Some(10.0));
+    let gpus: Vec<(&str, usize)> = r
+        .resources
+        .iter()
+        .map(|n| (n.node.as_str(), n.gpus.len()))
+        .collect();
+    assert!(gpus.contains(&("node-b", 1)), "{gpus:?}");
+    let b = r.resources.iter().find(|n| n.node == "node-b").unwrap();
+    assert_eq!(b.gpus[0].model.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
 }

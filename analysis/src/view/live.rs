@@ -76,6 +76,20 @@ impl LiveModel {
                 }
             }
             Frame::NodeResources(r) => self.resources(&r.node, r.resources.clone()),
+            Frame::NodeGpus(g) => {
+                let mut gpus = g.gpus.clone();
+                gpus.sort();
+                gpus.dedup_by(|a, b| a.gpu == b.gpu);
+                let n = self.node_mut(&g.node);
+                if n.gpus != gpus {
+                    n.gpus = gpus;
+                    self.dirty_nodes.insert(g.node.clone());
+                }
+            }
+            Frame::Series(d) => {
+                self.gpu_declared(d);
+                self.meter.ingest(frame);
+            }
             Frame::NodeReport(r) => {
                 let b = &r.iteration.breakdown;
                 if let Some(ppm) = r.gpu.as_ref().and_then(|g| g.busy_ppm) {
@@ -104,6 +118,29 @@ impl LiveModel {
                 }
             }
         }
+    }
+
+    /// A series of one of this node's GPUs names the GPU: its index, UUID and product name.
+    fn gpu_declared(&mut self, d: &crate::series::SeriesDecl) {
+        use crate::series::{LABEL_GPU, LABEL_MODEL, LABEL_UUID};
+        let (Some(node), Some(gpu)) = (self.local_node.clone(), d.label(LABEL_GPU)) else {
+            return;
+        };
+        let identity = crate::frame::GpuIdentity {
+            gpu: gpu.to_string(),
+            uuid: d.label(LABEL_UUID).map(str::to_string),
+            model: d.label(LABEL_MODEL).map(str::to_string),
+        };
+        let n = self.node_mut(&node);
+        match n.gpus.iter_mut().find(|g| g.gpu == identity.gpu) {
+            Some(known) if *known == identity => return,
+            Some(known) => *known = identity,
+            None => {
+                n.gpus.push(identity);
+                n.gpus.sort();
+            }
+        }
+        self.dirty_nodes.insert(node);
     }
 
     fn resources(&mut self, node: &str, r: super::NodeResources) {

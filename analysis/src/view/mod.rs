@@ -141,6 +141,20 @@ pub struct NodeView {
     pub markers_dropped: u64,
     /// Sources on it that are down, with why.
     pub sources_down: Vec<String>,
+    /// Its GPUs as NVML names them (index, UUID, product name), by index; empty when it has
+    /// none or its agent predates them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<crate::frame::GpuIdentity>,
+}
+
+impl NodeView {
+    /// The product name of its GPU `gpu` (NVML index), when known.
+    pub fn gpu_model(&self, gpu: &str) -> Option<&str> {
+        self.gpus
+            .iter()
+            .find(|g| g.gpu == gpu)
+            .and_then(|g| g.model.as_deref())
+    }
 }
 
 /// The job, live: the verdict and the figures every view starts with.

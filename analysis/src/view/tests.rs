@@ -159,3 +159,52 @@ fn the_node_meter_reads_rates_from_raw_counters() {
         "not measured is absent, not 0"
     );
 }
+
+#[test]
+fn the_model_names_each_gpu_from_its_series_or_its_agent() {
+    use crate::frame::{GpuIdentity, NodeGpus};
+    use crate::series::{LABEL_GPU, LABEL_MODEL, LABEL_UUID};
+    let mut live = LiveModel::new("train");
+    live.ingest(&header("gpu-1"));
+    // A run's own GPUs: the labels of their series.
+    for (id, gpu) in [(1, "0"), (2, "1")] {
+        live.ingest(&Frame::Series(SeriesDecl {
+            id: SeriesId(id),
+            name: "gpu.util_pct".into(),
+            unit: "%".into(),
+            kind: SeriesKind::Gauge,
+            labels: vec![
+                (LABEL_GPU.into(), gpu.into()),
+                (LABEL_UUID.into(), format!("GPU-{gpu}")),
+                (LABEL_MODEL.into(), "NVIDIA H100 80GB HBM3".into()),
+            ],
+        }));
+    }
+    // A series without a GPU label names nothing.
+    live.ingest(&Frame::Series(SeriesDecl {
+        id: SeriesId(3),
+        name: "cpu.busy_ns".into(),
+        unit: "ns".into(),
+        kind: SeriesKind::Counter,
+        labels: vec![],
+    }));
+    // Another node's GPUs come from its agent.
+    live.ingest(&Frame::NodeGpus(NodeGpus {
+        node: "gpu-2".into(),
+        gpus: vec![GpuIdentity {
+            gpu: "0".into(),
+            uuid: None,
+            model: Some("NVIDIA A100-SXM4-40GB".into()),
+        }],
+    }));
+    let v = live.view();
+    let local = &v.nodes["gpu-1"];
+    assert_eq!(local.gpus.len(), 2);
+    assert_eq!(local.gpu_model("1"), Some("NVIDIA H100 80GB HBM3"));
+    assert_eq!(local.gpus[1].uuid.as_deref(), Some("GPU-1"));
+    assert_eq!(
+        v.nodes["gpu-2"].gpu_model("0"),
+        Some("NVIDIA A100-SXM4-40GB")
+    );
+    assert_eq!(v.nodes["gpu-2"].gpu_model("1"), None);
+}

@@ -9,8 +9,8 @@
 //! name without it.
 //!
 //! Labels are bounded: `job`, `node`, `rank`, `category`, `direction`, `resource`, `source`
-//! and the GPU's identity (`gpu`, `UUID`, as dcgm-exporter names them), never an iteration,
-//! a pid or a path. A figure no source gave is left out, never written as 0.
+//! and the GPU's identity (`gpu`, `UUID`, `modelName`, as dcgm-exporter names them), never an
+//! iteration, a pid or a path. A figure no source gave is left out, never written as 0.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
@@ -235,6 +235,14 @@ fn gpus(out: &mut Out, state: &MetricsState) {
             ];
             if let Some(uuid) = &g.uuid {
                 l.push(("UUID", uuid.clone()));
+            }
+            let model = state
+                .view
+                .nodes
+                .get(&r.node)
+                .and_then(|n| n.gpu_model(&g.gpu));
+            if let Some(model) = model {
+                l.push(("modelName", model.to_string()));
             }
             out.sample_owned(name, &l, v);
         }

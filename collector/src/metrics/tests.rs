@@ -173,3 +173,35 @@ fn the_text_format_names_counter_families_with_total_and_has_no_eof() {
     ));
     assert!(!expose::accepts_openmetrics("*/*"));
 }
+
+#[test]
+fn gpu_figures_carry_the_gpus_model_name_as_dcgm_exporter_does() {
+    use stallscope_analysis::frame::GpuIdentity;
+    use stallscope_analysis::gpu_usage::RankGpu;
+    let mut view = model();
+    view.ranks.get_mut(&0).unwrap().gpu = Some(RankGpu {
+        gpu: "0".into(),
+        uuid: Some("GPU-1".into()),
+        busy_fraction: Some(0.5),
+        ..RankGpu::default()
+    });
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(view.clone())));
+    let text = expose::render_with(&state, None);
+    assert!(
+        text.contains("stallscope_gpu_busy_ratio{job=\"train\",node=\"a\\\"b\",rank=\"0\",gpu=\"0\",UUID=\"GPU-1\"} 0.5"),
+        "no name known, no label: {text}"
+    );
+    view.nodes.get_mut("a\"b").unwrap().gpus = vec![GpuIdentity {
+        gpu: "0".into(),
+        uuid: Some("GPU-1".into()),
+        model: Some("NVIDIA H100 80GB HBM3".into()),
+    }];
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(view)));
+    let text = expose::render_with(&state, None);
+    assert!(
+        text.contains("UUID=\"GPU-1\",modelName=\"NVIDIA H100 80GB HBM3\"} 0.5"),
+        "{text}"
+    );
+}

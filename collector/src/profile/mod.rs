@@ -308,8 +308,25 @@ fn every_variant() -> Vec<Frame> {
             }),
         },
     )));
+    frames.push(Frame::NodeResources(Box::new(
+        stallscope_analysis::frame::NodeResourcesReport {
+            node: "b".into(),
+            resources: stallscope_analysis::resources::NodeResources {
+                t_ns: 7,
+                ..Default::default()
+            },
+        },
+    )));
+    frames.push(Frame::NodeGpus(stallscope_analysis::frame::NodeGpus {
+        node: "b".into(),
+        gpus: vec![stallscope_analysis::frame::GpuIdentity {
+            gpu: "0".into(),
+            uuid: Some("GPU-00000000-1111-2222-3333-444444444444".into()),
+            model: Some("NVIDIA H100 80GB HBM3".into()),
+        }],
+    }));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 14];
+    let mut seen = [false; 16];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -327,6 +344,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::Experiment(_) => 12,
             Frame::NodeReport(_) => 13,
             Frame::NodeResources(_) => 14,
+            Frame::NodeGpus(_) => 15,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them.
             Frame::SampleRun(_) => unreachable!("not a frame callers write"),

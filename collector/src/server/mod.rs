@@ -458,6 +458,10 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
             r.node = node.to_string();
             Ok(Frame::NodeResources(r))
         }
+        Frame::NodeGpus(mut g) => {
+            g.node = node.to_string();
+            Ok(Frame::NodeGpus(g))
+        }
         other => Err(ConnError::Refused(format!(
             "agents send iterations and health reports, not {}",
             match other {

@@ -337,14 +337,15 @@ fn stragglers(r: &Report, out: &mut String) {
 
 fn resources(r: &Report, out: &mut String) {
     out.push_str("<section id=\"resources\">\n<h2>Resources beside the stalls</h2>\n");
-    let _ = write!(out, "<table>\n<tr><th>Node</th><th>Ranks</th><th>Clock offset</th><th>Records dropped</th><th>Markers lost</th><th>Sources down</th></tr>\n");
+    let _ = write!(out, "<table>\n<tr><th>Node</th><th>Ranks</th><th>GPUs</th><th>Clock offset</th><th>Records dropped</th><th>Markers lost</th><th>Sources down</th></tr>\n");
     for (i, n) in r.resources.iter().enumerate() {
         let _ = writeln!(
             out,
-            "<tr><td><i class=\"line\" style=\"background:{}\"></i>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td><i class=\"line\" style=\"background:{}\"></i>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             charts::node_hex(i),
             escape(&n.node),
             n.ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+            gpu_models(&n.gpus),
             match (n.clock_offset_ms, n.clock_uncertainty_ms) {
                 (Some(o), Some(u)) => format!("{o:+.2} ± {u:.2} ms"),
                 _ => "—".into(),
@@ -368,6 +369,27 @@ fn resources(r: &Report, out: &mut String) {
         ));
     }
     out.push_str("</section>\n");
+}
+
+/// A node's GPUs in a table cell: each product name with how many of it (`2 × NVIDIA H100
+/// 80GB HBM3`), or a dash.
+fn gpu_models(gpus: &[stallscope_analysis::frame::GpuIdentity]) -> String {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for g in gpus {
+        let model = g.model.as_deref().unwrap_or("unnamed GPU");
+        match counts.iter_mut().find(|(m, _)| *m == model) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((model, 1)),
+        }
+    }
+    if counts.is_empty() {
+        return "—".into();
+    }
+    counts
+        .iter()
+        .map(|(m, n)| escape(&format!("{n} × {m}")))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn experiment(r: &Report, out: &mut String) {

@@ -86,3 +86,36 @@ fn a_comparison_shows_both_runs() {
 
 use crate::palette;
 use stallscope_analysis::category::Category;
+
+#[test]
+fn the_resources_name_each_nodes_gpus() {
+    use stallscope_analysis::frame::Frame;
+    use stallscope_analysis::series::{SeriesDecl, SeriesId, SeriesKind};
+    let mut frames = two_rank_profile(false);
+    let gpus = (0..2).map(|gpu| {
+        Frame::Series(SeriesDecl {
+            id: SeriesId(900 + gpu),
+            name: "gpu.util_pct".into(),
+            unit: "%".into(),
+            kind: SeriesKind::Gauge,
+            labels: vec![
+                ("gpu".into(), gpu.to_string()),
+                ("uuid".into(), format!("GPU-{gpu}")),
+                ("model".into(), "NVIDIA H100 80GB HBM3".into()),
+            ],
+        })
+    });
+    frames.splice(1..1, gpus);
+    let mut b = ReportBuilder::new("");
+    for f in &frames {
+        b.ingest(f);
+    }
+    let r = b.finish();
+    assert_eq!(r.resources.len(), 1, "{:?}", r.resources);
+    assert_eq!(r.resources[0].gpus.len(), 2);
+    assert!(html(&r).contains("<td>2 × NVIDIA H100 80GB HBM3</td>"));
+    assert!(
+        html(&report(false)).contains("<td>—</td><td>"),
+        "no GPU seen: a dash"
+    );
+}

@@ -30,7 +30,11 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView, rank: u32)
             duration(r.p95_iteration_seconds)
         )),
     ])];
-    lines.extend(gpu_and_loader_lines(r));
+    let model = r
+        .gpu
+        .as_ref()
+        .and_then(|g| view.nodes.get(&r.node)?.gpu_model(&g.gpu));
+    lines.extend(gpu_and_loader_lines(r, model));
     let [facts, chart] =
         Layout::vertical([Constraint::Length(lines.len() as u16), Constraint::Min(4)]).areas(area);
     frame.render_widget(Paragraph::new(lines), facts);
@@ -44,12 +48,15 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView, rank: u32)
     );
 }
 
-fn gpu_and_loader_lines(r: &RankView) -> Vec<Line<'static>> {
+/// The rank's GPU (index, product name when NVML gave it, UUID) and its figures, then its
+/// DataLoader workers.
+fn gpu_and_loader_lines(r: &RankView, model: Option<&str>) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
     match &r.gpu {
         Some(g) => {
             lines.push(Line::from(vec![
                 Span::raw(format!(" GPU {}", g.gpu)).bold(),
+                Span::raw(model.map(|m| format!(" {m}")).unwrap_or_default()),
                 Span::raw(format!(" {}", g.uuid.clone().unwrap_or_default())).dim(),
             ]));
             lines.push(Line::raw(format!(

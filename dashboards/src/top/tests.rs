@@ -226,6 +226,11 @@ fn gpu_job() -> JobView {
         p.gpu_busy_ppm = Some(930_000);
     }
     for n in v.nodes.values_mut() {
+        n.gpus = vec![stallscope_analysis::frame::GpuIdentity {
+            gpu: "0".into(),
+            uuid: Some("GPU-5b8d2b1e-4c1f-0d2e-9a4b-1f2e3d4c5b6a".into()),
+            model: Some("NVIDIA H100 80GB HBM3".into()),
+        }];
         for h in n.history.iter_mut().chain(n.resources.iter_mut()) {
             h.gpu_busy = Some(0.93);
             h.pcie_rx_bytes_per_s = Some(780e6);
