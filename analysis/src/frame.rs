@@ -191,6 +191,28 @@ pub struct GpuIdentity {
     pub model: Option<String>,
 }
 
+/// The bytes a node's NICs moved, per interface, since its agent (or run) started counting:
+/// what `stallscope_node_network_bytes_total{device}` exposes. An agent ships it with its
+/// resources every 2 s.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeNics {
+    /// The node (set by the collector from the agent's Hello).
+    pub node: String,
+    /// Its NICs (loopback left out), by name.
+    pub nics: Vec<NicBytes>,
+}
+
+/// One NIC's bytes since counting started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NicBytes {
+    /// Interface name (`eth0`, `ib0`), node_exporter's `device`.
+    pub iface: String,
+    /// bytes received.
+    pub rx_bytes: u64,
+    /// bytes sent.
+    pub tx_bytes: u64,
+}
+
 /// One record of the profile.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Frame {
@@ -239,6 +261,9 @@ pub enum Frame {
     /// A node's GPUs as NVML names them (agents of protocol 5 on; a run's own GPUs come from
     /// its series' labels). Last, so that profiles written before it still read.
     NodeGpus(NodeGpus),
+    /// A node's bytes per NIC (agents of protocol 5 on). Last, so that profiles written
+    /// before it still read.
+    NodeNics(NodeNics),
 }
 
 /// A node's resources as its agent measured them, in the agent's clock.

@@ -27,7 +27,7 @@ use crate::Nanos;
 /// CUDA-event evidence (`Basis::Gpu*` beyond `H2dPcieBytes`), which version 1 cannot decode.
 /// 3: iterations travel as [`Frame::NodeReport`], with the rank's GPU readings. 4: agents also
 /// send their node's resources ([`Frame::NodeResources`]). 5: and their GPUs' names
-/// ([`Frame::NodeGpus`]).
+/// ([`Frame::NodeGpus`]) and bytes per NIC ([`Frame::NodeNics`]).
 pub const PROTOCOL_VERSION: u16 = 5;
 
 /// bytes, the largest message either side accepts (1 MiB).

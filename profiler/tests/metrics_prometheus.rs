@@ -206,6 +206,7 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
 
     let mut missing = dashboard_queries("train");
     missing.push(gpu_named("train"));
+    missing.push(per_device("train"));
     let mut checked = false;
     let deadline = Instant::now() + Duration::from_secs(300);
     while !missing.is_empty() && Instant::now() < deadline {
@@ -237,6 +238,11 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
 /// dcgm-exporter labels them (`modelName`).
 fn gpu_named(job: &str) -> String {
     format!("stallscope_gpu_busy_ratio{{job=\"{job}\",modelName=\"NVIDIA H100 80GB HBM3\"}}")
+}
+
+/// A query with data once the job's NIC bytes are per interface (`device`).
+fn per_device(job: &str) -> String {
+    format!("stallscope_node_network_bytes_total{{job=\"{job}\",device=~\".+\"}}")
 }
 
 /// The stall shares Prometheus holds for `job` are the summary's within 5 points.
@@ -379,6 +385,7 @@ fn prometheus_scrapes_a_collector_with_two_agents() {
         .collect();
     let mut missing = dashboard_queries("ddp");
     missing.push(gpu_named("ddp"));
+    missing.push(per_device("ddp"));
     let deadline = Instant::now() + Duration::from_secs(300);
     while !missing.is_empty() && Instant::now() < deadline {
         if ranks[0].0.try_wait().unwrap().is_some() {

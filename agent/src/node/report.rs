@@ -1,7 +1,7 @@
 //! What an agent ships to the collector: per attributed iteration, the rank's iteration with
 //! the begin and end of its collectives (for the cross-node join) and what its GPU did; every
-//! few seconds, the node's health (when it changed) and its latest resource reading; its
-//! GPUs' names when known, changed, and every [`GPUS_EVERY`].
+//! few seconds, the node's health (when it changed), its latest resource reading and its bytes
+//! per NIC; its GPUs' names when known, changed, and every [`GPUS_EVERY`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::clock::shift;
 use stallscope_analysis::frame::{
-    CommSpan, Frame, GpuIdentity, NodeGpus, NodeHealth, NodeIteration, NodeReport,
+    CommSpan, Frame, GpuIdentity, NodeGpus, NodeHealth, NodeIteration, NodeNics, NodeReport,
     NodeResourcesReport,
 };
 use stallscope_analysis::job::JobTimeline;
@@ -99,6 +99,12 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
                     node: String::new(),
                     resources: r,
                 })));
+                if let Some(n) = view.nodes.values().find(|n| !n.nics.is_empty()) {
+                    shipper.push(Frame::NodeNics(NodeNics {
+                        node: String::new(),
+                        nics: n.nics.clone(),
+                    }));
+                }
             }
             let gpus = view.nodes.values().find(|n| !n.gpus.is_empty());
             if let Some(gpus) = gpus.map(|n| &n.gpus).filter(|gpus| {

@@ -86,6 +86,15 @@ impl LiveModel {
                     self.dirty_nodes.insert(g.node.clone());
                 }
             }
+            Frame::NodeNics(n) => {
+                let mut nics = n.nics.clone();
+                nics.sort();
+                let node = self.node_mut(&n.node);
+                if node.nics != nics {
+                    node.nics = nics;
+                    self.dirty_nodes.insert(n.node.clone());
+                }
+            }
             Frame::Series(d) => {
                 self.gpu_declared(d);
                 self.meter.ingest(frame);
@@ -114,6 +123,10 @@ impl LiveModel {
                 if let Some(reading) = self.meter.ingest(frame) {
                     if let Some(node) = self.local_node.clone() {
                         self.resources(&node, reading);
+                        let nics = self.meter.nics();
+                        if !nics.is_empty() {
+                            self.node_mut(&node).nics = nics;
+                        }
                     }
                 }
             }

@@ -4,11 +4,12 @@
 //! many cores the job used, how long its threads queued for a CPU, what the NICs, disks and
 //! GPUs moved. The meter folds every sample batch into one-second buckets as it arrives
 //! (counters as deltas between consecutive raw values of the same series, gauges as means),
-//! so it needs no history and replays the same from a profile.
+//! so it needs no history and replays the same from a profile. It also counts each NIC's bytes
+//! since the start, which `/metrics` exposes per interface.
 
 use std::collections::HashMap;
 
-use crate::frame::Frame;
+use crate::frame::{Frame, NicBytes};
 use crate::resources::NodeResources;
 use crate::series::{names, SeriesDecl, SeriesId, SeriesKind, LINK_NIC};
 use crate::Nanos;
@@ -69,6 +70,8 @@ struct Followed {
     kind: SeriesKind,
     /// The last raw value of a counter.
     last: Option<u64>,
+    /// For a NIC's counter, its index in [`NodeMeter::nics`].
+    nic: Option<usize>,
 }
 
 /// Sums over the open bucket: per quantity, the counter increase or the gauge sum and count.
@@ -84,6 +87,8 @@ struct Bucket {
 pub struct NodeMeter {
     followed: HashMap<SeriesId, Followed>,
     bucket: Bucket,
+    /// Bytes per NIC since the first sample, by the order the NICs were declared.
+    nics: Vec<NicBytes>,
 }
 
 impl NodeMeter {
@@ -93,12 +98,17 @@ impl NodeMeter {
             Frame::Series(d) => {
                 match Quantity::of(d) {
                     Some(quantity) => {
+                        let nic = matches!(quantity, Quantity::NicRx | Quantity::NicTx)
+                            .then(|| d.label("iface"))
+                            .flatten()
+                            .map(|iface| self.nic_index(iface));
                         self.followed.insert(
                             d.id,
                             Followed {
                                 quantity,
                                 kind: d.kind,
                                 last: None,
+                                nic,
                             },
                         );
                     }
@@ -122,8 +132,15 @@ impl NodeMeter {
                         SeriesKind::Counter => {
                             if let Some(last) = f.last {
                                 // A counter that went back (a device reset) adds nothing.
-                                self.bucket.sum[q] += raw.saturating_sub(last) as f64;
+                                let delta = raw.saturating_sub(last);
+                                self.bucket.sum[q] += delta as f64;
                                 self.bucket.count[q] += 1;
+                                if let Some(nic) = f.nic.and_then(|i| self.nics.get_mut(i)) {
+                                    match f.quantity {
+                                        Quantity::NicRx => nic.rx_bytes += delta,
+                                        _ => nic.tx_bytes += delta,
+                                    }
+                                }
                             }
                             f.last = Some(*raw);
                         }
@@ -144,6 +161,28 @@ impl NodeMeter {
                 Some(r)
             }
             _ => None,
+        }
+    }
+
+    /// Bytes per NIC (loopback left out) since the first sample, by interface name.
+    pub fn nics(&self) -> Vec<NicBytes> {
+        let mut out = self.nics.clone();
+        out.sort();
+        out
+    }
+
+    /// The index of NIC `iface` in [`NodeMeter::nics`], added when new (an interface
+    /// declared again, by a restarted source, keeps its count).
+    fn nic_index(&mut self, iface: &str) -> usize {
+        match self.nics.iter().position(|n| n.iface == iface) {
+            Some(i) => i,
+            None => {
+                self.nics.push(NicBytes {
+                    iface: iface.to_string(),
+                    ..NicBytes::default()
+                });
+                self.nics.len() - 1
+            }
         }
     }
 

@@ -145,6 +145,10 @@ pub struct NodeView {
     /// none or its agent predates them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<crate::frame::GpuIdentity>,
+    /// Bytes per NIC (loopback left out) since its agent or run started counting, by name;
+    /// empty when none was seen or its agent predates them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<crate::frame::NicBytes>,
 }
 
 impl NodeView {

@@ -130,6 +130,12 @@ fn the_node_meter_reads_rates_from_raw_counters() {
         SeriesKind::Counter,
         &[("resource", "io")],
     ));
+    m.ingest(&decl(
+        6,
+        names::NET_TX_BYTES,
+        SeriesKind::Counter,
+        &[("iface", "ib0"), ("link", "nic")],
+    ));
     // 1.5 cores busy, 2 MB/s in on the NIC, 9 MB/s on loopback (left out), GPU 40%, 25% I/O
     // pressure; sampled every 100 ms for 3 s.
     for tick in 0..=30u64 {
@@ -143,6 +149,7 @@ fn the_node_meter_reads_rates_from_raw_counters() {
                 (SeriesId(3), tick * 900_000),
                 (SeriesId(4), 40),
                 (SeriesId(5), tick * 25_000),
+                (SeriesId(6), 7_000 + tick * 1_000),
             ],
         }));
     }
@@ -158,6 +165,22 @@ fn the_node_meter_reads_rates_from_raw_counters() {
         r.disk_read_bytes_per_s, None,
         "not measured is absent, not 0"
     );
+    // Each NIC's bytes since the first sample; loopback left out.
+    let nic = |iface: &str, rx_bytes: u64, tx_bytes: u64| crate::frame::NicBytes {
+        iface: iface.into(),
+        rx_bytes,
+        tx_bytes,
+    };
+    assert_eq!(
+        node.nics,
+        [nic("eth0", 6_000_000, 0), nic("ib0", 0, 30_000)]
+    );
+    // Another node's NICs come from its agent.
+    m.ingest(&Frame::NodeNics(crate::frame::NodeNics {
+        node: "node-b".into(),
+        nics: vec![nic("eth1", 5, 6)],
+    }));
+    assert_eq!(m.view().nodes["node-b"].nics, [nic("eth1", 5, 6)]);
 }
 
 #[test]

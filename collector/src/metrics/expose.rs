@@ -278,19 +278,7 @@ type NodeFigure = (
     fn(&NodeTotals) -> Option<f64>,
 );
 
-const NODE_COUNTERS: [NodeFigure; 10] = [
-    (
-        "stallscope_node_network_bytes_total",
-        "Bytes on the NICs (loopback left out).",
-        Some(("direction", "rx")),
-        |t| t.nic_rx_bytes,
-    ),
-    (
-        "stallscope_node_network_bytes_total",
-        "",
-        Some(("direction", "tx")),
-        |t| t.nic_tx_bytes,
-    ),
+const NODE_COUNTERS: [NodeFigure; 8] = [
     (
         "stallscope_node_disk_read_bytes_total",
         "Bytes read from whole disks.",
@@ -344,6 +332,7 @@ const NODE_COUNTERS: [NodeFigure; 10] = [
 fn nodes(out: &mut Out, state: &MetricsState) {
     let job = state.view.name.as_str();
     let nodes: Vec<&NodeView> = state.view.nodes.values().collect();
+    network(out, state);
     for (name, help, extra, value) in NODE_COUNTERS {
         let rows: Vec<(&String, f64)> = state
             .nodes
@@ -366,6 +355,56 @@ fn nodes(out: &mut Out, state: &MetricsState) {
     }
     node_gauges(out, job, &nodes);
     node_health(out, job, &nodes);
+}
+
+/// `stallscope_node_network_bytes_total`: per interface (`device`, as node_exporter names
+/// it) and direction where the node's meter counted its NICs; the node's sum, without
+/// `device`, where only its readings are known (an agent of protocol 4).
+fn network(out: &mut Out, state: &MetricsState) {
+    let name = "stallscope_node_network_bytes_total";
+    let job = state.view.name.as_str();
+    let mut rows: Vec<(Vec<(&str, String)>, f64)> = Vec::new();
+    let mut names: Vec<&String> = state.view.nodes.keys().chain(state.nodes.keys()).collect();
+    names.sort();
+    names.dedup();
+    for node in names {
+        let labels = |extra: &[(&'static str, &str)]| {
+            let mut l = vec![("job", job.to_string()), ("node", node.clone())];
+            l.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+            l
+        };
+        match state.view.nodes.get(node).filter(|n| !n.nics.is_empty()) {
+            Some(n) => {
+                for nic in &n.nics {
+                    for (direction, bytes) in [("rx", nic.rx_bytes), ("tx", nic.tx_bytes)] {
+                        let l = labels(&[("device", &nic.iface), ("direction", direction)]);
+                        rows.push((l, bytes as f64));
+                    }
+                }
+            }
+            None => {
+                let Some(t) = state.nodes.get(node) else {
+                    continue;
+                };
+                for (direction, bytes) in [("rx", t.nic_rx_bytes), ("tx", t.nic_tx_bytes)] {
+                    if let Some(bytes) = bytes {
+                        rows.push((labels(&[("direction", direction)]), bytes));
+                    }
+                }
+            }
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    out.family(
+        name,
+        "counter",
+        "Bytes on the NICs (loopback left out), per interface (device) and direction.",
+    );
+    for (l, v) in rows {
+        out.sample_owned(name, &l, v);
+    }
 }
 
 fn node_gauges(out: &mut Out, job: &str, nodes: &[&NodeView]) {

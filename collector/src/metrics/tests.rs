@@ -205,3 +205,46 @@ fn gpu_figures_carry_the_gpus_model_name_as_dcgm_exporter_does() {
         "{text}"
     );
 }
+
+#[test]
+fn nic_bytes_are_per_interface_where_the_node_counted_them() {
+    use stallscope_analysis::frame::NicBytes;
+    let mut view = model();
+    view.nodes.insert(
+        "b".into(),
+        NodeView {
+            node: "b".into(),
+            nics: vec![
+                NicBytes {
+                    iface: "eth0".into(),
+                    rx_bytes: 7,
+                    tx_bytes: 8,
+                },
+                NicBytes {
+                    iface: "ib0".into(),
+                    rx_bytes: 9_000_000_000,
+                    tx_bytes: 10,
+                },
+            ],
+            ..NodeView::default()
+        },
+    );
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(view)));
+    let text = expose::render_with(&state, None);
+    for want in [
+        "stallscope_node_network_bytes_total{job=\"train\",node=\"b\",device=\"eth0\",direction=\"rx\"} 7.0",
+        "stallscope_node_network_bytes_total{job=\"train\",node=\"b\",device=\"ib0\",direction=\"rx\"} 9000000000.0",
+        "stallscope_node_network_bytes_total{job=\"train\",node=\"b\",device=\"ib0\",direction=\"tx\"} 10.0",
+        // A node known only by its readings: its sum, without a device.
+        "stallscope_node_network_bytes_total{job=\"train\",node=\"a\\\"b\",direction=\"rx\"} 1000.0",
+    ] {
+        assert!(text.contains(want), "{want} in {text}");
+    }
+    assert_eq!(
+        text.matches("# TYPE stallscope_node_network_bytes counter")
+            .count(),
+        1,
+        "one family"
+    );
+}

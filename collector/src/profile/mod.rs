@@ -325,8 +325,16 @@ fn every_variant() -> Vec<Frame> {
             model: Some("NVIDIA H100 80GB HBM3".into()),
         }],
     }));
+    frames.push(Frame::NodeNics(stallscope_analysis::frame::NodeNics {
+        node: "b".into(),
+        nics: vec![stallscope_analysis::frame::NicBytes {
+            iface: "eth0".into(),
+            rx_bytes: 1 << 40,
+            tx_bytes: 12,
+        }],
+    }));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 16];
+    let mut seen = [false; 17];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -345,6 +353,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeReport(_) => 13,
             Frame::NodeResources(_) => 14,
             Frame::NodeGpus(_) => 15,
+            Frame::NodeNics(_) => 16,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them.
             Frame::SampleRun(_) => unreachable!("not a frame callers write"),

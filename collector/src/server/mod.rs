@@ -462,6 +462,10 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
             g.node = node.to_string();
             Ok(Frame::NodeGpus(g))
         }
+        Frame::NodeNics(mut n) => {
+            n.node = node.to_string();
+            Ok(Frame::NodeNics(n))
+        }
         other => Err(ConnError::Refused(format!(
             "agents send iterations and health reports, not {}",
             match other {
