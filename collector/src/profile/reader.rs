@@ -518,7 +518,7 @@ mod tests {
     #[test]
     fn the_streaming_reader_reads_many_frames_across_chunks() {
         let all = frames();
-        let frames: Vec<Frame> = (0..3000).map(|i| all[i % all.len()].clone()).collect();
+        let frames: Vec<Frame> = (0..6000).map(|i| all[i % all.len()].clone()).collect();
         let (bytes, _) = written(&frames);
         assert!(bytes.len() > 10 * CHUNK);
         let mut r = ProfileReader::new(io::Cursor::new(&bytes), "mem").unwrap();
