@@ -165,8 +165,8 @@ fn evidence_weight(cpu: &Parts, c: Category, pred: impl Fn(Basis) -> bool) -> f6
         .sum()
 }
 
-/// The GPU's idle time waiting for data, `data` ns, split into prep and fetch as the CPU side
-/// split its wait.
+/// The GPU's idle time waiting for data, `data` ns, split into prep, fetch and unexplained
+/// (`other`) as the CPU side split its wait.
 fn put_gpu_data(out: &mut Parts, cpu: &Parts, data: u64) {
     out.apportion(
         data,
@@ -181,8 +181,13 @@ fn put_gpu_data(out: &mut Parts, cpu: &Parts, data: u64) {
                 Basis::GpuIdleForData,
                 evidence_weight(cpu, Category::DataFetch, is_data),
             ),
+            (
+                Category::Other,
+                Basis::GpuIdleForData,
+                evidence_weight(cpu, Category::Other, is_data),
+            ),
         ],
-        (Category::DataPrep, Basis::GpuIdleForData),
+        (Category::Other, Basis::GpuIdleForData),
     );
 }
 

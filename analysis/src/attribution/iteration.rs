@@ -155,13 +155,22 @@ fn attribute_data(
         return;
     }
     let (cpu, io) = loader_activity(store, rank, a, b);
+    // What the loader was seen doing explains at most the wait; the rest of it (a worker
+    // asleep in state S on an object-store or HTTP read, or nothing sampled) is unexplained.
+    let seen = (cpu + io).min(waited as f64);
+    let (cpu, io) = if cpu + io > 0.0 {
+        (seen * cpu / (cpu + io), seen * io / (cpu + io))
+    } else {
+        (0.0, 0.0)
+    };
     parts.apportion(
         waited,
         &[
             (Category::DataPrep, Basis::DataLoaderCpu, cpu),
             (Category::DataFetch, Basis::DataLoaderIo, io),
+            (Category::Other, Basis::DataNoActivity, waited as f64 - seen),
         ],
-        (Category::DataPrep, Basis::DataNoActivity),
+        (Category::Other, Basis::DataNoActivity),
     );
 }
 

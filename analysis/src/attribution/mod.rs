@@ -19,7 +19,9 @@ pub enum Basis {
     DataLoaderCpu,
     /// `data` marker while loader threads were blocked on I/O (state D).
     DataLoaderIo,
-    /// `data` marker with no loader activity seen; counted as prep.
+    /// `data` marker while no loader thread was seen running, runnable or in state D (an
+    /// object-store or HTTP read sleeps in state S; or nothing was sampled): counted as
+    /// `other`, since nothing seen says whether it was fetch or prep.
     DataNoActivity,
     /// `comm` marker after every rank had arrived, bytes on the NICs.
     CommNicBytes,
@@ -52,8 +54,8 @@ pub enum Basis {
     /// Host-to-device copy: PCIe bytes into the GPU while the loop waited for data or was in
     /// `h2d`, for their estimated transfer time.
     H2dPcieBytes,
-    /// CUDA events: the GPU idle while the loop waited for data; fetch or prep as the CPU side
-    /// saw the wait.
+    /// CUDA events: the GPU idle while the loop waited for data; fetch, prep or (no loader
+    /// activity seen) other, as the CPU side saw the wait.
     GpuIdleForData,
     /// CUDA events: the exposed all-reduce on the GPU stream, less waiting for the slowest
     /// rank; network or interconnect as the bytes (or the CPU side's split) say.

@@ -166,6 +166,47 @@ fn data_wait_while_workers_block_on_io_is_fetch_and_mixed_workers_split() {
 }
 
 #[test]
+fn a_data_wait_with_sleeping_workers_is_other_not_prep() {
+    let mut s = Script::new();
+    // The loop computes after its wait; its one worker sleeps (state S) through the wait, as
+    // on an object-store or HTTP read, and decodes for the last 10 ms of it.
+    let main = s.thread(|ms| ms >= 60, |_| false, 200);
+    let worker = s.thread(|ms| (50..60).contains(&ms), |_| false, 200);
+    let rank = RankSeries {
+        main,
+        loaders: vec![worker],
+        gpu: None,
+    };
+    let b = attribute(
+        &input(0, 100, &[("data", 0, 60)]),
+        &s.store,
+        &rank,
+        &Links::default(),
+    );
+    assert_eq!(
+        ms(&b, DataPrep),
+        10.0,
+        "only what the worker was seen doing"
+    );
+    assert_eq!(ms(&b, DataFetch), 0.0);
+    assert_eq!(ms(&b, Other), 50.0, "nothing seen explains the rest");
+    assert_eq!(ms(&b, Compute), 40.0);
+    assert!(b
+        .evidence
+        .iter()
+        .any(|e| e.basis == Basis::DataNoActivity && e.category == Other));
+    // Nothing sampled at all: the wait is unexplained, not prep.
+    let b = attribute(
+        &input(0, 100, &[("data", 0, 60)]),
+        &SeriesStore::default(),
+        &RankSeries::default(),
+        &Links::default(),
+    );
+    assert_eq!(ms(&b, DataPrep), 0.0);
+    assert_eq!(ms(&b, Other), 100.0);
+}
+
+#[test]
 fn exposed_comm_goes_to_the_link_that_moved_the_bytes() {
     let mut s = Script::new();
     let main = s.thread(|ms| ms < 70, |_| false, 200);
@@ -318,9 +359,9 @@ fn no_samples_at_all_still_sums_to_wall_time() {
         },
     );
     assert_eq!(b.split.total(), 102 * MS);
-    assert_eq!(ms(&b, DataPrep), 45.0);
+    assert_eq!(ms(&b, DataPrep), 0.0, "no loader activity was seen");
     assert_eq!(ms(&b, Network), 17.0);
-    assert_eq!(ms(&b, Other), 40.0);
+    assert_eq!(ms(&b, Other), 85.0);
     assert_eq!(b.coverage.sampled_ns, 0);
 }
 
