@@ -8,10 +8,11 @@
 //! histogram whose buckets are at most 1/128 of their lower bound wide: the median it gives is
 //! within [`MEDIAN_MAX_RELATIVE_ERROR`] (1/256 ≈ 0.39%) of the exact one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::attribution::IterationBreakdown;
 use crate::category::Split;
+use crate::critical::CriticalPath;
 use crate::Nanos;
 
 /// Wall times kept exactly per rank before its median comes from the histogram (8 bytes
@@ -197,6 +198,10 @@ pub struct RunningSummary {
     pub job: Totals,
     /// ns, the latest end of any iteration attributed (warm-up included).
     pub last_end_ns: Option<Nanos>,
+    /// The counted iterations' critical path: what the finding reads.
+    pub critical: CriticalPath,
+    /// The ranks seen (a restarted rank has a new pid, not a new rank).
+    rank_ids: BTreeSet<u32>,
 }
 
 impl Default for RunningSummary {
@@ -205,6 +210,8 @@ impl Default for RunningSummary {
             ranks: BTreeMap::new(),
             job: Totals::new(EXACT_WALLS_JOB),
             last_end_ns: None,
+            critical: CriticalPath::default(),
+            rank_ids: BTreeSet::new(),
         }
     }
 }
@@ -218,9 +225,12 @@ impl RunningSummary {
             .ranks
             .entry((b.rank, b.pid))
             .or_insert_with(|| Totals::new(EXACT_WALLS_PER_RANK));
+        self.rank_ids.insert(b.rank);
         if b.iter >= warmup {
             rank.add(b);
             self.job.add(b);
+            self.critical
+                .add(b.iter, b.end_ns, &b.split, self.rank_ids.len());
         }
     }
 

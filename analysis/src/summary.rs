@@ -82,6 +82,10 @@ pub struct Summary {
     /// Multi-node job: every window of iterations in which one rank held the others up.
     #[serde(default)]
     pub stragglers: Vec<StragglerWindow>,
+    /// Several ranks: the job's critical path (per iteration, the rank that held it up),
+    /// shares of its time; the finding reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critical_path: Option<Categories>,
 }
 
 /// One node of a multi-node job.
@@ -123,8 +127,9 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         .loops()
         .filter_map(|m| m.info().workers)
         .max();
+    let critical = critical_path(job, &job_figures);
     let finding = find(&FindingInput {
-        job: &job_figures,
+        job: critical.as_ref().unwrap_or(&job_figures),
         ranks: &ranks,
         loader_workers: workers,
         cpus: header.cpus,
@@ -153,7 +158,25 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         profiler_cpu_seconds: None,
         nodes: node_summaries(job),
         stragglers: job.nodes.stragglers(),
+        critical_path: critical.map(|c| c.categories),
     }
+}
+
+/// The figures of the job's critical path (per iteration, the rank that held it up; see
+/// [`crate::critical`]), which the finding reads; `None` before any counted iteration or on
+/// one rank, where it is the job.
+fn critical_path(job: &JobTimeline, job_figures: &Figures) -> Option<Figures> {
+    let (split, iterations) = job.summary.totals.critical.totals();
+    if iterations == 0 || split.total() == 0 || job.summary.totals.ranks.len() < 2 {
+        return None;
+    }
+    Some(Figures {
+        iterations,
+        median_iteration_seconds: job_figures.median_iteration_seconds,
+        wall_seconds: secs(split.total()),
+        categories: Categories::from_split(&split),
+        coverage: job_figures.coverage,
+    })
 }
 
 /// Marker datagrams lost and malformed, this node's and every other node's.
@@ -473,5 +496,58 @@ mod tests {
         }]));
         job.attribute_ready(u64::MAX, true);
         insta::assert_snapshot!(render_text(&summarize(&job)));
+    }
+
+    /// Issue 17, item 5: four ranks, rank 3's data preparation slower. Averaged over ranks
+    /// the three waiters' peer wait (30%) outweighs rank 3's prep (10%); on the critical path
+    /// it is rank 3's prep that holds every iteration up.
+    #[test]
+    fn the_finding_reads_the_critical_path_not_the_average_over_ranks() {
+        let mut job = JobTimeline::default();
+        job.ingest(&Frame::Header(RunHeader {
+            host: "vm".into(),
+            command: vec!["python3".into(), "train.py".into()],
+            warmup_iters: 1,
+            cpus: 16,
+            ..RunHeader::default()
+        }));
+        let waiter = [(Category::Compute, 60), (Category::PeerWait, 40)];
+        let slow = [(Category::Compute, 60), (Category::DataPrep, 40)];
+        let mut all = Vec::new();
+        for iter in 0..30 {
+            for rank in 0..4 {
+                all.push(breakdown(
+                    rank,
+                    iter,
+                    if rank == 3 { &slow } else { &waiter },
+                ));
+            }
+        }
+        job.summary.record(&all, 1);
+        let s = summarize(&job);
+        assert!(
+            s.job.categories.peer_wait.fraction > s.job.categories.data_prep.fraction,
+            "the average over ranks is peer wait"
+        );
+        assert_eq!(
+            s.finding.category,
+            Some(Category::DataPrep),
+            "{:?}",
+            s.finding
+        );
+        assert!(
+            (s.finding.fraction - 0.40).abs() < 1e-9,
+            "{}",
+            s.finding.fraction
+        );
+        assert_eq!(s.finding.rank, Some(3));
+        assert!((s.finding.max_speedup - 1.0 / 0.6).abs() < 1e-6);
+        assert!(
+            s.finding.sentence.contains("most on rank 3"),
+            "{}",
+            s.finding.sentence
+        );
+        let cp = s.critical_path.expect("several ranks: a critical path");
+        assert!((cp.data_prep.fraction - 0.40).abs() < 1e-9);
     }
 }

@@ -45,7 +45,7 @@ const CRITICAL_PENDING: usize = 4096;
 /// A counted iteration some ranks have finished.
 #[derive(Debug, Default)]
 struct PendingIteration {
-    /// ns, when the last rank to finish it so far finished it.
+    /// ns, when the rank that held it up so far finished it.
     last_end_ns: Nanos,
     /// That rank's parts.
     last_split: Split,
@@ -342,14 +342,19 @@ impl ReportBuilder {
         }
     }
 
-    /// The critical path: per iteration, the parts of the rank that finished it last; and
+    /// The critical path: per iteration, the parts of the rank that held it up; and
     /// the ranks' waits, for the straggler windows of ranks on one node.
     fn critical_step(&mut self, iter: u64, rank: u32, end_ns: Nanos, split: &Split) {
         let ranks = self.ranks.len();
         let e = self.critical_pending.entry(iter).or_default();
-        e.waits
-            .push((rank, split.get(Category::PeerWait), split.total()));
-        if end_ns >= e.last_end_ns {
+        let wait = split.get(Category::PeerWait);
+        // The rank that held the iteration up waited least for its peers (ties: it finished
+        // last), as the summary's critical path ([`crate::critical`]) takes it.
+        let holds = e.waits.is_empty()
+            || wait < e.last_split.get(Category::PeerWait)
+            || (wait == e.last_split.get(Category::PeerWait) && end_ns >= e.last_end_ns);
+        e.waits.push((rank, wait, split.total()));
+        if holds {
             e.last_end_ns = end_ns;
             e.last_split = *split;
         }
@@ -876,7 +881,7 @@ fn outside_sentence(run_seconds: f64, ranks: &[RankOutside]) -> String {
 /// The verdict and how sure it is.
 /// The job's critical path as the builder summed it, and what the finding's advice needs.
 struct CriticalPath {
-    /// ns per category over the iterations, each from the rank that finished it last.
+    /// ns per category over the iterations, each from the rank that held it up.
     split: Split,
     iterations: u64,
     loader_workers: Option<u32>,
@@ -934,7 +939,7 @@ fn verdict(
             crate::finding::MAX_SPEEDUP
         ),
         Some(c) => format!(
-            "The bound assumes the {} time disappears entirely from the critical path (the rank that finished each iteration last) and nothing else changes: the other stalls ({:.0}% of its time) and its compute remain, so the real gain is at most this, and less if the change moves time into another category.",
+            "The bound assumes the {} time disappears entirely from the critical path (per iteration, the rank that held it up: it waited least for its peers) and nothing else changes: the other stalls ({:.0}% of its time) and its compute remain, so the real gain is at most this, and less if the change moves time into another category.",
             c.name().replace('_', " "),
             (1.0 - f.fraction - shares.compute.fraction).max(0.0) * 100.0
         ),

@@ -149,8 +149,8 @@ pub struct Breakdown {
     pub nodes: Vec<NodeBreakdown>,
     /// Per rank.
     pub ranks: Vec<RankRow>,
-    /// The critical path: in each counted iteration, the parts of the rank that finished it
-    /// last; summed.
+    /// The critical path: in each counted iteration, the parts of the rank that held it up
+    /// (waited least for its peers; see [`crate::critical`]); summed.
     pub critical_path: Categories,
     /// Iterations on the critical path.
     pub critical_path_iterations: u64,

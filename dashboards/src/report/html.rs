@@ -134,7 +134,7 @@ fn breakdown(r: &Report, out: &mut String) {
     let s = &r.summary.job;
     let _ = writeln!(
         out,
-        "<section id=\"breakdown\">\n<h2>Where the iterations' time went</h2>\n{}\n<table class=\"parts\">\n<tr><th>Scope</th><th>Iterations</th><th>Parts</th><th>Shares</th></tr>\n<tr><td>Job (all ranks)</td><td>{}</td><td>{}</td><td>{}</td></tr>\n<tr><td>Critical path (the rank that finished each iteration last)</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        "<section id=\"breakdown\">\n<h2>Where the iterations' time went</h2>\n{}\n<table class=\"parts\">\n<tr><th>Scope</th><th>Iterations</th><th>Parts</th><th>Shares</th></tr>\n<tr><td>Job (all ranks)</td><td>{}</td><td>{}</td><td>{}</td></tr>\n<tr><td>Critical path (per iteration, the rank that held it up)</td><td>{}</td><td>{}</td><td>{}</td></tr>",
         legend(),
         s.iterations,
         bar(&b.job),
