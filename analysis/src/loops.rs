@@ -76,6 +76,8 @@ pub struct ProcessMeta {
     pub batch_bytes: Option<u64>,
     /// `world_size`: ranks in the job.
     pub world_size: Option<u32>,
+    /// `local_world_size`: ranks on this node (torchrun's `LOCAL_WORLD_SIZE`).
+    pub local_world_size: Option<u32>,
 }
 
 impl ProcessMeta {
@@ -88,6 +90,7 @@ impl ProcessMeta {
             "batch_size" => self.batch_size = value.parse().ok(),
             "batch_bytes" => self.batch_bytes = value.parse().ok(),
             "world_size" => self.world_size = value.parse().ok(),
+            "local_world_size" => self.local_world_size = value.parse().ok(),
             _ => {}
         }
     }

@@ -141,7 +141,33 @@ impl NodeTimeline {
         } else {
             Category::Interconnect
         };
+        match self.peers_on_other_nodes() {
+            // Every rank is here: the collectives never leave the node, so whatever the NICs
+            // carried (an ssh session, a dataset read over NFS, metrics) is not theirs.
+            Some(false) => {
+                links.nic.clear();
+                links.nic_bytes_per_s = 0.0;
+                links.comm_fallback = Category::Interconnect;
+            }
+            // Peers elsewhere: exposed communication with no bytes seen is the network's.
+            Some(true) => links.comm_fallback = Category::Network,
+            None => {}
+        }
         links
+    }
+
+    /// Whether the job's collectives reach ranks on other nodes: its world size (what the
+    /// loops said) against the ranks on this node (torchrun's `LOCAL_WORLD_SIZE` as the
+    /// loops said it, else the loops here); `None` when no loop said its world size.
+    pub fn peers_on_other_nodes(&self) -> Option<bool> {
+        let world = self.markers.loops().filter_map(|m| m.info().world_size).max()?;
+        let local = self
+            .markers
+            .loops()
+            .filter_map(|m| m.info().local_world_size)
+            .max()
+            .unwrap_or_else(|| self.markers.loops().count() as u32);
+        Some(world > local)
     }
 
     /// What the GPU of loop `pid` saw of iteration `iter`, with the least exposed all-reduce

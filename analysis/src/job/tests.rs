@@ -156,3 +156,84 @@ fn a_collector_shows_the_gpu_of_every_nodes_rank_once() {
         "{text}"
     );
 }
+
+/// Two loops on this node exchanging gradients (a `comm` phase of 40 ms per 100 ms
+/// iteration) while an unrelated transfer (ssh, a dataset read over NFS) moves 2 MB/s on the
+/// NIC and nothing is seen on loopback (shared memory); what the run attributes to network and
+/// interconnect, for a job whose world is `world` ranks of which `local_world` are here.
+fn comm_shares(world: &str, local_world: Option<&str>) -> (f64, f64) {
+    use crate::frame::Frame;
+    use crate::marker::{phase, Marker, MarkerEvent};
+    use crate::series::{names, SampleBatch, SeriesDecl, SeriesId, SeriesKind};
+    const MS: u64 = 1_000_000;
+    let mut job = JobTimeline::default();
+    job.ingest(&Frame::Header(RunHeader::default()));
+    for (id, iface, link) in [(1, "eth0", "nic"), (2, "lo", "loopback")] {
+        job.ingest(&Frame::Series(SeriesDecl {
+            id: SeriesId(id),
+            name: names::NET_RX_BYTES.into(),
+            unit: "bytes".into(),
+            kind: SeriesKind::Counter,
+            labels: vec![("iface".into(), iface.into()), ("link".into(), link.into())],
+        }));
+    }
+    let mut markers = Vec::new();
+    let mut seq = 0;
+    let mut mark = |pid: u32, t_ns: u64, iter: u64, event: MarkerEvent| {
+        seq += 1;
+        markers.push(Marker {
+            seq,
+            t_ns,
+            pid,
+            rank: Some(pid - 100),
+            iter,
+            event,
+        });
+    };
+    for pid in [100, 101] {
+        let mut kv = vec![("world_size".to_string(), world.to_string())];
+        if let Some(l) = local_world {
+            kv.push(("local_world_size".into(), l.into()));
+        }
+        mark(pid, MS, 0, MarkerEvent::Meta(kv));
+        for i in 0..20u64 {
+            let t = i * 100 * MS;
+            mark(pid, t + 1, i, MarkerEvent::Begin(phase::COMPUTE.into()));
+            mark(pid, t + 60 * MS, i, MarkerEvent::End(phase::COMPUTE.into()));
+            mark(pid, t + 60 * MS, i, MarkerEvent::Begin(phase::COMM.into()));
+            mark(pid, t + 100 * MS, i, MarkerEvent::End(phase::COMM.into()));
+            mark(pid, t + 100 * MS, i, MarkerEvent::Step);
+        }
+    }
+    job.ingest(&Frame::Markers(markers));
+    for tick in 0..=200u64 {
+        job.ingest(&Frame::Samples(SampleBatch {
+            t_ns: tick * 10 * MS,
+            dur_ns: 0,
+            values: vec![(SeriesId(1), tick * 20_000), (SeriesId(2), 0)],
+        }));
+    }
+    job.attribute_ready(u64::MAX, true);
+    let s = summarize(&job);
+    (
+        s.job.categories.network.fraction,
+        s.job.categories.interconnect.fraction,
+    )
+}
+
+/// Issue 17, item 6: whether communication is the network's is decided by where the peers
+/// are, not by unrelated bytes on the NIC.
+#[test]
+fn unrelated_nic_traffic_does_not_make_a_one_node_job_network_bound() {
+    for local_world in [None, Some("2")] {
+        let (network, interconnect) = comm_shares("2", local_world);
+        assert_eq!(network, 0.0, "every peer is here ({local_world:?})");
+        assert!((interconnect - 0.4).abs() < 0.01, "{interconnect}");
+    }
+    // Two of four ranks here: the collectives cross the network.
+    let (network, interconnect) = comm_shares("4", Some("2"));
+    assert!((network - 0.4).abs() < 0.01, "{network}");
+    assert_eq!(interconnect, 0.0);
+    let (network, _) = comm_shares("4", None);
+    assert!((network - 0.4).abs() < 0.01, "{network}");
+}

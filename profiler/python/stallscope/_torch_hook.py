@@ -489,6 +489,7 @@ def _patch_init_process_group(torch):
             stallscope.set_rank(dist.get_rank())
             stallscope.meta(
                 local_rank=os.environ.get("LOCAL_RANK"),
+                local_world_size=os.environ.get("LOCAL_WORLD_SIZE"),
                 world_size=dist.get_world_size(),
                 backend=dist.get_backend(),
             )
