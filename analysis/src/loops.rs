@@ -164,12 +164,15 @@ impl ProcessMarks {
             .collect()
     }
 
-    /// Begin times of the `comm` spans that begin inside `[a, b)`, in order, ns.
+    /// Begin times of the `comm` spans within `[a, b)`, in order, ns: the same spans, clipped
+    /// the same way, as [`ProcessMarks::spans_within`] gives the attribution, so that the
+    /// k-th collective of an iteration is the k-th on both sides. A collective that straddles
+    /// the step counts in both iterations, beginning at `a` in the later one.
     pub fn comm_begins(&self, a: Nanos, b: Nanos) -> Vec<Nanos> {
         let mut v: Vec<Nanos> = self
-            .spans
-            .iter()
-            .filter(|s| s.phase == phase::COMM && s.begin >= a && s.begin < b)
+            .spans_within(a, b)
+            .into_iter()
+            .filter(|s| s.phase == phase::COMM)
             .map(|s| s.begin)
             .collect();
         v.sort_unstable();
@@ -332,6 +335,30 @@ mod tests {
         assert_eq!(p.iteration(2), None);
         assert_eq!(p.dropped, 2);
         assert_eq!(p.spans_within(120, 300)[0].begin, 120);
+    }
+
+    /// Issue 17, item 7: a collective that straddles the step is the first of the next
+    /// iteration for the peer matching as it is for the attribution's pieces.
+    #[test]
+    fn a_collective_straddling_the_step_counts_on_both_sides_alike() {
+        let mut log = MarkerLog::default();
+        let comm = || "comm".to_string();
+        log.ingest(&m(0, 90, 7, 0, MarkerEvent::Begin(comm())));
+        log.ingest(&m(1, 100, 7, 0, MarkerEvent::Step));
+        log.ingest(&m(2, 110, 7, 1, MarkerEvent::End(comm())));
+        log.ingest(&m(3, 150, 7, 1, MarkerEvent::Begin(comm())));
+        log.ingest(&m(4, 160, 7, 1, MarkerEvent::End(comm())));
+        log.ingest(&m(5, 200, 7, 1, MarkerEvent::Step));
+        let p = &log.procs[&7];
+        let (a, b) = p.iteration(1).unwrap();
+        let pieces: Vec<Nanos> = p
+            .spans_within(a, b)
+            .into_iter()
+            .filter(|s| s.phase == "comm")
+            .map(|s| s.begin)
+            .collect();
+        assert_eq!(pieces, [100, 150]);
+        assert_eq!(p.comm_begins(a, b), pieces);
     }
 
     #[test]

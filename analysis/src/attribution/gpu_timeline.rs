@@ -48,8 +48,9 @@ fn is_data(basis: Basis) -> bool {
     )
 }
 
-/// CPU-side evidence of exposed communication (including the GPU-link share of it).
-pub(super) fn is_comm(basis: Basis) -> bool {
+/// CPU-side evidence of exposed communication (including the GPU-link share of it): what the
+/// GPU times stand in for here, and what the cross-node join splits again.
+pub(crate) fn is_comm(basis: Basis) -> bool {
     matches!(
         basis,
         Basis::PeerArrival

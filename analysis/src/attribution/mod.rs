@@ -123,6 +123,7 @@ mod iteration;
 mod parts;
 mod unmarked;
 
+pub(crate) use gpu_timeline::is_comm;
 pub use gpu_timeline::CudaIteration;
 pub use inputs::{
     GpuSeries, IterationInput, Links, RankSeries, ThreadSeries, IDLE_LOADER_CORES,

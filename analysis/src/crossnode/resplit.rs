@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::attribution::{Basis, Evidence, IterationBreakdown};
+use crate::attribution::{is_comm, Basis, Evidence, IterationBreakdown};
 use crate::category::{apportion, Category, Split};
 use crate::Nanos;
 
@@ -116,13 +116,6 @@ fn with_comm(
     }
 }
 
-fn is_comm(basis: Basis) -> bool {
-    matches!(
-        basis,
-        Basis::PeerArrival | Basis::CommNicBytes | Basis::CommLocalBytes | Basis::CommNoBytes
-    )
-}
-
 /// Splits the exposed communication of one breakdown again, given its collectives
 /// (`own`, collector clock) and when the last rank of the job began each (`latest`).
 /// The other categories are kept; the parts still sum to the wall time.
@@ -162,7 +155,7 @@ pub fn resplit(
             || (e.basis == Basis::CommNoBytes && e.category == Category::Network)
     });
     let local = on(&|e| {
-        e.basis == Basis::CommLocalBytes
+        matches!(e.basis, Basis::CommLocalBytes | Basis::CommGpuLinkBytes)
             || (e.basis == Basis::CommNoBytes && e.category == Category::Interconnect)
     });
     let (net_ns, local_ns) = split_transfer(exposed - waited, [nic, local], across_nodes);

@@ -198,3 +198,30 @@ fn a_long_job_keeps_the_join_bounded_and_its_straggler_windows() {
         assert!((w.others_wait_fraction - 0.4).abs() < 1e-9, "{w:?}");
     }
 }
+
+/// Issue 17, item 7: a collective the node saw moving over the GPU's own links (NVLink) is
+/// split again like any other: the wait for the late rank comes out of it.
+#[test]
+fn a_collective_over_gpu_links_is_split_again_too() {
+    let mut j = CrossNode::default();
+    j.clock(&clock("a", 0));
+    j.clock(&clock("b", 0));
+    let mut r0 = report("a", 0, 5, 1000 * MS, 30);
+    let b = &mut r0.breakdown;
+    b.split = Split::default();
+    b.split.add(Category::Compute, 70 * MS);
+    b.split.add(Category::Interconnect, 30 * MS);
+    b.evidence[1] = Evidence {
+        category: Category::Interconnect,
+        basis: Basis::CommGpuLinkBytes,
+        ns: 30 * MS,
+    };
+    j.report(&r0);
+    // Rank 1 began the collective 20 ms after rank 0.
+    j.report(&report("b", 1, 5, 1000 * MS, 10));
+    let out = j.join_ready(0, false);
+    let r0 = out.iter().find(|b| b.rank == 0).unwrap();
+    assert_eq!(r0.split.get(Category::PeerWait), 20 * MS);
+    assert_eq!(r0.split.get(Category::Interconnect), 10 * MS);
+    assert_eq!(r0.split.total(), 100 * MS);
+}

@@ -160,7 +160,11 @@ impl NodeTimeline {
     /// loops said) against the ranks on this node (torchrun's `LOCAL_WORLD_SIZE` as the
     /// loops said it, else the loops here); `None` when no loop said its world size.
     pub fn peers_on_other_nodes(&self) -> Option<bool> {
-        let world = self.markers.loops().filter_map(|m| m.info().world_size).max()?;
+        let world = self
+            .markers
+            .loops()
+            .filter_map(|m| m.info().world_size)
+            .max()?;
         let local = self
             .markers
             .loops()
