@@ -86,6 +86,9 @@ pub struct Summary {
     /// shares of its time; the finding reads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub critical_path: Option<Categories>,
+    /// What the figures cannot be trusted for, in words (two nodes reporting one rank).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// One node of a multi-node job.
@@ -159,6 +162,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         nodes: node_summaries(job),
         stragglers: job.nodes.stragglers(),
         critical_path: critical.map(|c| c.categories),
+        warnings: job.nodes.rank_clashes(),
     }
 }
 
@@ -364,6 +368,9 @@ fn write_verdict(out: &mut String, s: &Summary) {
     }
     for d in &s.sources_down {
         let _ = writeln!(out, "source {} was down: {}", d.source, d.message);
+    }
+    for w in &s.warnings {
+        let _ = writeln!(out, "warning: {w}");
     }
     if !s.complete {
         let _ = writeln!(

@@ -113,6 +113,21 @@ pub struct CrossNode {
     newest_joined: Option<u64>,
     /// Who held the job up, per window of iterations.
     windows: StragglerWindows,
+    /// Ranks two nodes both reported, with the nodes and the reports refused.
+    clashes: BTreeMap<u32, RankClash>,
+}
+
+/// One rank number reported by two nodes for the same iterations: loops that never said their
+/// rank (no `RANK`, no process group) are numbered 0, 1, … on each node. The first node's
+/// reports are kept; the others' are refused and counted, and the summary says so.
+#[derive(Clone, Debug, Default)]
+struct RankClash {
+    /// The node whose reports are kept.
+    kept: String,
+    /// The nodes whose reports are refused.
+    refused_from: BTreeSet<String>,
+    /// Reports refused.
+    refused: u64,
 }
 
 impl CrossNode {
@@ -142,6 +157,22 @@ impl CrossNode {
     /// agent resends what a collector that died had not acknowledged) are dropped.
     pub fn report(&mut self, it: &NodeIteration) -> bool {
         let (rank, iter) = (it.breakdown.rank, it.breakdown.iter);
+        let taken = self.joined.get(&rank).is_some_and(|j| j.contains(iter))
+            || self
+                .pending
+                .get(&iter)
+                .is_some_and(|r| r.contains_key(&rank));
+        if let Some(owner) = self.rank_nodes.get(&rank).filter(|n| **n != it.node) {
+            if taken {
+                let clash = self.clashes.entry(rank).or_insert_with(|| RankClash {
+                    kept: owner.clone(),
+                    ..RankClash::default()
+                });
+                clash.refused_from.insert(it.node.clone());
+                clash.refused += 1;
+                return false;
+            }
+        }
         if self.joined.get(&rank).is_some_and(|j| j.contains(iter)) {
             return false;
         }
@@ -157,6 +188,24 @@ impl CrossNode {
         }
         reports.insert(rank, it.clone());
         true
+    }
+
+    /// What went wrong with the ranks' numbering, in words: each rank two nodes reported.
+    pub fn rank_clashes(&self) -> Vec<String> {
+        self.clashes
+            .iter()
+            .map(|(rank, c)| {
+                let others: Vec<&str> = c.refused_from.iter().map(String::as_str).collect();
+                format!(
+                    "rank {rank} was reported by {} and {} for the same iterations (loops that never said their rank are numbered 0, 1, … on each node): {}'s are kept, {} reports of {} were refused; give each process its rank (torchrun sets RANK; or call stallscope.set_rank())",
+                    c.kept,
+                    others.join(", "),
+                    c.kept,
+                    c.refused,
+                    others.join(", ")
+                )
+            })
+            .collect()
     }
 
     fn to_collector(&self, node: &str, t: Nanos) -> Nanos {

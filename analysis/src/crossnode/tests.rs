@@ -225,3 +225,37 @@ fn a_collective_over_gpu_links_is_split_again_too() {
     assert_eq!(r0.split.get(Category::Interconnect), 10 * MS);
     assert_eq!(r0.split.total(), 100 * MS);
 }
+
+/// Issue 17, item 8: two nodes whose loops never said their rank both report "rank 0"; the
+/// join keeps the first node's, refuses the other's, and says so, instead of silently
+/// dropping or mixing them.
+#[test]
+fn two_nodes_reporting_one_rank_are_refused_and_said() {
+    let mut j = CrossNode::default();
+    j.clock(&clock("a", 0));
+    j.clock(&clock("b", 0));
+    for iter in 0..3 {
+        j.report(&report("a", 0, iter, (iter + 1) * 100 * MS, 10));
+        assert!(!j.report(&report("b", 0, iter, (iter + 1) * 100 * MS, 10)));
+    }
+    assert_eq!(j.rank_nodes[&0], "a", "the first node keeps the rank");
+    let out = j.join_ready(u64::MAX, true);
+    assert_eq!(out.len(), 3, "node a's iterations, once each");
+    // After the join too.
+    assert!(!j.report(&report("b", 0, 1, 200 * MS, 10)));
+    let said = j.rank_clashes();
+    assert_eq!(said.len(), 1);
+    assert!(
+        said[0].contains("rank 0 was reported by a and b"),
+        "{}",
+        said[0]
+    );
+    assert!(
+        said[0].contains("4 reports of b were refused"),
+        "{}",
+        said[0]
+    );
+    // A rank that moves to another node (an elastic restart) with new iterations is no clash.
+    assert!(j.report(&report("b", 0, 7, 800 * MS, 10)));
+    assert_eq!(j.rank_nodes[&0], "b");
+}

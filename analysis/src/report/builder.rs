@@ -397,6 +397,7 @@ impl ReportBuilder {
         let run_seconds = axis.seconds(run_end);
 
         let mut problems = std::mem::take(&mut self.problems);
+        problems.extend(summary.warnings.iter().cloned());
         if self.header.is_none() && self.experiment.is_none() {
             problems.push(if self.frames == 0 {
                 "the profile holds no frames: the run wrote nothing (it was stopped before its first write, or this is not the profile)".into()
