@@ -55,10 +55,13 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         Some(n) => n.clone(),
         None => host_name(),
     };
-    let socket = agent_socket(args.socket.as_deref());
+    let socket = agent_socket(args.socket.as_deref())
+        .context("cannot set up the agent's runtime directory")?;
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    // SAFETY: getuid cannot fail.
+    let shared = unsafe { libc::getuid() } == 0;
     let shipper = Arc::new(
         Shipper::spawn(ShipperConfig {
             collector: args.collector.clone(),
@@ -81,24 +84,23 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         },
     )
     .with_context(|| format!("cannot listen for markers on {}", socket.display()))?;
-    // Training processes of any user on the node may send markers.
+    // A root agent serves the trainings of every user on the node: they may send to its
+    // socket. Any other agent serves its own user only. The default directory is one only
+    // this user can write in (`runtime_dir`), so setting the mode by path cannot be raced.
     use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777));
+    let mode = if shared { 0o666 } else { 0o600 };
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", socket.display()))?;
 
-    let pydir = tempfile::Builder::new()
-        .prefix("stallscope-agent-")
-        .tempdir()
-        .context("cannot create the agent's directory")?;
-    let pythonpath = python_env::install(pydir.path(), true).ok();
+    let pydir = python_dir(shared)?;
+    let pythonpath = python_env::install_shared(pydir.path()).ok();
     eprintln!(
         "stallscope agent: node {node}, markers on {}, shipping to {}",
         socket.display(),
         args.collector
     );
     if let Some(p) = &pythonpath {
-        eprintln!(
-            "stallscope agent: zero-code PyTorch markers: start the training with PYTHONPATH={p} (or under `stallscope run`, which joins this agent)"
-        );
+        eprintln!("stallscope agent: {}", zero_code_instruction(p, &socket));
     }
 
     let listener = Arc::new(listener);
@@ -127,6 +129,25 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     let shipper = Arc::try_unwrap(shipper).map_err(|_| anyhow::anyhow!("shipper still shared"))?;
     drain(shipper, &summary);
     Ok(0)
+}
+
+/// Where the agent writes the marker package and hook for its users: `python/` in its runtime
+/// directory (readable by every user for a root agent), removed when the agent ends.
+fn python_dir(shared: bool) -> anyhow::Result<tempfile::TempDir> {
+    let runtime = stallscope_agent::node::runtime_dir(shared)
+        .context("cannot set up the agent's runtime directory")?;
+    tempfile::Builder::new()
+        .prefix("python-")
+        .tempdir_in(runtime)
+        .context("cannot create the agent's Python directory")
+}
+
+/// What a user does to have a training send its markers to this agent with no code change.
+fn zero_code_instruction(pythonpath: &str, socket: &Path) -> String {
+    format!(
+        "zero-code PyTorch markers: start the training with PYTHONPATH={pythonpath}${{PYTHONPATH:+:$PYTHONPATH}} STALLSCOPE_SOCKET={} (or under `stallscope run`, which joins this agent)",
+        socket.display()
+    )
 }
 
 /// The agent's recorder: no profile, every attributed iteration shipped, the model on the
@@ -180,4 +201,27 @@ fn drain(shipper: Shipper, summary: &stallscope_analysis::summary::Summary) {
         left,
         dropped
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 17, item 12: the instruction names both what the hook needs, the package and
+    /// the socket, so it works for a user whose environment has neither.
+    #[test]
+    fn the_zero_code_instruction_gives_the_path_and_the_socket() {
+        let said = zero_code_instruction(
+            "/run/stallscope/python-x/site:/run/stallscope/python-x/pkg",
+            Path::new("/run/stallscope/agent.sock"),
+        );
+        assert!(
+            said.contains("PYTHONPATH=/run/stallscope/python-x/site:/run/stallscope/python-x/pkg"),
+            "{said}"
+        );
+        assert!(
+            said.contains("STALLSCOPE_SOCKET=/run/stallscope/agent.sock"),
+            "{said}"
+        );
+    }
 }

@@ -82,8 +82,8 @@ pub struct AgentArgs {
     /// File holding the shared token the collector expects (first line).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
-    /// Unix socket to receive markers on (default: $STALLSCOPE_SOCKET, else
-    /// /tmp/stallscope/agent.sock).
+    /// Unix socket to receive markers on (default: $STALLSCOPE_SOCKET, else agent.sock in the
+    /// runtime directory: /run/stallscope for root, else $XDG_RUNTIME_DIR/stallscope).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// This node's name in the job (default: the host name).

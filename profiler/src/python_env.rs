@@ -26,6 +26,28 @@ const PACKAGE: &[(&str, &str)] = &[
 ];
 const SITECUSTOMIZE: &str = include_str!("../python/sitecustomize.py");
 
+/// Writes the package and the hook under `dir` for every user of the node (directories 0755,
+/// files 0644, whatever the umask), and returns the directories to put on `PYTHONPATH`: what
+/// a node's agent tells its users to start their trainings with.
+pub fn install_shared(dir: &Path) -> std::io::Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    install(dir, true)?;
+    let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
+    mode(dir, 0o755)?;
+    for sub in ["site", "pkg", "pkg/stallscope"] {
+        mode(&dir.join(sub), 0o755)?;
+    }
+    mode(&dir.join("site/sitecustomize.py"), 0o644)?;
+    for (rel, _) in PACKAGE {
+        mode(&dir.join("pkg").join(rel), 0o644)?;
+    }
+    Ok(format!(
+        "{}:{}",
+        dir.join("site").display(),
+        dir.join("pkg").display()
+    ))
+}
+
 /// Writes the package (and, with `auto`, the hook) under `dir` and returns the
 /// `PYTHONPATH` to give the command, ahead of what it had.
 pub fn install(dir: &Path, auto: bool) -> std::io::Result<String> {
@@ -60,6 +82,24 @@ pub fn install(dir: &Path, auto: bool) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 17, item 12: what an agent installs for its users is readable by all of them.
+    #[test]
+    fn the_shared_install_is_readable_by_every_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("python");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let path = install_shared(&dir).unwrap();
+        let parts: Vec<&str> = path.split(':').collect();
+        assert_eq!(parts.len(), 2, "only the installed directories: {path}");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(mode(&dir.join("pkg/stallscope")), 0o755);
+        assert_eq!(mode(&dir.join("site/sitecustomize.py")), 0o644);
+        assert_eq!(mode(&dir.join("pkg/stallscope/__init__.py")), 0o644);
+    }
 
     #[test]
     fn every_module_of_the_package_is_embedded() {

@@ -18,7 +18,7 @@ use stallscope_agent::clock::monotonic_ns;
 use stallscope_agent::markers::MarkerListener;
 use stallscope_agent::node::feed::{self, FeedHub};
 use stallscope_agent::node::recorder::{Event, Inbox, Recorder};
-use stallscope_agent::node::{agent_socket, check_rate, NodeInputs, Samplers};
+use stallscope_agent::node::{agent_candidates, check_rate, NodeInputs, Samplers};
 use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::summary::render_text;
@@ -342,12 +342,14 @@ fn recorder_of(args: &RunArgs, writer: ProfileWriter, tui: bool) -> anyhow::Resu
     })
 }
 
-/// The node agent's marker socket, when an agent answers on it (`$STALLSCOPE_SOCKET`, else
-/// the well-known path). A datagram `connect` succeeds only where a socket is bound.
+/// The node agent's marker socket, when an agent answers on it (`$STALLSCOPE_SOCKET`, else a
+/// root agent's or this user's own, only from directories nobody else can write in: see
+/// [`agent_candidates`]). A datagram `connect` succeeds only where a socket is bound.
 fn answering_agent() -> Option<PathBuf> {
-    let path = agent_socket(None);
     let probe = std::os::unix::net::UnixDatagram::unbound().ok()?;
-    probe.connect(&path).ok().map(|_| path)
+    agent_candidates()
+        .into_iter()
+        .find(|path| probe.connect(path).is_ok())
 }
 
 /// `stallscope run` on a node with an agent: the command's markers go to the agent (which

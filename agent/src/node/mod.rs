@@ -23,16 +23,55 @@ use crate::sampler::{self, LoopPids, Pids, SamplerConfig, SamplerHandle, SharedP
 use crate::sources::Roots;
 use recorder::Inbox;
 
-/// Where an agent receives markers when neither `--socket` nor `$STALLSCOPE_SOCKET` says
-/// (the marker package falls back to the same path).
-pub const AGENT_SOCKET: &str = "/tmp/stallscope/agent.sock";
+/// The name of an agent's marker socket in its runtime directory ([`runtime_dir`]); the
+/// marker package looks for it in the same places.
+pub const AGENT_SOCKET_NAME: &str = "agent.sock";
 
-/// The agent's marker socket: `given`, `$STALLSCOPE_SOCKET`, or [`AGENT_SOCKET`].
-pub fn agent_socket(given: Option<&Path>) -> PathBuf {
-    given
+/// Where a root agent's marker socket is: every user's training may reach it.
+pub const ROOT_AGENT_SOCKET: &str = "/run/stallscope/agent.sock";
+
+/// The socket an agent binds: `given`, `$STALLSCOPE_SOCKET`, or `agent.sock` in the runtime
+/// directory, which [`runtime_dir`] creates and checks (made reachable by other users for a
+/// root agent, which serves them all).
+pub fn agent_socket(given: Option<&Path>) -> std::io::Result<PathBuf> {
+    if let Some(p) = given
         .map(Path::to_path_buf)
         .or_else(|| std::env::var_os("STALLSCOPE_SOCKET").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(AGENT_SOCKET))
+    {
+        return Ok(p);
+    }
+    // SAFETY: getuid cannot fail.
+    let shared = unsafe { libc::getuid() } == 0;
+    Ok(runtime_dir(shared)?.join(AGENT_SOCKET_NAME))
+}
+
+/// The node agent a run or the marker package should send to: `$STALLSCOPE_SOCKET`, else a
+/// root agent's socket, else this user's own agent's; each default only where its directory
+/// is one that nobody but root or this user can have put a socket in ([`trusted_dir`]). A
+/// socket another user planted is never joined.
+pub fn agent_candidates() -> Vec<PathBuf> {
+    if let Some(p) = std::env::var_os("STALLSCOPE_SOCKET") {
+        return vec![PathBuf::from(p)];
+    }
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let mut out = vec![PathBuf::from(ROOT_AGENT_SOCKET)];
+    let own = runtime_dir_path(uid).join(AGENT_SOCKET_NAME);
+    if !out.contains(&own) {
+        out.push(own);
+    }
+    out.retain(|p| p.parent().is_some_and(|d| trusted_dir(d, uid)));
+    out
+}
+
+/// Whether `dir` (not followed if a link) is a directory owned by root or `uid` that no other
+/// user may write in, and so holds only what root or `uid` put there.
+pub fn trusted_dir(dir: &Path, uid: u32) -> bool {
+    std::fs::symlink_metadata(dir).is_ok_and(|m| {
+        m.file_type().is_dir()
+            && (m.uid() == 0 || m.uid() == uid)
+            && m.permissions().mode() & 0o022 == 0
+    })
 }
 
 /// The node's host name (`/proc/sys/kernel/hostname`), empty when unreadable.
@@ -163,25 +202,45 @@ impl Samplers {
     }
 }
 
-/// The directory for this user's feed sockets: `/run/stallscope` for root,
-/// `$XDG_RUNTIME_DIR/stallscope` otherwise, or `/tmp/stallscope-UID`; created owner-only and
-/// refused when it is a symbolic link, belongs to another user, or others may write in it.
+/// The directory for this user's feed sockets (owner-only, see [`runtime_dir`]).
 pub fn feed_dir() -> std::io::Result<PathBuf> {
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let dir = if uid == 0 {
+    runtime_dir(false)
+}
+
+/// This user's runtime directory: `/run/stallscope` for root, `$XDG_RUNTIME_DIR/stallscope`
+/// otherwise, or `/tmp/stallscope-UID`.
+fn runtime_dir_path(uid: u32) -> PathBuf {
+    if uid == 0 {
         PathBuf::from("/run/stallscope")
     } else if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
         PathBuf::from(x).join("stallscope")
     } else {
         std::env::temp_dir().join(format!("stallscope-{uid}"))
-    };
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+    }
+}
+
+/// This user's runtime directory ([`runtime_dir_path`]), created owner-only (`shared`: also
+/// searchable by others, for a root agent's socket) and refused when it is a symbolic link,
+/// belongs to another user, or others may write in it. Since nobody else can create, remove
+/// or rename anything in it, a socket's mode set by path right after bind cannot be raced.
+pub fn runtime_dir(shared: bool) -> std::io::Result<PathBuf> {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let dir = runtime_dir_path(uid);
+    checked_dir(&dir, uid, shared)?;
+    Ok(dir)
+}
+
+/// Creates `dir` (mode 0700, or 0755 when `shared`) unless it exists, then checks it as
+/// [`runtime_dir`] says.
+fn checked_dir(dir: &Path, uid: u32, shared: bool) -> std::io::Result<()> {
+    let mode = if shared { 0o755 } else { 0o700 };
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
-    let meta = std::fs::symlink_metadata(&dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
     let refuse = |why: &str| {
         Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
@@ -197,5 +256,59 @@ pub fn feed_dir() -> std::io::Result<PathBuf> {
     if meta.permissions().mode() & 0o022 != 0 {
         return refuse("can be written by other users");
     }
-    Ok(dir)
+    if shared && meta.permissions().mode() & 0o055 != 0o055 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod runtime_dir_tests {
+    use super::*;
+
+    /// Issue 17, item 1: a runtime directory another user could have prepared is refused, in
+    /// words; a trusted one is used (made searchable by others only for a shared agent).
+    #[test]
+    fn a_runtime_directory_another_user_could_control_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+
+        let fresh = tmp.path().join("fresh");
+        checked_dir(&fresh, uid, false).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        assert!(trusted_dir(&fresh, uid));
+        checked_dir(&fresh, uid, true).unwrap();
+        assert_eq!(
+            mode(&fresh),
+            0o755,
+            "a shared agent's: searchable by others"
+        );
+
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = checked_dir(&open, uid, false).unwrap_err();
+        assert!(
+            e.to_string().contains("can be written by other users"),
+            "{e}"
+        );
+        assert!(!trusted_dir(&open, uid));
+
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&fresh, &link).unwrap();
+        let e = checked_dir(&link, uid, false).unwrap_err();
+        assert!(e.to_string().contains("not a directory"), "{e}");
+        assert!(!trusted_dir(&link, uid));
+
+        if uid == 0 {
+            let theirs = tmp.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = checked_dir(&theirs, uid, false).unwrap_err();
+            assert!(e.to_string().contains("belongs to uid 65534"), "{e}");
+            assert!(!trusted_dir(&theirs, uid));
+        }
+    }
 }

@@ -9,9 +9,12 @@ named by ``$STALLSCOPE_SOCKET``, in the wire format that ``analysis/src/marker.r
 
 Profiling must never slow down or break the trainer, so a send never blocks and never raises:
 a missing, stale or full socket costs one failed system call and is counted by ``dropped()``.
-Without ``$STALLSCOPE_SOCKET`` events go to a node agent's well-known socket
-(``/tmp/stallscope/agent.sock``) when one exists, else every call returns at once. The module uses the standard library
-only, so it loads in any environment the training script runs in.
+Without ``$STALLSCOPE_SOCKET`` events go to a node agent's socket when one exists: a root
+agent's (``/run/stallscope/agent.sock``), else this user's own (``agent.sock`` under
+``$XDG_RUNTIME_DIR/stallscope`` or ``/tmp/stallscope-UID``), each only from a directory that
+root or this user owns and nobody else may write in, so a socket another user planted is never
+used; else every call returns at once. The module uses the standard library only, so it loads
+in any environment the training script runs in.
 
 Usage::
 
@@ -43,14 +46,48 @@ _monotonic_ns = time.monotonic_ns
 _getpid = os.getpid
 
 
-#: Where a node's ``stallscope agent`` listens when ``$STALLSCOPE_SOCKET`` is not set.
-AGENT_SOCKET = "/tmp/stallscope/agent.sock"
+#: Where a root ``stallscope agent`` listens, for every user of the node.
+AGENT_SOCKET = "/run/stallscope/agent.sock"
+
+
+def _own_runtime_dir():
+    uid = os.getuid()
+    if uid == 0:
+        return "/run/stallscope"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return os.path.join(xdg, "stallscope")
+    return os.path.join("/tmp", "stallscope-%d" % uid)
+
+
+def _trusted_dir(path):
+    """Whether ``path`` is a directory (not a link) of root or this user that no other user
+    may write in."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    import stat
+
+    return (
+        stat.S_ISDIR(st.st_mode)
+        and st.st_uid in (0, os.getuid())
+        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _agent_socket():
+    for path in (AGENT_SOCKET, os.path.join(_own_runtime_dir(), "agent.sock")):
+        if os.path.exists(path) and _trusted_dir(os.path.dirname(path)):
+            return path
+    return None
 
 
 def _open_socket():
-    path = os.environ.get("STALLSCOPE_SOCKET")
-    if not path and os.path.exists(AGENT_SOCKET):
-        path = AGENT_SOCKET
+    try:
+        path = os.environ.get("STALLSCOPE_SOCKET") or _agent_socket()
+    except Exception:
+        path = None
     if not path:
         return None, None
     try:

@@ -337,6 +337,40 @@ class MarkerTest(unittest.TestCase):
             ss.end("x")
         self.assertEqual(ss.dropped(), 0)
 
+    def test_an_agent_socket_is_used_only_from_a_directory_nobody_else_writes(self):
+        # Issue 17, item 1: a socket another user could have planted is never joined.
+        with tempfile.TemporaryDirectory() as tmp:
+            os.chmod(tmp, 0o700)
+            self.assertTrue(stallscope._trusted_dir(tmp))
+            os.chmod(tmp, 0o777)
+            self.assertFalse(stallscope._trusted_dir(tmp), "others may write in it")
+            os.chmod(tmp, 0o700)
+            link = os.path.join(tmp, "link")
+            os.symlink(tmp, link)
+            self.assertFalse(stallscope._trusted_dir(link), "a symbolic link")
+            if os.getuid() == 0:
+                other = os.path.join(tmp, "other")
+                os.mkdir(other, 0o700)
+                os.chown(other, 65534, 65534)
+                self.assertFalse(stallscope._trusted_dir(other), "another user's")
+            old = os.environ.get("XDG_RUNTIME_DIR")
+            try:
+                os.environ["XDG_RUNTIME_DIR"] = tmp
+                if os.getuid() != 0:
+                    own = os.path.join(tmp, "stallscope")
+                    os.mkdir(own, 0o777)
+                    os.chmod(own, 0o777)
+                    planted = Receiver(os.path.join(own, "agent.sock"))
+                    try:
+                        self.assertIsNone(stallscope._agent_socket(), "a world-writable directory")
+                    finally:
+                        planted.stop()
+            finally:
+                if old is None:
+                    os.environ.pop("XDG_RUNTIME_DIR", None)
+                else:
+                    os.environ["XDG_RUNTIME_DIR"] = old
+
     def test_sending_is_cheap(self):
         receiver = Receiver(self.path)
         ss = load(self.path)
