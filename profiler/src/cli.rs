@@ -61,6 +61,10 @@ pub enum Command {
     /// by default) and reports it, measuring wall time, peak memory and size per node-hour.
     #[command(hide = true)]
     ReportBench(crate::report_bench::ReportBenchArgs),
+    /// The forwarder of a training's output under `run --iter-regex` (profiler/src/forward.rs):
+    /// copies stdin to stdout and to fd 3, outliving stallscope.
+    #[command(hide = true)]
+    ForwardOutput,
 }
 
 #[derive(Debug, Args)]

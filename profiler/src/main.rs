@@ -14,6 +14,7 @@ mod collector_cmd;
 mod doctor;
 mod experiment;
 mod feed_cmd;
+mod forward;
 mod launch;
 mod nvml_bench;
 mod python_env;
@@ -42,6 +43,7 @@ fn main() {
         cli::Command::NvmlBench(args) => nvml_bench::nvml_bench(args),
         cli::Command::Agent(args) => agent_cmd::agent(args),
         cli::Command::Collector(args) => collector_cmd::collector(args),
+        cli::Command::ForwardOutput => forward::forward_output(),
         cli::Command::CollectorBench(args) => collector_bench::collector_bench(args),
     };
     match result {

@@ -5,7 +5,7 @@
 //! the profile fails, the failure is said once and the training goes on. stallscope exits the
 //! way the command exited.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +26,7 @@ use stallscope_collector::profile::ProfileWriter;
 
 use crate::child::{exit_code, exit_like, Job};
 use crate::cli::RunArgs;
+use crate::forward::{reap, Forwarder};
 use crate::python_env;
 use crate::terminal::StatusLine;
 use crate::top::run_tui;
@@ -57,15 +58,9 @@ fn header(args: &RunArgs) -> RunHeader {
     stallscope_agent::node::header(&args.command, args.rate, args.warmup)
 }
 
-/// Forwards the command's stdout line by line to `out` (stallscope's stdout, or the log under
-/// `--tui`) and turns matching lines into steps.
-fn pass_stdout(
-    stdout: impl std::io::Read,
-    mut out: Box<dyn Write + Send>,
-    regex: Regex,
-    pid: u32,
-    tx: Sender<Event>,
-) {
+/// Reads the forwarder's copy of the command's stdout (the forwarder writes it to the user:
+/// [`crate::forward`]) line by line and turns matching lines into steps.
+fn read_steps(stdout: impl std::io::Read, regex: Regex, pid: u32, tx: Sender<Event>) {
     let mut reader = BufReader::new(stdout);
     let mut line = Vec::new();
     let mut seq = 0u64;
@@ -77,8 +72,6 @@ fn pass_stdout(
             Ok(_) => {}
         }
         let t_ns = monotonic_ns();
-        let _ = out.write_all(&line);
-        let _ = out.flush();
         let text = line.strip_suffix(b"\n").unwrap_or(&line);
         let text = text.strip_suffix(b"\r").unwrap_or(text);
         let Some(caps) = regex.captures(text) else {
@@ -191,11 +184,20 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         command.stdin(Stdio::null());
         command.env("PYTHONUNBUFFERED", "1");
     }
-    if regex.is_some() {
-        command.stdout(Stdio::piped());
-        // Python buffers a piped stdout; lines must arrive when printed to time iterations.
-        command.env("PYTHONUNBUFFERED", "1");
-    }
+    let forwarder = match &regex {
+        Some(_) => {
+            let out = match log_file.as_ref().map(|f| f.try_clone()) {
+                Some(Ok(f)) => Stdio::from(f),
+                _ => Stdio::inherit(),
+            };
+            let (forwarder, training_stdout) = Forwarder::spawn(out)?;
+            command.stdout(training_stdout);
+            // Python buffers a piped stdout; lines must arrive when printed to time iterations.
+            command.env("PYTHONUNBUFFERED", "1");
+            Some(forwarder)
+        }
+        None => None,
+    };
     let Outlets {
         recorder,
         feed_socket,
@@ -208,13 +210,15 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     }
     .with_context(|| format!("cannot run {:?}", args.command[0]))?;
     let pid = job.pid();
-    let stdout_thread = regex.zip(job.child.stdout.take()).map(|(re, stdout)| {
+    // The parent's end of the training's pipe closed with the command `Job::spawn` took, so
+    // the forwarder sees the end of the output when the training's side closes.
+    let stdout_thread = regex.zip(forwarder).map(|(re, forwarder)| {
         let tx = tx.clone();
-        let out: Box<dyn Write + Send> = match log_file.as_ref().map(|f| f.try_clone()) {
-            Some(Ok(f)) => Box::new(f),
-            _ => Box::new(std::io::stdout()),
-        };
-        std::thread::spawn(move || pass_stdout(stdout, out, re, pid, tx))
+        std::thread::spawn(move || {
+            let Forwarder { child, copies } = forwarder;
+            read_steps(copies, re, pid, tx);
+            reap(child);
+        })
     });
     let dashboard = match &tui_log {
         Some(log) => {

@@ -242,6 +242,69 @@ fn iterations_can_come_from_the_output() {
     assert!((0.08..0.5).contains(&median), "{median}");
 }
 
+/// Issue 17, item 13: under `--iter-regex` the training's output goes through a forwarder
+/// that outlives stallscope. Killed mid-run (SIGKILL, no clean-up), stallscope takes nothing
+/// of the training with it: every line still reaches the output, and the training finishes.
+#[test]
+fn killing_stallscope_under_iter_regex_does_not_break_the_trainings_output() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done");
+    let script = format!(
+        "for i in $(seq 1 30); do echo step $i || exit 3; sleep 0.05; done; echo finished > {}",
+        done.display()
+    );
+    let mut child = stallscope()
+        .args(["run", "-q", "--no-auto", "-o"])
+        .arg(dir.path().join("p.stallscope"))
+        .args([
+            "--iter-regex",
+            r"^step (?P<iter>\d+)$",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    // The first lines have come through: stallscope is running the training.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("step 3") {
+        let n = out.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "output ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    kill(child.id(), libc::SIGKILL);
+    let _ = child.wait();
+    // The rest arrives; the read ends when the training (and the forwarder) are done.
+    let reader = std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = out.read_to_end(&mut rest);
+        rest
+    });
+    assert!(
+        wait_for(Duration::from_secs(60), || done.exists()),
+        "the training did not finish after stallscope was killed"
+    );
+    let rest = reader.join().unwrap();
+    seen.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&seen);
+    for i in 1..=30 {
+        assert!(
+            text.contains(&format!("step {i}\n")),
+            "step {i} lost: {text}"
+        );
+    }
+}
+
 /// Bad command lines get a clear error and start nothing.
 #[test]
 fn a_bad_regex_is_refused_before_anything_runs() {
