@@ -41,14 +41,59 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// What `{env}` carries besides torchrun's variables, from this process's environment: the
+/// hook's `PYTHONPATH` and every `STALLSCOPE_*` setting (the marker socket, synthetic data, the
+/// iteration limit an experiment sets), so that a rank started through ssh runs as a local
+/// one does. Local ranks inherit them anyway.
+pub fn forwarded_env() -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| {
+            k == "PYTHONPATH" || k == "PYTHONUNBUFFERED" || k.starts_with("STALLSCOPE_")
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `value` as one word of a remote shell's command line (ssh joins its arguments with spaces
+/// and hands them to the remote shell): as it is when it holds only characters no shell
+/// treats specially, else single-quoted.
+fn shell_word(value: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:,=@%+".contains(c);
+    if !value.is_empty() && value.chars().all(plain) {
+        value.to_string()
+    } else {
+        format!("'{}'", value.replace('\'', "'\\''"))
+    }
+}
+
 /// Expands the prefix template for one process: `{node}`, `{node_rank}`, `{nnodes}`,
 /// `{rank}`, `{local_rank}` in any word, and a word `{env}` into one `KEY=VALUE` word per
-/// variable (for launchers such as ssh that do not pass the environment on).
-fn expand(template: &str, node: &str, p: &Placement, nnodes: usize) -> Vec<String> {
+/// variable, torchrun's and `forwarded`'s (for launchers such as ssh that do not pass the
+/// environment on; through `ssh` each value is quoted for the remote shell).
+fn expand(
+    template: &str,
+    node: &str,
+    p: &Placement,
+    nnodes: usize,
+    forwarded: &[(String, String)],
+) -> Vec<String> {
+    let through_shell = template.split_whitespace().next() == Some("ssh");
     let mut out = Vec::new();
     for word in template.split_whitespace() {
         if word == "{env}" {
-            out.extend(p.env.iter().map(|(k, v)| format!("{k}={v}")));
+            let torchrun = p.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            let extra = forwarded
+                .iter()
+                .filter(|(k, _)| !p.env.iter().any(|(e, _)| e == k))
+                .map(|(k, v)| (k.as_str(), v.as_str()));
+            out.extend(torchrun.chain(extra).map(|(k, v)| {
+                if through_shell {
+                    format!("{k}={}", shell_word(v))
+                } else {
+                    format!("{k}={v}")
+                }
+            }));
             continue;
         }
         out.push(
@@ -62,8 +107,13 @@ fn expand(template: &str, node: &str, p: &Placement, nnodes: usize) -> Vec<Strin
     out
 }
 
-/// Where every process goes, with its environment and command line.
-pub fn plan(args: &LaunchArgs, master_port: u16) -> anyhow::Result<Vec<Placement>> {
+/// Where every process goes, with its environment and command line; `forwarded` is what
+/// `{env}` carries besides torchrun's variables ([`forwarded_env`]).
+pub fn plan(
+    args: &LaunchArgs,
+    master_port: u16,
+    forwarded: &[(String, String)],
+) -> anyhow::Result<Vec<Placement>> {
     if args.nproc_per_node == 0 {
         bail!("--nproc-per-node must be at least 1");
     }
@@ -108,7 +158,7 @@ pub fn plan(args: &LaunchArgs, master_port: u16) -> anyhow::Result<Vec<Placement
                 env,
                 argv: Vec::new(),
             };
-            p.argv = expand(&args.node_launch, node, &p, nodes.len());
+            p.argv = expand(&args.node_launch, node, &p, nodes.len(), forwarded);
             p.argv.extend(args.command.iter().cloned());
             out.push(p);
         }
@@ -131,7 +181,7 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
         Some(p) => p,
         None => free_port()?,
     };
-    let placements = plan(&args, port)?;
+    let placements = plan(&args, port, &forwarded_env())?;
     let mut children: Vec<(Placement, Child)> = Vec::new();
     for p in placements {
         let mut command = Command::new(&p.argv[0]);
@@ -205,7 +255,7 @@ mod tests {
 
     #[test]
     fn one_node_gets_torchrun_environment() {
-        let p = plan(&args(&[], ""), 29500).unwrap();
+        let p = plan(&args(&[], ""), 29500, &[]).unwrap();
         assert_eq!(p.len(), 2);
         assert_eq!(p[1].argv, vec!["python3", "train.py"]);
         assert_eq!(env(&p[1], "RANK"), "1");
@@ -217,7 +267,7 @@ mod tests {
 
     #[test]
     fn nodes_get_ranks_in_order_and_an_expanded_prefix() {
-        let p = plan(&args(&["nsa", "nsb"], "ssh {node} env {env}"), 1234).unwrap();
+        let p = plan(&args(&["nsa", "nsb"], "ssh {node} env {env}"), 1234, &[]).unwrap();
         assert_eq!(p.len(), 4);
         assert_eq!(env(&p[3], "RANK"), "3");
         assert_eq!(env(&p[3], "LOCAL_RANK"), "1");
@@ -229,13 +279,66 @@ mod tests {
         assert_eq!(p[3].argv.last().unwrap(), "train.py");
     }
 
+    /// Issue 17, item 11: a rank started through ssh gets the hook's path and every
+    /// stallscope setting, quoted for the remote shell; a launcher without a shell gets them
+    /// as they are.
+    #[test]
+    fn env_carries_the_hook_and_stallscope_settings_to_remote_ranks() {
+        let forwarded = vec![
+            (
+                "PYTHONPATH".to_string(),
+                "/tmp/ss run/site:/tmp/ss run/pkg".to_string(),
+            ),
+            ("STALLSCOPE_MAX_ITERS".to_string(), "20".to_string()),
+            (
+                "STALLSCOPE_SOCKET".to_string(),
+                "/tmp/ss/markers.sock".to_string(),
+            ),
+            ("STALLSCOPE_SYNTHETIC".to_string(), "it's".to_string()),
+        ];
+        let p = plan(&args(&["a", "b"], "ssh {node} env {env}"), 1, &forwarded).unwrap();
+        let argv = &p[2].argv;
+        assert!(argv.contains(&"RANK=2".to_string()));
+        assert!(
+            argv.contains(&"PYTHONPATH='/tmp/ss run/site:/tmp/ss run/pkg'".to_string()),
+            "{argv:?}"
+        );
+        assert!(argv.contains(&"STALLSCOPE_MAX_ITERS=20".to_string()));
+        assert!(argv.contains(&"STALLSCOPE_SOCKET=/tmp/ss/markers.sock".to_string()));
+        assert!(
+            argv.contains(&"STALLSCOPE_SYNTHETIC='it'\\''s'".to_string()),
+            "{argv:?}"
+        );
+        // Through `sh -c`, as the remote side would, the words come back as they were.
+        let line = argv[3..argv.len() - 2].join(" ");
+        let out = std::process::Command::new("sh")
+            .args(["-c", &format!("env -i {line} env")])
+            .output()
+            .unwrap();
+        let env = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            env.contains("PYTHONPATH=/tmp/ss run/site:/tmp/ss run/pkg\n"),
+            "{env}"
+        );
+        assert!(env.contains("STALLSCOPE_SYNTHETIC=it's\n"), "{env}");
+        let p = plan(
+            &args(&["a", "b"], "ip netns exec {node} env {env}"),
+            1,
+            &forwarded,
+        )
+        .unwrap();
+        assert!(p[2]
+            .argv
+            .contains(&"PYTHONPATH=/tmp/ss run/site:/tmp/ss run/pkg".to_string()));
+    }
+
     #[test]
     fn several_nodes_need_a_prefix_and_an_address() {
-        let e = plan(&args(&["a", "b"], ""), 1).unwrap_err();
+        let e = plan(&args(&["a", "b"], ""), 1, &[]).unwrap_err();
         assert!(e.to_string().contains("--node-launch"), "{e}");
         let mut a = args(&["a", "b"], "ip netns exec {node}");
         a.master_addr = None;
-        let e = plan(&a, 1).unwrap_err();
+        let e = plan(&a, 1, &[]).unwrap_err();
         assert!(e.to_string().contains("--master-addr"), "{e}");
     }
 }

@@ -155,6 +155,13 @@ fn validate(args: &ExperimentArgs) -> anyhow::Result<()> {
         if args.node_launch.is_none() || args.master_addr.is_none() {
             bail!("--nodes needs --node-launch (e.g. 'ip netns exec {{node}}' or 'ssh {{node}} env {{env}}') and --master-addr (the first node's address)");
         }
+        if args
+            .node_launch
+            .as_deref()
+            .is_some_and(|l| l.split_whitespace().next() == Some("ssh"))
+        {
+            eprintln!("stallscope experiment: through ssh, the other nodes must see the hook at the same path (a shared file system, as they see the dataset), and the page cache is emptied on this node only: the cold-cache runs (R2, R3) are cold here, and warm wherever the other nodes cached the dataset");
+        }
     }
     Ok(())
 }
