@@ -31,6 +31,8 @@ synthetic = os.environ.get("STALLSCOPE_SYNTHETIC", "0") == "1"
 max_iters = _int_env("STALLSCOPE_MAX_ITERS")
 
 _steps = 0
+# Batches replayed so far (the hook's iteration rule counts them as the loader's).
+replayed = 0
 # DataLoader → the batch it replays.
 _batches = weakref.WeakKeyDictionary()
 
@@ -73,10 +75,12 @@ class Replay:
         return self
 
     def __next__(self):
+        global replayed
         if self.left is not None:
             if self.left <= 0:
                 raise StopIteration
             self.left -= 1
+        replayed += 1
         return self.batch
 
     def __len__(self):

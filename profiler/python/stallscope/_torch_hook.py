@@ -4,7 +4,12 @@
 training script sends the markers stallscope attributes iterations with:
 
 * ``data``: the loop waits in ``DataLoader.__iter__`` / ``__next__`` for the next batch;
-* ``S``: the optimizer's ``step()`` returned, which is where an iteration ends;
+* ``S``: the optimizer's ``step()`` returned, which is where an iteration ends — at most once
+  per backward pass and per batch: a second optimizer stepping on the same gradients (Muon
+  with AdamW) or a second model's step on the same batch (a GAN's generator after its
+  discriminator) ends no iteration; a step AMP's ``GradScaler`` skipped (inf or NaN
+  gradients) still does, when ``scaler.step()`` returns; gradient accumulation (several
+  backward passes, under DDP's ``no_sync``, per optimizer step) is one iteration per step;
 * ``comm``: the *exposed* part of DDP's gradient all-reduce, from the moment the last gradient
   bucket became ready until ``backward()`` returns (all-reduce overlapped with the rest of the
   backward pass cost no wall time and is compute), and DDP's blocking buffer broadcast at the
@@ -46,6 +51,20 @@ _overlaps = []
 # True while an outermost backward() runs; reentrant backward (checkpointing) runs on other
 # threads too, so this is process-wide rather than thread-local.
 _in_backward = False
+# What the iteration-end rule (_ends_iteration) reads: backward passes and DataLoader batches
+# since the last iteration ended, whether any backward was ever seen, whether the last
+# iteration had a batch, steps refused in a row, and iteration ends so far.
+_backwards = 0
+_backward_seen = False
+_batches = 0
+_last_had_batch = False
+_refused = 0
+_ends = 0
+# Batches the experiment's synthetic loader had replayed when the last iteration ended.
+_replayed_at_end = 0
+# Steps refused in a row after which the rule gives way: a loop that trains without
+# autograd.backward (torch.autograd.grad) or without the loader it once used.
+_MAX_REFUSED = 8
 
 
 def install():
@@ -62,6 +81,7 @@ def install():
         _patch_dataloader,
         _patch_worker_loop,
         _patch_optimizer,
+        _patch_grad_scaler,
         _patch_ddp,
         _patch_backward,
         _patch_init_process_group,
@@ -153,6 +173,8 @@ def _patch_dataloader(torch):
                     batch = iter_next(self)
             finally:
                 _cuda_timing.on_data_end()
+            global _batches
+            _batches += 1
             if not getattr(self, "_stallscope_sized", False):
                 _batch_meta(self, batch, torch)
             return batch
@@ -237,6 +259,40 @@ def _patch_worker_loop(torch):
 # --- Optimizer: the iteration boundary ----------------------------------------------------
 
 
+def _ends_iteration():
+    """Whether a step now ends an iteration: a backward pass ran since the last end (when
+    backward passes are seen at all), and a batch came since (when the last iteration had one).
+    After ``_MAX_REFUSED`` refusals in a row the rule gives way, and says no more."""
+    global _refused, _backward_seen, _last_had_batch
+    no_backward = _backward_seen and _backwards == 0
+    no_batch = _last_had_batch and _batches + _experiment.replayed == _replayed_at_end
+    if not (no_backward or no_batch):
+        return True
+    _refused += 1
+    if _refused < _MAX_REFUSED:
+        return False
+    _backward_seen = False
+    _last_had_batch = False
+    return True
+
+
+def _end_iteration():
+    """Ends the iteration, if the rule says this step does (see ``_ends_iteration``)."""
+    global _backwards, _batches, _last_had_batch, _refused, _ends, _replayed_at_end
+    if not _ends_iteration():
+        return
+    _last_had_batch = _batches + _experiment.replayed > _replayed_at_end
+    _backwards = 0
+    _batches = 0
+    _replayed_at_end = _experiment.replayed
+    _refused = 0
+    _ends += 1
+    iteration = stallscope._iter
+    stallscope.step()
+    _cuda_timing.on_step(iteration)
+    _experiment.after_step()
+
+
 def _patch_optimizer(torch):
     optimizer = torch.optim.Optimizer
     init = optimizer.__init__
@@ -274,13 +330,49 @@ def _wrap_step(cls):
             result = step(*args, **kwargs)
         finally:
             _step_guard.active = False
-        iteration = stallscope._iter
-        stallscope.step()
-        _cuda_timing.on_step(iteration)
-        _experiment.after_step()
+        try:
+            _end_iteration()
+        except Exception:
+            pass
         return result
 
     cls.step = _mark(wrapper)
+
+
+def _patch_grad_scaler(torch):
+    """``GradScaler.step`` skips ``optimizer.step()`` when the gradients hold inf or NaN:
+    the iteration still ends, when ``scaler.step()`` returns."""
+    classes = []
+    for path in ("amp", "cuda.amp"):
+        mod = torch
+        try:
+            for part in path.split("."):
+                mod = getattr(mod, part)
+            cls = getattr(mod, "GradScaler")
+        except AttributeError:
+            continue
+        if cls not in classes:
+            classes.append(cls)
+    for cls in classes:
+        step = cls.__dict__.get("step")
+        if step is None or _marked(step):
+            continue
+
+        def make(step):
+            @functools.wraps(step)
+            def wrapper(*args, **kwargs):
+                before = _ends
+                result = step(*args, **kwargs)
+                try:
+                    if _ends == before and not getattr(_step_guard, "active", False):
+                        _end_iteration()
+                except Exception:
+                    pass
+                return result
+
+            return _mark(wrapper)
+
+        cls.step = make(step)
 
 
 # --- DDP: exposed gradient communication --------------------------------------------------
@@ -430,6 +522,7 @@ def _patch_backward(torch):
         global _in_backward
         if _in_backward:
             return backward(*args, **kwargs)
+        global _backwards, _backward_seen
         start = _monotonic_ns()
         _in_backward = True
         _reset_buckets()
@@ -437,6 +530,8 @@ def _patch_backward(torch):
             return backward(*args, **kwargs)
         finally:
             _in_backward = False
+            _backwards += 1
+            _backward_seen = True
             ready = _last_bucket_ns
             if ready >= start:
                 stallscope.begin("comm", ready)

@@ -133,6 +133,98 @@ EXPERIMENT = """
 """
 
 
+# Issue 17, item 4: what ends an iteration. Each loop runs 6 batches, except accumulation's
+# 12; each prints how many iterations it means.
+TWO_OPTIMIZERS = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    muon_like = torch.optim.SGD(model[0].parameters(), lr=0.01, momentum=0.9)
+    adamw = torch.optim.AdamW(model[1].parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(48, 8), torch.randint(0, 2, (48,)))
+    for x, y in DataLoader(data, batch_size=8):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        muon_like.zero_grad(); adamw.zero_grad()
+        loss.backward()
+        muon_like.step()
+        adamw.step()
+    print("iterations", 6)
+"""
+
+GAN = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    gen, disc = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+    g_opt = torch.optim.Adam(gen.parameters(), lr=1e-3)
+    d_opt = torch.optim.Adam(disc.parameters(), lr=1e-3)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    data = TensorDataset(torch.randn(48, 8))
+    for (real,) in DataLoader(data, batch_size=8):
+        fake = gen(torch.randn(8, 4))
+        d_loss = bce(disc(real), torch.ones(8, 1)) + bce(disc(fake.detach()), torch.zeros(8, 1))
+        d_opt.zero_grad(); d_loss.backward(); d_opt.step()
+        g_loss = bce(disc(fake), torch.ones(8, 1))
+        g_opt.zero_grad(); g_loss.backward(); g_opt.step()
+    print("iterations", 6)
+"""
+
+SKIPPED_BY_SCALER = """
+    import collections
+    import torch
+    from torch.cuda.amp import GradScaler
+    from torch.cuda.amp.grad_scaler import OptState
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # GradScaler's own step() on CPU: the state its unscale_() leaves (no CUDA here to run
+    # it), with inf found in batches 1, 2 and 4, whose optimizer.step() it then skips.
+    scaler = GradScaler(enabled=False)
+    scaler._enabled = True
+    scaler._scale = torch.tensor(1.0)
+    scaler._growth_tracker = torch.tensor(0)
+    scaler._per_optimizer_states = collections.defaultdict(dict)
+    stepped = []
+    data = TensorDataset(torch.randn(48, 8), torch.randint(0, 2, (48,)))
+    for i, (x, y) in enumerate(DataLoader(data, batch_size=8)):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        state = scaler._per_optimizer_states[id(opt)]
+        state["stage"] = OptState.UNSCALED
+        state["found_inf_per_device"] = {"cpu": torch.tensor(1.0 if i in (1, 2, 4) else 0.0)}
+        before = model.weight.detach().clone()
+        scaler.step(opt)
+        stepped.append(not torch.equal(before, model.weight))
+        scaler._per_optimizer_states.clear()
+    assert stepped == [True, False, False, True, False, True], stepped
+    print("iterations", 6)
+"""
+
+ACCUMULATION = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(96, 8), torch.randint(0, 2, (96,)))
+    for i, (x, y) in enumerate(DataLoader(data, batch_size=8)):
+        if i % 2 == 0:
+            with model.no_sync():
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            continue
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+    print("iterations", 6)
+"""
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -248,6 +340,22 @@ class TorchHookTest(unittest.TestCase):
             self.assertEqual(m.fields["role"], "loader")
             self.assertEqual(m.fields["parent"], str(main_pid))
         self.assertEqual(sorted(m.fields["worker"] for m in loaders), ["0", "1"])
+
+    def test_an_iteration_ends_once_per_backward_pass_and_batch(self):
+        # Issue 17, item 4: two optimizers on one backward, a GAN's two models on one batch,
+        # steps GradScaler skipped, and gradient accumulation each give one iteration per
+        # batch (per optimizer step for accumulation), numbered without gaps.
+        for name, script in (
+            ("two optimizers", TWO_OPTIMIZERS),
+            ("GAN", GAN),
+            ("GradScaler skips", SKIPPED_BY_SCALER),
+            ("accumulation", ACCUMULATION),
+        ):
+            with self.subTest(name):
+                stdout, stderr, markers = self.run_script(script)
+                want = int(stdout.split("iterations ")[1].split()[0])
+                steps = [m for m in markers if m.event == "S"]
+                self.assertEqual([m.iter for m in steps], list(range(want)), stderr)
 
     def test_cuda_events_frame_every_data_wait_and_each_step(self):
         stdout, _, _ = self.run_script(TIMED)
