@@ -113,6 +113,11 @@ impl Discovery {
         }
     }
 
+    /// Whether process `pid` was there at the last [`Discovery::refresh`].
+    pub fn is_alive(&self, pid: u32) -> bool {
+        self.known.contains_key(&pid)
+    }
+
     /// Sets further roots whose subtrees are part of the job (replacing earlier ones).
     pub fn set_extra_roots(&mut self, roots: Vec<u32>) {
         self.extra_roots = roots;
@@ -247,6 +252,19 @@ mod tests {
             (odd.pid, odd.ppid, odd.comm.as_str(), odd.starttime),
             (6931, 6929, "w (x) y", 27586)
         );
+    }
+
+    /// Issue 17, item 2: the sampler forgets a marker sender's root once its process is gone.
+    #[test]
+    fn a_process_is_alive_until_a_refresh_no_longer_finds_it() {
+        let fake = fake_tree();
+        let mut discovery = Discovery::new(fake.roots.proc.clone(), 6927);
+        discovery.refresh().unwrap();
+        assert!(discovery.is_alive(6933));
+        assert!(!discovery.is_alive(1), "no such process here");
+        std::fs::remove_dir_all(fake.roots.proc.join("6933")).unwrap();
+        discovery.refresh().unwrap();
+        assert!(!discovery.is_alive(6933));
     }
 
     #[test]

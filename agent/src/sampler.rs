@@ -365,6 +365,13 @@ impl Sampler {
                 return Ok(());
             }
         };
+        // A sender's root lasts as long as its process: a pid the kernel reuses later is not
+        // sampled unless it sends markers itself.
+        if let Some(extra) = &self.config.extra_roots {
+            if let Ok(mut roots) = extra.lock() {
+                roots.retain(|pid| self.discovery.is_alive(*pid));
+            }
+        }
         if !self.discovery_up {
             self.discovery_up = true;
             let status = SourceStatus {
