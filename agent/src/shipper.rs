@@ -311,18 +311,32 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin,
 {
-    let hello = AgentMsg::Hello(Hello {
-        protocol: PROTOCOL_VERSION,
-        token: config.token.clone(),
-        node: config.node.clone(),
-        agent_version: env!("CARGO_PKG_VERSION").into(),
-    });
     let io = |e: std::io::Error| format!("connection lost ({e})");
-    w.write_all(&wire::encode(&hello)).await.map_err(io)?;
-
     let offset = config.clock_offset_ns;
     let (reader, mut rx) = spawn_reader(r, offset);
     let result = async {
+        // The collector speaks first: a nonce, which the Hello answers with the proof that
+        // this agent holds the token (the token itself is never sent).
+        let nonce = match rx.recv().await {
+            Some(Ok((CollectorMsg::Challenge { nonce }, _))) => nonce,
+            Some(Ok((CollectorMsg::Refused { reason }, _))) => {
+                return Err(ConnectionEnd::Refused(reason))
+            }
+            Some(Ok(_)) => {
+                return Err(ConnectionEnd::Lost(
+                    "the collector did not open with a challenge: is it the same stallscope version as this agent?".into(),
+                ))
+            }
+            Some(Err(e)) => return Err(ConnectionEnd::Lost(e)),
+            None => return Err(ConnectionEnd::Lost("connection lost".into())),
+        };
+        let hello = AgentMsg::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            proof: wire::prove(&config.token, &nonce),
+            node: config.node.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+        });
+        w.write_all(&wire::encode(&hello)).await.map_err(io)?;
         let mut welcomed = false;
         let mut sent_upto: Option<u64> = None;
         let mut poll = tokio::time::interval(Duration::from_millis(50));
@@ -355,6 +369,9 @@ where
                         }
                         (CollectorMsg::Feed { .. }, _) => {
                             return Err(ConnectionEnd::Lost("the collector sent a viewer's feed to an agent".into()));
+                        }
+                        (CollectorMsg::Challenge { .. }, _) => {
+                            return Err(ConnectionEnd::Lost("the collector challenged twice".into()));
                         }
                     }
                 }
@@ -428,10 +445,17 @@ mod tests {
             let shared = shared.clone();
             tokio::spawn(async move { converse(ar, aw, &shared, &config()).await })
         };
+        let nonce = vec![9u8; wire::NONCE_BYTES];
+        cw.write_all(&wire::encode(&CollectorMsg::Challenge {
+            nonce: nonce.clone(),
+        }))
+        .await
+        .unwrap();
         let AgentMsg::Hello(h) = read_agent(&mut cr).await else {
-            panic!("a Hello first")
+            panic!("a Hello answers the challenge")
         };
         assert_eq!((h.node.as_str(), h.protocol), ("node-a", PROTOCOL_VERSION));
+        assert!(wire::verify("t", &nonce, &h.proof), "it proves the token");
         cw.write_all(&wire::encode(&CollectorMsg::Ping { t1: 7 }))
             .await
             .unwrap();
@@ -477,6 +501,10 @@ mod tests {
             reason: "wrong token".into(),
         };
         let collector_side = async move {
+            let challenge = CollectorMsg::Challenge {
+                nonce: vec![1; wire::NONCE_BYTES],
+            };
+            cw.write_all(&wire::encode(&challenge)).await.unwrap();
             let _ = read_agent(&mut cr).await;
             cw.write_all(&wire::encode(&refused)).await.unwrap();
             (cr, cw)

@@ -5,8 +5,10 @@
 //! allocate more than that; a message that does not decode ends that one connection with a
 //! [`CollectorMsg::Refused`] that says why, and nothing else.
 //!
-//! A connection goes: the agent's [`Hello`] (protocol version, token, node name) → the
-//! collector's clock exchanges ([`CollectorMsg::Ping`] / [`AgentMsg::Pong`], NTP's four
+//! A connection goes: the collector's [`CollectorMsg::Challenge`] (a fresh random nonce) →
+//! the agent's [`Hello`] (protocol version, node name, and the proof that it holds the token:
+//! HMAC-SHA256 of the nonce keyed with the token, [`prove`]; the token itself never crosses
+//! the network) → the collector's clock exchanges ([`CollectorMsg::Ping`] / [`AgentMsg::Pong`], NTP's four
 //! timestamps) → [`CollectorMsg::Welcome`] or [`CollectorMsg::Refused`] → records, each with
 //! the agent's sequence number, acknowledged by [`CollectorMsg::Ack`] once the collector has
 //! written them to its profile; pings go on every few seconds to follow drift. The agent keeps
@@ -15,7 +17,8 @@
 //! collector drops records it has already seen (by node, rank and iteration).
 //!
 //! The Hello puts the protocol version first, so a collector can name the version of an agent
-//! it cannot otherwise understand.
+//! it cannot otherwise understand. Until an agent is welcomed, the collector reads messages of
+//! at most [`MAX_PREAUTH`] bytes: a stranger cannot make it allocate more than that.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -27,11 +30,19 @@ use crate::Nanos;
 /// CUDA-event evidence (`Basis::Gpu*` beyond `H2dPcieBytes`), which version 1 cannot decode.
 /// 3: iterations travel as [`Frame::NodeReport`], with the rank's GPU readings. 4: agents also
 /// send their node's resources ([`Frame::NodeResources`]). 5: and their GPUs' names
-/// ([`Frame::NodeGpus`]) and bytes per NIC ([`Frame::NodeNics`]).
-pub const PROTOCOL_VERSION: u16 = 5;
+/// ([`Frame::NodeGpus`]) and bytes per NIC ([`Frame::NodeNics`]). 6: the collector challenges,
+/// the agent proves it holds the token ([`prove`]) instead of sending it.
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// bytes, the largest message either side accepts (1 MiB).
 pub const MAX_MESSAGE: u32 = 1 << 20;
+
+/// bytes, the largest message the collector reads from a peer it has not welcomed yet (a
+/// Hello, a clock answer).
+pub const MAX_PREAUTH: u32 = 4 << 10;
+
+/// bytes of a challenge's nonce.
+pub const NONCE_BYTES: usize = 32;
 
 /// TCP port the collector listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7571;
@@ -41,8 +52,9 @@ pub const DEFAULT_PORT: u16 = 7571;
 pub struct Hello {
     /// [`PROTOCOL_VERSION`] of the agent. First, so that it decodes whatever follows.
     pub protocol: u16,
-    /// The shared token (empty when the agent has none).
-    pub token: String,
+    /// HMAC-SHA256 of the collector's nonce keyed with the shared token ([`prove`]); empty
+    /// when the agent has no token.
+    pub proof: Vec<u8>,
     /// The node's name (host name unless given).
     pub node: String,
     /// stallscope version of the agent.
@@ -109,6 +121,34 @@ pub enum CollectorMsg {
         /// Whether the line ends here.
         last: bool,
     },
+    /// First message of every connection: the nonce the Hello's proof answers. Last, so
+    /// that the other variants keep their tags.
+    Challenge {
+        /// [`NONCE_BYTES`] random bytes, fresh per connection.
+        nonce: Vec<u8>,
+    },
+}
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// The proof that the sender holds `token`: HMAC-SHA256 of `nonce` keyed with it. Empty
+/// without a token.
+pub fn prove(token: &str, nonce: &[u8]) -> Vec<u8> {
+    use hmac::Mac;
+    if token.is_empty() {
+        return Vec::new();
+    }
+    let mut mac = HmacSha256::new_from_slice(token.as_bytes()).expect("HMAC takes any key");
+    mac.update(nonce);
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// Whether `proof` proves `token` for `nonce`, compared in constant time.
+pub fn verify(token: &str, nonce: &[u8], proof: &[u8]) -> bool {
+    use hmac::Mac;
+    let mut mac = HmacSha256::new_from_slice(token.as_bytes()).expect("HMAC takes any key");
+    mac.update(nonce);
+    mac.verify_slice(proof).is_ok()
 }
 
 /// bytes of a feed line per [`CollectorMsg::Feed`] message: a snapshot of a large job is
@@ -118,9 +158,15 @@ pub const FEED_PART: usize = 256 * 1024;
 /// Why a message could not be framed or read.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
-    /// The length prefix is over [`MAX_MESSAGE`].
-    #[error("a message of {0} bytes is over the {MAX_MESSAGE}-byte limit")]
-    TooLarge(u32),
+    /// The length prefix is over the limit (`MAX_MESSAGE`, or `MAX_PREAUTH` before a peer is
+    /// welcomed).
+    #[error("a message of {len} bytes is over the {max}-byte limit")]
+    TooLarge {
+        /// bytes announced.
+        len: u32,
+        /// bytes allowed.
+        max: u32,
+    },
     /// The payload is not a message of this protocol.
     #[error("malformed message ({0})")]
     Malformed(#[from] postcard::Error),
@@ -137,9 +183,14 @@ pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
 
 /// The payload length a prefix announces, refused when over [`MAX_MESSAGE`].
 pub fn payload_len(prefix: [u8; 4]) -> Result<usize, WireError> {
+    payload_len_within(prefix, MAX_MESSAGE)
+}
+
+/// The payload length a prefix announces, refused when over `max` bytes.
+pub fn payload_len_within(prefix: [u8; 4], max: u32) -> Result<usize, WireError> {
     let len = u32::from_be_bytes(prefix);
-    if len > MAX_MESSAGE {
-        return Err(WireError::TooLarge(len));
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
     }
     Ok(len as usize)
 }
@@ -166,7 +217,7 @@ mod tests {
     fn hello(protocol: u16) -> AgentMsg {
         AgentMsg::Hello(Hello {
             protocol,
-            token: "t".into(),
+            proof: prove("t", &[1; NONCE_BYTES]),
             node: "n".into(),
             agent_version: "0".into(),
         })
@@ -185,6 +236,34 @@ mod tests {
     fn an_oversized_length_is_refused_before_any_allocation() {
         let err = payload_len((MAX_MESSAGE + 1).to_be_bytes()).unwrap_err();
         assert!(err.to_string().contains("over the"), "{err}");
+    }
+
+    /// Issue 17, item 3: the token never crosses the network; a proof answers one nonce only.
+    #[test]
+    fn a_proof_shows_the_token_without_giving_it() {
+        let (a, b) = ([1u8; NONCE_BYTES], [2u8; NONCE_BYTES]);
+        let proof = prove("s3cret-token", &a);
+        assert_eq!(proof.len(), 32);
+        assert!(verify("s3cret-token", &a, &proof));
+        assert!(
+            !verify("s3cret-token", &b, &proof),
+            "replayed for another nonce"
+        );
+        assert!(!verify("guess", &a, &proof));
+        assert!(!verify("s3cret-token", &a, &[]));
+        let hello = encode(&AgentMsg::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            proof,
+            node: "n".into(),
+            agent_version: "0".into(),
+        }));
+        assert!(!hello.windows(12).any(|w| w == b"s3cret-token"));
+        assert!(prove("", &a).is_empty(), "no token, no proof");
+        let err = payload_len_within(4097u32.to_be_bytes(), MAX_PREAUTH).unwrap_err();
+        assert!(
+            err.to_string().contains("over the 4096-byte limit"),
+            "{err}"
+        );
     }
 
     #[test]

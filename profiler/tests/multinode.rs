@@ -228,11 +228,12 @@ fn agents_stream_to_a_collector_across_namespaces_through_refusals_and_a_restart
             && log_has(&d("collector1.log"), "node node-b joined")
             && log_has(&d("collector1.log"), "wrong token")
     }));
-    // A client that speaks no stallscope is told so, and nobody else notices.
+    // A client that speaks no stallscope is told so (after the challenge every connection
+    // opens with), and nobody else notices.
     let garbage = Command::new("ip")
         .args(["netns", "exec", &na, &python(), "-c"])
         .arg(format!(
-            "import socket; s=socket.create_connection(('10.77.{net}.3',7571),5); s.sendall(b'\\x00\\x00\\x00\\x08GARBAGE!'); s.settimeout(5); print(s.recv(4096))"
+            "import socket; s=socket.create_connection(('10.77.{net}.3',7571),5); s.sendall(b'\\x00\\x00\\x00\\x08GARBAGE!'); s.settimeout(5); print(b''.join(iter(lambda: s.recv(4096), b'')))"
         ))
         .output()
         .unwrap();

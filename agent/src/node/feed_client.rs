@@ -103,16 +103,30 @@ impl FeedClient {
             at: at.clone(),
             source,
         };
-        let mut stream = TcpStream::connect(addr).map_err(io)?;
+        let stream = TcpStream::connect(addr).map_err(io)?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        let mut reader = BufReader::new(stream);
+        // The collector speaks first: a nonce, answered with the proof of the token.
+        let nonce = match read_msg(&mut reader, &at)? {
+            CollectorMsg::Challenge { nonce } => nonce,
+            CollectorMsg::Refused { reason } => return Err(FeedError::Refused { at, reason }),
+            other => {
+                return Err(FeedError::Malformed {
+                    at,
+                    what: format!("expected a challenge, got {other:?}"),
+                })
+            }
+        };
         let watch = AgentMsg::Watch(Hello {
             protocol: PROTOCOL_VERSION,
-            token: token.to_string(),
+            proof: wire::prove(token, &nonce),
             node: "viewer".into(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
         });
-        stream.write_all(&wire::encode(&watch)).map_err(io)?;
-        let mut reader = BufReader::new(stream);
+        reader
+            .get_mut()
+            .write_all(&wire::encode(&watch))
+            .map_err(io)?;
         match read_msg(&mut reader, &at)? {
             CollectorMsg::Welcome { .. } => {}
             CollectorMsg::Refused { reason } => return Err(FeedError::Refused { at, reason }),

@@ -5,6 +5,13 @@
 //! says why (and an [`Ingest::NodeDown`] for the job), and never touches another. Records go to
 //! the job task through a bounded channel, so a collector that falls behind slows its agents
 //! down through TCP instead of growing without bound; the agents buffer meanwhile.
+//!
+//! Before a peer is welcomed it is a stranger: it is sent a fresh nonce and must answer with a
+//! Hello proving it holds the token (HMAC of the nonce, [`wire::prove`]), so the token never
+//! crosses the network; its messages may be at most [`wire::MAX_PREAUTH`] bytes, so it cannot
+//! make the collector allocate more; and at most [`MAX_STRANGERS`] are served at once: more are
+//! closed as they come, so a flood of idle connections cannot starve the real agents (each
+//! stranger has [`ServerConfig::handshake_timeout`] to become an agent).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +36,9 @@ use viewer::watch;
 /// How long the server waits after a failed accept (no file descriptor left) before it tries
 /// again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Connections not welcomed yet served at once; more are closed as they come.
+pub const MAX_STRANGERS: usize = 64;
 
 /// How the server behaves.
 #[derive(Clone, Debug)]
@@ -106,12 +116,29 @@ impl From<WireError> for ConnError {
 
 /// Reads one message's payload.
 async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Result<(), ConnError> {
+    read_payload_within(r, buf, wire::MAX_MESSAGE).await
+}
+
+/// Reads one message's payload of at most `max` bytes; a longer one is refused before
+/// anything is allocated for it.
+async fn read_payload_within<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: u32,
+) -> Result<(), ConnError> {
     let mut prefix = [0u8; 4];
     r.read_exact(&mut prefix).await?;
-    let len = wire::payload_len(prefix)?;
+    let len = wire::payload_len_within(prefix, max)?;
     buf.resize(len, 0);
     r.read_exact(buf).await?;
     Ok(())
+}
+
+/// A fresh nonce for one connection's challenge.
+fn nonce() -> std::io::Result<Vec<u8>> {
+    let mut n = vec![0u8; wire::NONCE_BYTES];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut n)?;
+    Ok(n)
 }
 
 async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &CollectorMsg) -> std::io::Result<()> {
@@ -127,8 +154,12 @@ enum Peer {
     Viewer,
 }
 
-/// Checks an agent's (or a viewer's) first message.
-fn check_hello(payload: &[u8], token: Option<&str>) -> Result<(Hello, Peer), ConnError> {
+/// Checks an agent's (or a viewer's) first message, the answer to the challenge `nonce`.
+fn check_hello(
+    payload: &[u8],
+    token: Option<&str>,
+    nonce: &[u8],
+) -> Result<(Hello, Peer), ConnError> {
     let (hello, peer) = match wire::decode::<AgentMsg>(payload) {
         Ok(AgentMsg::Hello(h)) => (h, Peer::Agent),
         Ok(AgentMsg::Watch(h)) => (h, Peer::Viewer),
@@ -148,12 +179,12 @@ fn check_hello(payload: &[u8], token: Option<&str>) -> Result<(Hello, Peer), Con
         )));
     }
     if let Some(expected) = token {
-        if hello.token.is_empty() {
+        if hello.proof.is_empty() {
             return Err(ConnError::Refused(
                 "this collector requires a token: give the agent --token-file".into(),
             ));
         }
-        if !constant_time_eq(hello.token.as_bytes(), expected.as_bytes()) {
+        if !wire::verify(expected, nonce, &hello.proof) {
             return Err(ConnError::Refused(
                 "wrong token: the agent's --token-file does not match the collector's".into(),
             ));
@@ -174,10 +205,6 @@ fn check_hello(payload: &[u8], token: Option<&str>) -> Result<(Hello, Peer), Con
     Ok((hello, peer))
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Accepts agents until `shutdown` turns true.
 pub async fn serve(
     listener: TcpListener,
@@ -186,6 +213,7 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let config = Arc::new(config);
+    let strangers = Arc::new(tokio::sync::Semaphore::new(MAX_STRANGERS));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -198,9 +226,15 @@ pub async fn serve(
                         continue;
                     }
                 };
+                let Ok(stranger) = strangers.clone().try_acquire_owned() else {
+                    drop(stream); // as many strangers as it serves: closed at once
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let (config, tx, shutdown) = (config.clone(), tx.clone(), shutdown.clone());
-                tokio::spawn(async move { connection(stream, peer, config, tx, shutdown).await });
+                tokio::spawn(async move {
+                    connection(stream, peer, config, tx, shutdown, stranger).await
+                });
             }
             _ = shutdown.changed() => break,
         }
@@ -213,6 +247,7 @@ async fn connection(
     config: Arc<ServerConfig>,
     tx: mpsc::Sender<Ingest>,
     shutdown: watch::Receiver<bool>,
+    stranger: tokio::sync::OwnedSemaphorePermit,
 ) {
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::with_capacity(64 * 1024, r);
@@ -226,6 +261,7 @@ async fn connection(
                         "no Hello and clock answers within the handshake time".into(),
                     )
                 })??;
+        drop(stranger);
         send(
             &mut w,
             &CollectorMsg::Welcome {
@@ -266,10 +302,18 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let nonce = nonce()?;
+    send(
+        w,
+        &CollectorMsg::Challenge {
+            nonce: nonce.clone(),
+        },
+    )
+    .await?;
     let mut buf = Vec::new();
-    let first = read_payload(r, &mut buf).await;
+    let first = read_payload_within(r, &mut buf, wire::MAX_PREAUTH).await;
     let hello = match first {
-        Ok(()) => check_hello(&buf, config.token.as_deref()),
+        Ok(()) => check_hello(&buf, config.token.as_deref(), &nonce),
         Err(e) => Err(e),
     };
     let (hello, peer) = match hello {
@@ -305,7 +349,7 @@ where
     for _ in 0..exchanges {
         let t1 = monotonic_ns();
         send(w, &CollectorMsg::Ping { t1 }).await?;
-        read_payload(r, &mut buf).await?;
+        read_payload_within(r, &mut buf, wire::MAX_PREAUTH).await?;
         let t4 = monotonic_ns();
         match wire::decode::<AgentMsg>(&buf)? {
             AgentMsg::Pong { t1: echo, t2, t3 } if echo == t1 => clock.add(t1, t2, t3, t4),
@@ -492,10 +536,15 @@ mod tests {
         wire::decode(&buf).expect("a collector message")
     }
 
-    fn hello(token: &str) -> Hello {
+    /// The Hello of an agent holding `token`, answering the server's challenge read from `r`.
+    async fn hello<R: AsyncRead + Unpin>(r: &mut R, token: &str) -> Hello {
+        let CollectorMsg::Challenge { nonce } = read_msg(r).await else {
+            panic!("the server speaks first, with a challenge")
+        };
+        assert_eq!(nonce.len(), wire::NONCE_BYTES);
         Hello {
             protocol: PROTOCOL_VERSION,
-            token: token.into(),
+            proof: wire::prove(token, &nonce),
             node: "node-a".into(),
             agent_version: "test".into(),
         }
@@ -516,7 +565,8 @@ mod tests {
         let (mut ar, mut aw) = split(agent);
         let config = config();
         let serving = tokio::spawn(async move { handshake(&mut sr, &mut sw, &config).await });
-        aw.write_all(&wire::encode(&AgentMsg::Hello(hello("secret"))))
+        let hello = hello(&mut ar, "secret").await;
+        aw.write_all(&wire::encode(&AgentMsg::Hello(hello)))
             .await
             .unwrap();
         for _ in 0..2 * BUCKET {
@@ -546,7 +596,8 @@ mod tests {
         let (mut ar, mut aw) = split(agent);
         let config = config();
         let serving = tokio::spawn(async move { handshake(&mut sr, &mut sw, &config).await });
-        aw.write_all(&wire::encode(&AgentMsg::Hello(hello("guess"))))
+        let hello = hello(&mut ar, "guess").await;
+        aw.write_all(&wire::encode(&AgentMsg::Hello(hello)))
             .await
             .unwrap();
         let CollectorMsg::Refused { reason } = read_msg(&mut ar).await else {
@@ -554,6 +605,106 @@ mod tests {
         };
         assert!(reason.contains("wrong token"), "{reason}");
         assert!(serving.await.unwrap().is_err());
+    }
+
+    /// Issue 17, item 3: a stranger's message over 4 KiB is refused from its length prefix,
+    /// before anything is allocated for it (the prefix announces 1 MiB; nothing follows).
+    #[tokio::test]
+    async fn a_strangers_large_message_is_refused_unread() {
+        let (server, agent) = duplex(64 * 1024);
+        let (mut sr, mut sw) = split(server);
+        let (mut ar, mut aw) = split(agent);
+        let config = config();
+        let serving = tokio::spawn(async move { handshake(&mut sr, &mut sw, &config).await });
+        let _ = read_msg(&mut ar).await; // the challenge
+        aw.write_all(&wire::MAX_MESSAGE.to_be_bytes())
+            .await
+            .unwrap();
+        let CollectorMsg::Refused { reason } = read_msg(&mut ar).await else {
+            panic!("refused")
+        };
+        assert!(reason.contains("over the 4096-byte limit"), "{reason}");
+        assert!(serving.await.unwrap().is_err());
+    }
+
+    /// Issue 17, item 3: strangers beyond [`MAX_STRANGERS`] are closed at once, and an agent
+    /// that comes once they time out is served; the token never crosses the wire.
+    #[tokio::test]
+    async fn idle_strangers_cannot_keep_an_agent_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let (_stop, shutdown) = watch::channel(false);
+        let config = ServerConfig {
+            sync_exchanges: 1,
+            handshake_timeout: Duration::from_secs(2),
+            ..config()
+        };
+        tokio::spawn(serve(listener, config, tx, shutdown));
+        let mut idle = Vec::new();
+        for _ in 0..MAX_STRANGERS {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let _ = read_msg(&mut s).await; // each is challenged, and says nothing
+            idle.push(s);
+        }
+        // One more stranger: closed at once, unchallenged.
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(1), extra.read(&mut byte))
+            .await
+            .expect("closed at once, not left waiting")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "closed");
+        // Once the idle ones time out (2 s), an agent is served (tried for up to 30 s, so a
+        // loaded machine's slower timers do not fail the test).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let (mut r, mut w, nonce) = loop {
+            assert!(tokio::time::Instant::now() < deadline, "never served");
+            let s = TcpStream::connect(addr).await.unwrap();
+            let (mut r, w) = s.into_split();
+            let first = tokio::time::timeout(Duration::from_secs(1), async {
+                let mut buf = Vec::new();
+                read_payload(&mut r, &mut buf).await.ok()?;
+                wire::decode::<CollectorMsg>(&buf).ok()
+            })
+            .await;
+            if let Ok(Some(CollectorMsg::Challenge { nonce })) = first {
+                break (r, w, nonce);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        let hello = AgentMsg::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            proof: wire::prove("secret", &nonce),
+            node: "node-a".into(),
+            agent_version: "test".into(),
+        });
+        let sent = wire::encode(&hello);
+        assert!(
+            !sent.windows(6).any(|x| x == b"secret"),
+            "the token is never sent"
+        );
+        w.write_all(&sent).await.unwrap();
+        let CollectorMsg::Ping { t1 } = read_msg(&mut r).await else {
+            panic!("a clock exchange")
+        };
+        let pong = AgentMsg::Pong { t1, t2: t1, t3: t1 };
+        w.write_all(&wire::encode(&pong)).await.unwrap();
+        assert!(matches!(
+            read_msg(&mut r).await,
+            CollectorMsg::Welcome { .. }
+        ));
+        let up = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(Ingest::NodeUp { node, .. }) = rx.recv().await {
+                    return node;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(up, "node-a");
+        drop(idle);
     }
 
     #[tokio::test]

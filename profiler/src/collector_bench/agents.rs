@@ -179,6 +179,9 @@ struct Conn {
     inbox: Vec<u8>,
     next_seq: u64,
     acked: u64,
+    /// The token its Hello proves, and its node name.
+    token: String,
+    node: String,
 }
 
 impl Conn {
@@ -220,6 +223,15 @@ impl Conn {
                 CollectorMsg::Ack { upto } => self.acked = self.acked.max(upto + 1),
                 CollectorMsg::Refused { reason } => return Err(format!("refused: {reason}")),
                 CollectorMsg::Feed { .. } => return Err("a viewer's feed sent to an agent".into()),
+                CollectorMsg::Challenge { nonce } => {
+                    let hello = AgentMsg::Hello(Hello {
+                        protocol: PROTOCOL_VERSION,
+                        proof: wire::prove(&self.token, &nonce),
+                        node: self.node.clone(),
+                        agent_version: env!("CARGO_PKG_VERSION").into(),
+                    });
+                    self.send(&hello).await?;
+                }
             }
         }
     }
@@ -245,14 +257,10 @@ async fn connect(index: usize, plan: &AgentPlan) -> Result<Conn, String> {
         inbox: Vec::with_capacity(256),
         next_seq: 0,
         acked: 0,
-    };
-    conn.send(&AgentMsg::Hello(Hello {
-        protocol: PROTOCOL_VERSION,
         token: plan.token.clone(),
         node: format!("sim-{index}"),
-        agent_version: env!("CARGO_PKG_VERSION").into(),
-    }))
-    .await?;
+    };
+    // The collector's challenge comes first; `handle` answers it with the Hello.
     loop {
         conn.read().await?;
         if conn.handle().await? {
