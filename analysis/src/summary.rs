@@ -117,12 +117,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         })
         .collect();
     let job_figures = figures(&job.summary.totals.job);
-    let workers = job
-        .node
-        .markers
-        .loops()
-        .filter_map(|m| m.info().workers)
-        .max();
+    let workers = job.node.markers.loader_workers();
     let finding = find(&FindingInput {
         job: &job_figures,
         ranks: &ranks,

@@ -2,7 +2,7 @@
 //! samples, and the attribution of their iterations. Each loop's progress is a typed
 //! [`RankProgress`]; when an iteration may be attributed is the [`Readiness`] policy's call.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::attribution::{
     attribute, CudaIteration, IterationBreakdown, IterationInput, Links, RankSeries, ThreadSeries,
@@ -42,12 +42,12 @@ pub struct NodeTimeline {
     pub markers: MarkerLog,
     /// Processes of the job, by pid (latest record).
     pub processes: BTreeMap<u32, ProcessInfo>,
-    /// Pids seen gone.
-    pub exited: BTreeSet<u32>,
+    /// Pids seen gone, with when (ns): kept until [`NodeTimeline::prune`] forgets them.
+    pub exited: BTreeMap<u32, Nanos>,
     /// Latest state per source.
     pub sources: BTreeMap<String, SourceStatus>,
     /// Progress per loop pid.
-    progress: BTreeMap<u32, RankProgress>,
+    pub(super) progress: BTreeMap<u32, RankProgress>,
     /// What the GPU did in each iteration of the last attribution round, by (rank,
     /// iteration): what an agent ships with the iteration. Cleared every round.
     round_gpu: HashMap<(u32, u64), NvmlReading>,
@@ -65,8 +65,8 @@ impl NodeTimeline {
                 self.exited.remove(&p.pid);
                 self.processes.insert(p.pid, p.clone());
             }
-            Frame::ProcessExit { pid, .. } => {
-                self.exited.insert(*pid);
+            Frame::ProcessExit { pid, t_ns } => {
+                self.exited.insert(*pid, *t_ns);
             }
             Frame::Source(s) => {
                 self.sources.insert(s.source.clone(), s.clone());
@@ -277,23 +277,47 @@ impl NodeTimeline {
         Attributed { breakdown, gpu }
     }
 
-    /// Forgets samples and marks that no unattributed iteration can need any more.
+    /// Forgets samples and marks that no unattributed iteration can need any more, and the
+    /// processes gone whose iterations are all attributed (see [`super::forget`]).
     pub fn prune(&mut self) {
-        let oldest_needed = self
-            .markers
-            .loops()
-            .filter_map(|m| {
-                let next = self.progress(m.pid).next_iter;
-                m.iteration(next)
-                    .map(|(a, _)| a)
-                    .or_else(|| next.checked_sub(1).and_then(|p| m.steps.get(&p).copied()))
-            })
-            .min();
-        if let Some(t) = oldest_needed {
+        let keep_from = self.keep_from();
+        if let Some(t) = keep_from {
             self.series.prune_before(t);
             for m in self.markers.procs.values_mut() {
                 m.prune_before(t);
             }
         }
+        self.forget_gone(keep_from);
     }
+
+    /// How much the timeline holds, for tests and benchmarks of its memory.
+    pub fn held(&self) -> Held {
+        let (series, samples) = self.series.held();
+        let procs = self.markers.procs.values();
+        Held {
+            marked_procs: self.markers.procs.len(),
+            spans: procs.clone().map(|p| p.spans.len()).sum(),
+            steps: procs.map(|p| p.steps.len() + p.gpu.len()).sum(),
+            processes: self.processes.len() + self.exited.len() + self.progress.len(),
+            series,
+            samples,
+        }
+    }
+}
+
+/// How much a [`NodeTimeline`] holds (counts, not bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Processes with marks.
+    pub marked_procs: usize,
+    /// Closed phases kept.
+    pub spans: usize,
+    /// Steps and per-iteration GPU times kept.
+    pub steps: usize,
+    /// Process records, exits and loop progress entries.
+    pub processes: usize,
+    /// Series declared.
+    pub series: usize,
+    /// Samples over all series.
+    pub samples: usize,
 }
