@@ -414,6 +414,11 @@ impl SeriesStore {
         self.by_key.retain(|_, id| !gone.contains(id));
     }
 
+    /// Time of the newest sample of series `id`, ns.
+    pub fn latest(&self, id: SeriesId) -> Option<Nanos> {
+        self.pts(id)?.back().map(|(t, _)| *t)
+    }
+
     /// How much is held: series declared (or with samples), and samples over all of them.
     pub fn held(&self) -> (usize, usize) {
         let series = self.decls.len().max(self.points.len());

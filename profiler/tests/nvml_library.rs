@@ -372,9 +372,16 @@ fn a_gpu_lost_mid_run_is_reported_once_and_the_job_goes_on() {
     let watts = Activity::h100_busy().power_mw as f64 / 1e3;
     let joules = g["energy_joules_per_iteration"].as_f64().unwrap();
     // Over the read iterations alone it is the power times their time; diluted over all 39 it
-    // would be about 60% lower. The read iterations' own times are not in the summary, and
-    // the other trainings of this binary make iteration times vary by some 10–20%.
-    assert!(off(joules, watts * per_iteration_s) < 0.3, "{g:#}");
+    // would be read / 1 of that, about 0.38. The read iterations' own times are not in the
+    // summary, and on a loaded machine (the other trainings of this binary, other builds)
+    // the early iterations can be half or twice as long as the mean: the bound tells the
+    // two apart whatever the load, and says nothing finer.
+    let ratio = joules / (watts * per_iteration_s);
+    assert!(
+        ratio > read.max(0.38) * 1.5 && ratio < 2.0,
+        "energy over the read iterations, not diluted ({ratio:.2} of the power times the \
+         mean iteration): {g:#}"
+    );
     assert!(stderr.contains("NVML readings on only "), "{stderr}");
 }
 

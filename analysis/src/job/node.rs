@@ -208,6 +208,10 @@ impl NodeTimeline {
             };
             let mut iter = self.progress(*pid).next_iter;
             let last = marks.steps.keys().next_back().copied();
+            let gpu_watermark = last
+                .is_some_and(|l| iter <= l)
+                .then(|| self.gpu_watermark(*pid))
+                .flatten();
             while last.is_some_and(|l| iter <= l) {
                 let Some((start, end)) = marks.iteration(iter) else {
                     iter += 1; // a lost step: this iteration's bounds are unknown
@@ -217,6 +221,7 @@ impl NodeTimeline {
                     watermark: self.series.watermark(),
                     markers: &self.markers,
                     exited: &self.exited,
+                    gpu_watermark,
                 };
                 if !readiness.is_ready(seen, *pid, iter, end, now, finishing) {
                     break;
@@ -231,6 +236,37 @@ impl NodeTimeline {
             self.progress.insert(*pid, RankProgress { next_iter: iter });
         }
         out
+    }
+
+    /// ns, the newest fast-tier sample of loop `pid`'s GPU (0 before the first): `None`
+    /// when it has none declared or the GPU source is down (nothing more will come).
+    fn gpu_watermark(&self, pid: u32) -> Option<Nanos> {
+        if self.sources.get(GPU_FAST_SOURCE).is_some_and(|s| !s.up) {
+            return None;
+        }
+        let gpu = self.gpu_of(pid)?;
+        let fast = [
+            names::GPU_PCIE_RX_BYTES,
+            names::GPU_PCIE_TX_BYTES,
+            names::GPU_NVLINK_RX_BYTES,
+            names::GPU_NVLINK_TX_BYTES,
+            names::GPU_ENERGY_MJ,
+            names::GPU_POWER_MW,
+        ];
+        let decls: Vec<_> = fast
+            .into_iter()
+            .filter_map(|n| self.series.on_gpu(n, &gpu))
+            .collect();
+        if decls.is_empty() {
+            return None;
+        }
+        Some(
+            decls
+                .iter()
+                .filter_map(|d| self.series.latest(d.id))
+                .max()
+                .unwrap_or(0),
+        )
     }
 
     /// Attributes iteration `iter` of loop `pid` (rank `rank`), spanning `(start, end)` ns.
@@ -304,6 +340,9 @@ impl NodeTimeline {
         }
     }
 }
+
+/// The GPU's fast-tier source, as the agent names it in its [`SourceStatus`].
+const GPU_FAST_SOURCE: &str = "gpu";
 
 /// How much a [`NodeTimeline`] holds (counts, not bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -18,6 +18,10 @@ pub struct Seen<'a> {
     pub markers: &'a MarkerLog,
     /// Pids seen gone, with when, ns.
     pub exited: &'a BTreeMap<u32, Nanos>,
+    /// ns, the newest sample of the loop's GPU at the fast tier, read by a sampler of its
+    /// own (NVML calls block) that may lag the CPU sampler that moves `watermark`; `None`
+    /// when the loop has no such GPU or its source is down.
+    pub gpu_watermark: Option<Nanos>,
 }
 
 /// How long a rank's finished iteration waits for slower ranks before it is attributed
@@ -70,8 +74,11 @@ impl Readiness {
             return true;
         }
         let late = |patience: Nanos| now.saturating_sub(end) > patience;
-        let samples_caught_up =
-            node.watermark.is_some_and(|w| w >= end) || late(self.sample_patience_ns);
+        // Both samplers past the end: else the GPU's bytes of the iteration's last moments
+        // would be missed for good (they are prorated over the samples around its bounds).
+        let samples_caught_up = (node.watermark.is_some_and(|w| w >= end)
+            && node.gpu_watermark.is_none_or(|g| g >= end))
+            || late(self.sample_patience_ns);
         let peers_done = node.markers.loops().filter(|q| q.pid != pid).all(|q| {
             node.exited.contains_key(&q.pid)
                 || q.steps.keys().next_back().is_some_and(|last| *last >= iter)
