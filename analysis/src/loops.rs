@@ -110,6 +110,8 @@ pub struct ProcessMarks {
     pub rank: Option<u32>,
     /// ns of its first event.
     pub first_ns: Option<Nanos>,
+    /// ns of its latest event.
+    pub last_ns: Option<Nanos>,
     /// Step time by iteration number, ns.
     pub steps: BTreeMap<u64, Nanos>,
     /// Closed phases, in the order they closed.
@@ -218,6 +220,20 @@ impl ProcessMarks {
 pub struct MarkerLog {
     /// By pid.
     pub procs: BTreeMap<u32, ProcessMarks>,
+    /// What the processes [`MarkerLog::forget`] removed leave to the summary.
+    forgotten: Forgotten,
+}
+
+/// What forgotten processes said that the summary still reads: a node's agent serves job
+/// after job, so their marks go once attributed, and these few figures stay.
+#[derive(Clone, Copy, Debug, Default)]
+struct Forgotten {
+    /// Datagrams known lost.
+    dropped: u64,
+    /// The most DataLoader workers a forgotten loop said it had.
+    workers: Option<u32>,
+    /// The largest batch (samples per rank) a forgotten loop said it took.
+    batch_size: Option<u64>,
 }
 
 impl MarkerLog {
@@ -241,6 +257,7 @@ impl MarkerLog {
             p.rank = m.rank;
         }
         p.first_ns = Some(p.first_ns.map_or(m.t_ns, |f| f.min(m.t_ns)));
+        p.last_ns = Some(p.last_ns.map_or(m.t_ns, |l| l.max(m.t_ns)));
         match &m.event {
             MarkerEvent::Begin(name) => {
                 p.open.insert(name.clone(), m.t_ns);
@@ -278,18 +295,49 @@ impl MarkerLog {
         self.procs.values().filter(|p| p.is_loop())
     }
 
-    /// Datagrams known lost over all processes.
+    /// Datagrams known lost over all processes, forgotten ones included.
     pub fn dropped(&self) -> u64 {
-        self.procs.values().map(|p| p.dropped).sum()
+        self.forgotten.dropped + self.procs.values().map(|p| p.dropped).sum::<u64>()
+    }
+
+    /// The most DataLoader workers any loop said it had, forgotten ones included.
+    pub fn loader_workers(&self) -> Option<u32> {
+        let live = self.loops().filter_map(|m| m.info().workers).max();
+        live.max(self.forgotten.workers)
+    }
+
+    /// The largest batch (samples per rank) any loop said it took, forgotten ones included.
+    pub fn batch_size(&self) -> Option<u64> {
+        let live = self.loops().filter_map(|m| m.info().batch_size).max();
+        live.max(self.forgotten.batch_size)
+    }
+
+    /// Removes process `pid`'s marks, keeping what the summary reads of them.
+    pub fn forget(&mut self, pid: u32) {
+        let Some(p) = self.procs.remove(&pid) else {
+            return;
+        };
+        let f = &mut self.forgotten;
+        f.dropped += p.dropped;
+        if p.is_loop() {
+            f.workers = f.workers.max(p.info.workers);
+            f.batch_size = f.batch_size.max(p.info.batch_size);
+        }
     }
 
     /// The rank each loop process stands for: its reported rank, or, for loops that never
     /// reported one, the next free numbers in pid order.
     pub fn ranks(&self) -> BTreeMap<u32, u32> {
+        self.ranks_without(None)
+    }
+
+    /// [`MarkerLog::ranks`] as it would be without loop `skip`.
+    pub fn ranks_without(&self, skip: Option<u32>) -> BTreeMap<u32, u32> {
+        let loops = || self.loops().filter(|p| Some(p.pid) != skip);
         let mut out = BTreeMap::new();
-        let mut taken: Vec<u32> = self.loops().filter_map(|p| p.rank).collect();
+        let mut taken: Vec<u32> = loops().filter_map(|p| p.rank).collect();
         let mut next = 0;
-        for p in self.loops() {
+        for p in loops() {
             let r = match p.rank {
                 Some(r) => r,
                 None => {

@@ -96,7 +96,7 @@ impl SampleStep {
         let t_ns = prev
             .t_ns
             .wrapping_add(p.dt_ns.wrapping_add(self.dt_ns as u64));
-        let mut values: Vec<(SeriesId, u64)> = prev
+        let values: Vec<(SeriesId, u64)> = prev
             .values
             .iter()
             .filter(|(id, _)| !dropped.contains(id))
@@ -106,15 +106,30 @@ impl SampleStep {
             })
             .collect();
         let in_prev = ids(prev);
-        let added = self
+        let mut added: Vec<(usize, (SeriesId, u64))> = self
             .changed
             .iter()
             .filter(|(id, _)| !in_prev.contains(id))
-            .zip(&self.added_at);
-        for ((id, r), at) in added {
-            let value = p.value(*id).wrapping_add(*r as u64);
-            values.insert((*at as usize).min(values.len()), (*id, value));
+            .zip(&self.added_at)
+            .map(|((id, r), at)| (*at as usize, (*id, p.value(*id).wrapping_add(*r as u64))))
+            .collect();
+        // Each new series goes where it stood (a writer gives increasing places): merged in
+        // one pass, as inserting them one by one would cost the batch's length each (a file
+        // adding a million series in one step would take hours).
+        added.sort_by_key(|(at, _)| *at);
+        let mut merged = Vec::with_capacity(values.len() + added.len());
+        let mut kept = values.into_iter();
+        for (at, v) in added {
+            while merged.len() < at {
+                match kept.next() {
+                    Some(k) => merged.push(k),
+                    None => break,
+                }
+            }
+            merged.push(v);
         }
+        merged.extend(kept);
+        let values = merged;
         SampleBatch {
             t_ns,
             dur_ns: self.dur_ns,
@@ -174,17 +189,54 @@ impl SampleRun {
     }
 
     /// The batches, in order, exactly as they were packed.
-    pub fn unpack(&self) -> Vec<SampleBatch> {
-        let mut p = Prediction::starting_at(&self.first);
-        let mut out = Vec::with_capacity(self.len());
-        out.push(self.first.clone());
-        for step in &self.steps {
-            let prev = out.last().expect("a run holds its first batch");
-            let next = step.apply(prev, &p);
-            p.observe(prev, &next);
-            out.push(next);
+    pub fn unpack(&self) -> Result<Vec<SampleBatch>, RunTooLong> {
+        Ok(self.clone().into_batches()?.collect())
+    }
+
+    /// The batches, in order, exactly as they were packed, one at a time: a reader holds one
+    /// batch, not the run unpacked (a few bytes of steps can stand for many batches of many
+    /// values). A run of more batches than a writer packs ([`RUN_MAX_BATCHES`]) is refused.
+    pub fn into_batches(self) -> Result<Unpacking, RunTooLong> {
+        if self.len() > RUN_MAX_BATCHES {
+            return Err(RunTooLong(self.len()));
         }
-        out
+        Ok(Unpacking {
+            p: Prediction::starting_at(&self.first),
+            first: Some(self.first),
+            prev: None,
+            steps: self.steps.into_iter(),
+        })
+    }
+}
+
+/// A run read from a file holds more batches than a writer packs: damaged or not a profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a run of {0} sample batches, over the {RUN_MAX_BATCHES} a writer packs")]
+pub struct RunTooLong(pub usize);
+
+/// The batches of a run, unpacked as they are asked for ([`SampleRun::into_batches`]).
+#[derive(Debug)]
+pub struct Unpacking {
+    first: Option<SampleBatch>,
+    prev: Option<SampleBatch>,
+    steps: std::vec::IntoIter<SampleStep>,
+    p: Prediction,
+}
+
+impl Iterator for Unpacking {
+    type Item = SampleBatch;
+
+    fn next(&mut self) -> Option<SampleBatch> {
+        if let Some(first) = self.first.take() {
+            self.prev = Some(first.clone());
+            return Some(first);
+        }
+        let step = self.steps.next()?;
+        let prev = self.prev.as_ref()?;
+        let next = step.apply(prev, &self.p);
+        self.p.observe(prev, &next);
+        self.prev = Some(next.clone());
+        Some(next)
     }
 }
 
@@ -280,7 +332,7 @@ mod tests {
         ];
         let runs = pack(&batches);
         assert_eq!(runs.len(), 1, "{runs:?}");
-        assert_eq!(runs[0].unpack(), batches);
+        assert_eq!(runs[0].unpack().unwrap(), batches);
         // Steps carry only what the prediction missed: series 1 moved by 10 ms of CPU with
         // nothing to predict from yet, then as predicted.
         assert_eq!(runs[0].steps[0].changed, vec![(SeriesId(1), 10_000_000)]);
@@ -300,7 +352,7 @@ mod tests {
         ];
         let runs = pack(&batches);
         assert_eq!(runs.len(), 2);
-        let back: Vec<SampleBatch> = runs.iter().flat_map(SampleRun::unpack).collect();
+        let back: Vec<SampleBatch> = runs.iter().flat_map(|r| r.unpack().unwrap()).collect();
         assert_eq!(back, batches);
     }
 

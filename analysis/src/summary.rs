@@ -124,12 +124,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         })
         .collect();
     let job_figures = figures(&job.summary.totals.job);
-    let workers = job
-        .node
-        .markers
-        .loops()
-        .filter_map(|m| m.info().workers)
-        .max();
+    let workers = job.node.markers.loader_workers();
     let critical = critical_path(job, &job_figures);
     let finding = find(&FindingInput {
         job: critical.as_ref().unwrap_or(&job_figures),

@@ -398,6 +398,33 @@ impl SeriesStore {
             .min();
     }
 
+    /// Forgets every series labelled `key=value` (the series of a process gone), with its
+    /// samples.
+    pub fn forget_labelled(&mut self, key: &str, value: &str) {
+        let gone: Vec<SeriesId> = self
+            .decls
+            .values()
+            .filter(|d| d.label(key) == Some(value))
+            .map(|d| d.id)
+            .collect();
+        for id in &gone {
+            self.decls.remove(id);
+            self.points.remove(id);
+        }
+        self.by_key.retain(|_, id| !gone.contains(id));
+    }
+
+    /// Time of the newest sample of series `id`, ns.
+    pub fn latest(&self, id: SeriesId) -> Option<Nanos> {
+        self.pts(id)?.back().map(|(t, _)| *t)
+    }
+
+    /// How much is held: series declared (or with samples), and samples over all of them.
+    pub fn held(&self) -> (usize, usize) {
+        let series = self.decls.len().max(self.points.len());
+        (series, self.points.values().map(|p| p.pts.len()).sum())
+    }
+
     /// The samples of a series, oldest first.
     fn pts(&self, id: SeriesId) -> Option<&VecDeque<(Nanos, u64)>> {
         self.points.get(&id).map(|p| &p.pts)

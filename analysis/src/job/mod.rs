@@ -19,12 +19,14 @@ use crate::frame::{Frame, RunEnd, RunHeader};
 use crate::gpu_usage::NvmlReading;
 use crate::Nanos;
 
+mod forget;
 mod gpu_map;
 mod node;
 mod readiness;
 mod totals;
 
-pub use node::{Attributed, NodeTimeline, RankProgress};
+pub use forget::{GONE_GRACE_NS, IDLE_KEEP_NS};
+pub use node::{Attributed, Held, NodeTimeline, RankProgress};
 pub use readiness::{Readiness, Seen, GPU_PATIENCE_NS, PEER_PATIENCE_NS, SAMPLE_PATIENCE_NS};
 pub use totals::{JobTotals, RECENT_BREAKDOWNS};
 

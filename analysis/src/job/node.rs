@@ -2,7 +2,7 @@
 //! samples, and the attribution of their iterations. Each loop's progress is a typed
 //! [`RankProgress`]; when an iteration may be attributed is the [`Readiness`] policy's call.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::attribution::{
     attribute, CudaIteration, IterationBreakdown, IterationInput, Links, RankSeries, ThreadSeries,
@@ -42,12 +42,12 @@ pub struct NodeTimeline {
     pub markers: MarkerLog,
     /// Processes of the job, by pid (latest record).
     pub processes: BTreeMap<u32, ProcessInfo>,
-    /// Pids seen gone.
-    pub exited: BTreeSet<u32>,
+    /// Pids seen gone, with when (ns): kept until [`NodeTimeline::prune`] forgets them.
+    pub exited: BTreeMap<u32, Nanos>,
     /// Latest state per source.
     pub sources: BTreeMap<String, SourceStatus>,
     /// Progress per loop pid.
-    progress: BTreeMap<u32, RankProgress>,
+    pub(super) progress: BTreeMap<u32, RankProgress>,
     /// What the GPU did in each iteration of the last attribution round, by (rank,
     /// iteration): what an agent ships with the iteration. Cleared every round.
     round_gpu: HashMap<(u32, u64), NvmlReading>,
@@ -65,8 +65,8 @@ impl NodeTimeline {
                 self.exited.remove(&p.pid);
                 self.processes.insert(p.pid, p.clone());
             }
-            Frame::ProcessExit { pid, .. } => {
-                self.exited.insert(*pid);
+            Frame::ProcessExit { pid, t_ns } => {
+                self.exited.insert(*pid, *t_ns);
             }
             Frame::Source(s) => {
                 self.sources.insert(s.source.clone(), s.clone());
@@ -238,6 +238,10 @@ impl NodeTimeline {
             };
             let mut iter = self.progress(*pid).next_iter;
             let last = marks.steps.keys().next_back().copied();
+            let gpu_watermark = last
+                .is_some_and(|l| iter <= l)
+                .then(|| self.gpu_watermark(*pid))
+                .flatten();
             while last.is_some_and(|l| iter <= l) {
                 let Some((start, end)) = marks.iteration(iter) else {
                     iter += 1; // a lost step: this iteration's bounds are unknown
@@ -247,6 +251,7 @@ impl NodeTimeline {
                     watermark: self.series.watermark(),
                     markers: &self.markers,
                     exited: &self.exited,
+                    gpu_watermark,
                 };
                 if !readiness.is_ready(seen, *pid, iter, end, now, finishing) {
                     break;
@@ -261,6 +266,37 @@ impl NodeTimeline {
             self.progress.insert(*pid, RankProgress { next_iter: iter });
         }
         out
+    }
+
+    /// ns, the newest fast-tier sample of loop `pid`'s GPU (0 before the first): `None`
+    /// when it has none declared or the GPU source is down (nothing more will come).
+    fn gpu_watermark(&self, pid: u32) -> Option<Nanos> {
+        if self.sources.get(GPU_FAST_SOURCE).is_some_and(|s| !s.up) {
+            return None;
+        }
+        let gpu = self.gpu_of(pid)?;
+        let fast = [
+            names::GPU_PCIE_RX_BYTES,
+            names::GPU_PCIE_TX_BYTES,
+            names::GPU_NVLINK_RX_BYTES,
+            names::GPU_NVLINK_TX_BYTES,
+            names::GPU_ENERGY_MJ,
+            names::GPU_POWER_MW,
+        ];
+        let decls: Vec<_> = fast
+            .into_iter()
+            .filter_map(|n| self.series.on_gpu(n, &gpu))
+            .collect();
+        if decls.is_empty() {
+            return None;
+        }
+        Some(
+            decls
+                .iter()
+                .filter_map(|d| self.series.latest(d.id))
+                .max()
+                .unwrap_or(0),
+        )
     }
 
     /// Attributes iteration `iter` of loop `pid` (rank `rank`), spanning `(start, end)` ns.
@@ -307,23 +343,50 @@ impl NodeTimeline {
         Attributed { breakdown, gpu }
     }
 
-    /// Forgets samples and marks that no unattributed iteration can need any more.
+    /// Forgets samples and marks that no unattributed iteration can need any more, and the
+    /// processes gone whose iterations are all attributed (see [`super::forget`]).
     pub fn prune(&mut self) {
-        let oldest_needed = self
-            .markers
-            .loops()
-            .filter_map(|m| {
-                let next = self.progress(m.pid).next_iter;
-                m.iteration(next)
-                    .map(|(a, _)| a)
-                    .or_else(|| next.checked_sub(1).and_then(|p| m.steps.get(&p).copied()))
-            })
-            .min();
-        if let Some(t) = oldest_needed {
+        let keep_from = self.keep_from();
+        if let Some(t) = keep_from {
             self.series.prune_before(t);
             for m in self.markers.procs.values_mut() {
                 m.prune_before(t);
             }
         }
+        self.forget_gone(keep_from);
     }
+
+    /// How much the timeline holds, for tests and benchmarks of its memory.
+    pub fn held(&self) -> Held {
+        let (series, samples) = self.series.held();
+        let procs = self.markers.procs.values();
+        Held {
+            marked_procs: self.markers.procs.len(),
+            spans: procs.clone().map(|p| p.spans.len()).sum(),
+            steps: procs.map(|p| p.steps.len() + p.gpu.len()).sum(),
+            processes: self.processes.len() + self.exited.len() + self.progress.len(),
+            series,
+            samples,
+        }
+    }
+}
+
+/// The GPU's fast-tier source, as the agent names it in its [`SourceStatus`].
+const GPU_FAST_SOURCE: &str = "gpu";
+
+/// How much a [`NodeTimeline`] holds (counts, not bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Processes with marks.
+    pub marked_procs: usize,
+    /// Closed phases kept.
+    pub spans: usize,
+    /// Steps and per-iteration GPU times kept.
+    pub steps: usize,
+    /// Process records, exits and loop progress entries.
+    pub processes: usize,
+    /// Series declared.
+    pub series: usize,
+    /// Samples over all series.
+    pub samples: usize,
 }

@@ -4,7 +4,7 @@
 //! GPU times of it. Each condition has a patience, so a dead sampler or a stuck rank cannot
 //! hold the summary back; at the end of a run everything left is attributed.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use crate::loops::MarkerLog;
 use crate::Nanos;
@@ -16,8 +16,12 @@ pub struct Seen<'a> {
     pub watermark: Option<Nanos>,
     /// The loops' markers.
     pub markers: &'a MarkerLog,
-    /// Pids seen gone.
-    pub exited: &'a BTreeSet<u32>,
+    /// Pids seen gone, with when, ns.
+    pub exited: &'a BTreeMap<u32, Nanos>,
+    /// ns, the newest sample of the loop's GPU at the fast tier, read by a sampler of its
+    /// own (NVML calls block) that may lag the CPU sampler that moves `watermark`; `None`
+    /// when the loop has no such GPU or its source is down.
+    pub gpu_watermark: Option<Nanos>,
 }
 
 /// How long a rank's finished iteration waits for slower ranks before it is attributed
@@ -70,16 +74,19 @@ impl Readiness {
             return true;
         }
         let late = |patience: Nanos| now.saturating_sub(end) > patience;
-        let samples_caught_up =
-            node.watermark.is_some_and(|w| w >= end) || late(self.sample_patience_ns);
+        // Both samplers past the end: else the GPU's bytes of the iteration's last moments
+        // would be missed for good (they are prorated over the samples around its bounds).
+        let samples_caught_up = (node.watermark.is_some_and(|w| w >= end)
+            && node.gpu_watermark.is_none_or(|g| g >= end))
+            || late(self.sample_patience_ns);
         let peers_done = node.markers.loops().filter(|q| q.pid != pid).all(|q| {
-            node.exited.contains(&q.pid)
+            node.exited.contains_key(&q.pid)
                 || q.steps.keys().next_back().is_some_and(|last| *last >= iter)
                 || late(self.peer_patience_ns)
         });
         // Every loop's GPU times of this iteration, for its own split and its peers' wait.
         let gpu_times_in = node.markers.loops().all(|q| {
-            q.gpu_settled(iter) || node.exited.contains(&q.pid) || late(self.gpu_patience_ns)
+            q.gpu_settled(iter) || node.exited.contains_key(&q.pid) || late(self.gpu_patience_ns)
         });
         samples_caught_up && peers_done && gpu_times_in
     }

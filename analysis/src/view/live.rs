@@ -275,12 +275,7 @@ impl LiveModel {
             r.p95_iteration_seconds = p95_seconds(r.recent.iter().filter(|p| p.iter >= warmup));
             self.dirty_ranks.insert(rs.rank);
         }
-        self.view.batch_size = job
-            .node
-            .markers
-            .loops()
-            .filter_map(|m| m.info().batch_size)
-            .max();
+        self.view.batch_size = job.node.markers.batch_size();
         self.view.samples_per_second = self.view.batch_size.map(|batch| {
             self.view
                 .ranks

@@ -143,7 +143,7 @@ pub fn read_profile(path: impl AsRef<Path>) -> Result<ReadProfile, ProfileError>
 /// Streams the frames of a profile, holding at most one frame (and one read chunk) in memory.
 ///
 /// Yields good frames in file order, a [`Frame::SampleRun`] as the [`Frame::Samples`] it
-/// packs (one run, at most a second of samples, is held unpacked); damage and a torn tail are not errors but
+/// packs (unpacked one batch at a time: a few bytes of steps may stand for many batches); damage and a torn tail are not errors but
 /// [`ReadIssue`]s, collected in [`issues`](Self::issues) as they are met. Only an I/O error
 /// ends the stream with `Err`, after which it yields nothing.
 #[derive(Debug)]
@@ -159,8 +159,8 @@ pub struct ProfileReader<R = File> {
     eof: bool,
     done: bool,
     issues: Vec<ReadIssue>,
-    /// Sample batches of a run read and not yet yielded, in order.
-    unpacked: std::collections::VecDeque<Frame>,
+    /// The run being read, unpacked one batch at a time.
+    unpacked: Option<stallscope_analysis::sample_run::Unpacking>,
 }
 
 impl ProfileReader<File> {
@@ -188,7 +188,7 @@ impl<R: Read> ProfileReader<R> {
             eof: false,
             done: false,
             issues: Vec::new(),
-            unpacked: Default::default(),
+            unpacked: None,
         };
         let got = r.fill(FILE_HEADER_LEN).map_err(|e| r.io(e))?;
         let head = &r.buf[..got.min(FILE_HEADER_LEN)];
@@ -421,26 +421,37 @@ impl<R: Read> Iterator for ProfileReader<R> {
     type Item = Result<Frame, ProfileError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some(batch) = self.unpacked.pop_front() {
-            return Some(Ok(batch));
-        }
-        if self.done {
-            return None;
-        }
-        match self.next_frame() {
-            Ok(Some(Frame::SampleRun(run))) => {
-                self.unpacked
-                    .extend(run.unpack().into_iter().map(Frame::Samples));
-                self.unpacked.pop_front().map(Ok)
+        loop {
+            if let Some(batch) = self.unpacked.as_mut().and_then(Iterator::next) {
+                return Some(Ok(Frame::Samples(batch)));
             }
-            Ok(Some(frame)) => Some(Ok(frame)),
-            Ok(None) => {
-                self.done = true;
-                None
+            self.unpacked = None;
+            if self.done {
+                return None;
             }
-            Err(e) => {
-                self.done = true;
-                Some(Err(self.io(e)))
+            let start = self.offset();
+            match self.next_frame() {
+                Ok(Some(Frame::SampleRun(run))) => match run.into_batches() {
+                    Ok(batches) => self.unpacked = Some(batches),
+                    // Its checksum held, so it is whole: it was written so (or crafted).
+                    Err(e) => {
+                        let end = self.offset();
+                        self.issues.push(ReadIssue::Corrupt {
+                            offset: start,
+                            bytes: end - start,
+                            reason: Corruption::Undecodable(e.to_string()),
+                        });
+                    }
+                },
+                Ok(Some(frame)) => return Some(Ok(frame)),
+                Ok(None) => {
+                    self.done = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(self.io(e)));
+                }
             }
         }
     }

@@ -349,3 +349,82 @@ pub fn assert_report_holds(dom: &str, ranks: &[u32], charts: &[&str]) {
         assert!(figure[..end].contains("<svg"), "chart {id} has no SVG");
     }
 }
+
+/// What sampling under load can take from a counter's per-iteration figure: read from the
+/// profile's own sample timestamps, not from the wall clock, so an assertion on bytes per
+/// iteration holds on a loaded machine and still fails on a wrong figure.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SamplingSlack {
+    /// ns, the longest a round of the counter's sampler took (`dur_ns`): a sample is stamped
+    /// at the start of its round and the counter read within it, so each end of a window
+    /// may be off by this much of the counter's rate.
+    pub max_lag_ns: u64,
+    /// Wraps a `bits`-bit counter moving at the given rate could have made unseen: for each
+    /// gap between two reads longer than a wrap period, the wraps that fit in it.
+    pub wraps_unseen: u64,
+    /// Samples of the counter.
+    pub samples: usize,
+}
+
+impl SamplingSlack {
+    /// The slack of the counter series `name` on GPU `gpu` in the profile at `profile`,
+    /// moving at `bytes_per_s` and given in `bits` bits.
+    pub fn of_gpu_counter(
+        profile: &Path,
+        name: &str,
+        gpu: &str,
+        bytes_per_s: f64,
+        bits: u32,
+    ) -> SamplingSlack {
+        use stallscope_analysis::frame::Frame;
+        let read = stallscope_collector::profile::read_profile(profile)
+            .unwrap_or_else(|e| panic!("{}: {e}", profile.display()));
+        let mut id = None;
+        let mut reads: Vec<(u64, u64)> = Vec::new(); // (stamp, round duration), ns
+        for f in &read.frames {
+            match f {
+                Frame::Series(d)
+                    if d.name == name
+                        && d.label(stallscope_analysis::series::LABEL_GPU) == Some(gpu)
+                        && d.label("pid").is_none() =>
+                {
+                    id = Some(d.id)
+                }
+                Frame::Samples(b) if id.is_some_and(|id| b.values.iter().any(|v| v.0 == id)) => {
+                    reads.push((b.t_ns, u64::from(b.dur_ns)));
+                }
+                _ => {}
+            }
+        }
+        let wrap_ns = if bits >= 64 {
+            f64::INFINITY
+        } else {
+            (1u64 << bits) as f64 / bytes_per_s * 1e9
+        };
+        let mut slack = SamplingSlack {
+            samples: reads.len(),
+            ..SamplingSlack::default()
+        };
+        for w in reads.windows(2) {
+            let ((t0, _), (t1, d1)) = (w[0], w[1]);
+            // The later read happened at most its round's duration after its stamp.
+            let gap = (t1 + d1).saturating_sub(t0) as f64;
+            slack.wraps_unseen += (gap / wrap_ns).floor() as u64;
+        }
+        slack.max_lag_ns = reads.iter().map(|r| r.1).max().unwrap_or(0);
+        slack
+    }
+
+    /// The relative error a mean per-iteration figure over `wall_ns` of iterations, `want`
+    /// bytes each at `bytes_per_s`, may show from sampling alone: both ends of the window
+    /// off by the longest lag, plus every wrap that may have gone unseen.
+    pub fn relative(&self, bytes_per_s: f64, wall_ns: f64, bits: u32) -> f64 {
+        let lag = 2.0 * self.max_lag_ns as f64 / wall_ns;
+        let wraps = if bits >= 64 {
+            0.0
+        } else {
+            self.wraps_unseen as f64 * (1u64 << bits) as f64 / (bytes_per_s * wall_ns / 1e9)
+        };
+        lag + wraps
+    }
+}
