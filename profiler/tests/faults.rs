@@ -1,7 +1,8 @@
 //! The fault matrix: what goes wrong around a training must never change the training. Each
 //! test runs the real PyTorch example under `stallscope run` while one thing fails — the
 //! profile's disk fills up, a source fails every tick, the marker socket is full because the
-//! profiler stopped reading, the training runs in a process group and session of its own —
+//! profiler stopped reading, the training runs in a process group and session of its own or
+//! execs another program, the node's agent the training joined is killed —
 //! and asserts what the user of the training sees is untouched: its exit code and every one
 //! of its iterations (the example prints one line per iteration), and that stallscope said
 //! what went wrong once, not on every tick.
@@ -306,4 +307,62 @@ fn a_training_in_its_own_session_is_followed() {
     assert_eq!(ranks.len(), 1, "{s:#}");
     let total = ranks[0]["iterations"].as_u64().unwrap() + s["warmup_iterations"].as_u64().unwrap();
     assert_eq!(total as usize, ITERS, "{s:#}");
+}
+
+/// The training execs another program (`sh -c 'exec python3 …'`): the process stallscope
+/// started becomes the training, which is still followed to its exit code.
+#[test]
+fn a_training_that_execs_is_followed() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let flags = example_flags(ITERS).join(" ");
+    let script = format!("exec {} {} {flags}", python(), example());
+    let mut cmd = stallscope();
+    cmd.args(["run", "-q", "-o"])
+        .arg(dir.path().join("p.stallscope"))
+        .arg("--summary-json")
+        .arg(dir.path().join("s.json"))
+        .args(["--", "sh", "-c", &script]);
+    let r = run(&mut cmd, 0, |_| {});
+    assert_untouched(&r, ITERS);
+    let s = read_json(&dir.path().join("s.json"));
+    let total = s["job"]["iterations"].as_u64().unwrap() + s["warmup_iterations"].as_u64().unwrap();
+    assert_eq!(total as usize, ITERS, "{s:#}");
+}
+
+/// The node's agent is killed (SIGKILL) while a training sends it markers: the training,
+/// started under `stallscope run`, which joined the agent, carries on to its end and its exit
+/// code; its markers are dropped.
+#[test]
+fn the_agent_killed_mid_run_leaves_the_training_alone() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    // No collector: the agent keeps its records meanwhile, as it would while one restarts.
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let collector = unused.local_addr().unwrap().to_string();
+    drop(unused);
+    let mut agent = stallscope()
+        .args(["agent", "--collector", &collector, "--node", "n"])
+        .arg("--socket")
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(30), || socket.exists()),
+        "the agent listens"
+    );
+    let mut cmd = stallscope_run(&dir.path().join("p.stallscope"), &[], ITERS);
+    cmd.env("STALLSCOPE_SOCKET", &socket);
+    let agent_pid = agent.id();
+    let r = run(&mut cmd, 5, |_| kill(agent_pid, libc::SIGKILL));
+    let _ = agent.wait();
+    assert!(r.stderr.contains("joined the node's agent"), "{}", r.stderr);
+    assert_untouched(&r, ITERS);
 }

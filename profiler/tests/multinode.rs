@@ -465,6 +465,45 @@ fn a_slowed_rank_on_another_node_is_named_straggler() {
     }
 }
 
+/// The monotonic clocks of two nodes 10 s apart (node-b's agent shifts its clock by 10 s):
+/// the collector measures the offset, joins the ranks' iterations on its own clock, and still
+/// names the slowed rank the straggler.
+#[test]
+fn nodes_whose_clocks_are_10_s_apart_are_joined() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = loopback_job(
+        2,
+        dir.path(),
+        |name, cmd| {
+            if name == "node-b" {
+                cmd.arg("--clock-offset-ms=10000");
+            }
+        },
+        &["--iters", "25", "--data-delay-ms", "1:30"],
+        |_, _| {},
+    );
+    let b = node(&s, "node-b");
+    let offset = b["clock_offset_ms"].as_f64().unwrap();
+    assert!((offset - 10_000.0).abs() < 50.0, "node-b's offset: {s:#}");
+    let named: Vec<u64> = s["stragglers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["rank"].as_u64().unwrap())
+        .collect();
+    assert!(!named.is_empty() && named.iter().all(|r| *r == 1), "{s:#}");
+    for r in s["ranks"].as_array().unwrap() {
+        assert!(
+            r["iterations"].as_u64().unwrap() >= 20,
+            "every iteration joined: {s:#}"
+        );
+    }
+}
+
 /// Each node's agent reads its own GPU (the scripted library, moving 1 GB/s over PCIe on
 /// node-a and 3 GB/s on node-b) and ships the readings with every iteration: the collector's
 /// summary shows each rank's GPU, from its node, at the rate that node's GPU was scripted to
