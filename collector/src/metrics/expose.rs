@@ -359,7 +359,8 @@ fn nodes(out: &mut Out, state: &MetricsState) {
 
 /// `stallscope_node_network_bytes_total`: per interface (`device`, as node_exporter names
 /// it) and direction where the node's meter counted its NICs; the node's sum, without
-/// `device`, where only its readings are known (an agent of protocol 4).
+/// `device`, where only its readings are known (no per-NIC counts, e.g. a profile written
+/// before them).
 fn network(out: &mut Out, state: &MetricsState) {
     let name = "stallscope_node_network_bytes_total";
     let job = state.view.name.as_str();
