@@ -27,7 +27,7 @@ use crate::proctree::{launchers, Discovery, ProcEntry};
 use crate::sink::Sink;
 use crate::sources::disk::DiskSource;
 use crate::sources::net::NetSource;
-use crate::sources::process::{ProcessSource, ProcessTotalsSource};
+use crate::sources::process::{ProcessSource, ProcessTotalsSource, WorkerThreadsSource};
 use crate::sources::psi::PsiSource;
 use crate::sources::{Registry, Roots, Source, Tier, Watched};
 
@@ -160,6 +160,7 @@ impl Drop for SamplerHandle {
 pub fn default_sources(roots: &Roots) -> Vec<Box<dyn Source>> {
     vec![
         Box::new(ProcessSource::new(roots)),
+        Box::new(WorkerThreadsSource::new(roots)),
         Box::new(NetSource::new(roots)),
         Box::new(ProcessSource::launchers(roots)),
         Box::new(ProcessTotalsSource::new(roots)),
@@ -393,12 +394,19 @@ impl Sampler {
             .collect();
         self.watched.pids.clear();
         self.watched.pids.extend(live.iter().map(|e| e.pid));
-        self.watched.launchers = match &self.config.loops {
+        (self.watched.launchers, self.watched.loops) = match &self.config.loops {
             Some(loops) => loops
                 .lock()
-                .map(|loops| launchers(&live, &loops))
+                .map(|loops| {
+                    let here = live
+                        .iter()
+                        .map(|e| e.pid)
+                        .filter(|p| loops.contains(p))
+                        .collect();
+                    (launchers(&live, &loops), here)
+                })
                 .unwrap_or_default(),
-            None => Vec::new(),
+            None => Default::default(),
         };
         if let Pids::DiscoverAndPublish(shared) = &self.config.pids {
             if let Ok(mut pids) = shared.lock() {

@@ -284,10 +284,21 @@ fn the_summary_shows_what_the_gpu_did_per_iteration_next_to_the_batch() {
         "the text summary has the GPU line:\n{text}"
     );
     assert!(text.contains("1.00× the 704.0 MB batch"), "{text}");
-    // Without NVML there is nothing to show, and no line.
-    let (_, cpu_only) = data_bound_job(false);
-    assert!(cpu_only.ranks[0].gpu.is_none());
-    assert!(!render_text(&cpu_only).contains("gpu: "));
+    // Without NVML the loop still drives CUDA device 0: nothing is measured, and the summary
+    // says so in words rather than leaving the GPU out.
+    let (_, unread) = data_bound_job(false);
+    let g = unread.ranks[0].gpu.as_ref().expect("the rank's GPU is named");
+    assert_eq!((g.read_fraction, g.busy_fraction), (0.0, None));
+    let text = render_text(&unread);
+    assert!(text.contains("no NVML readings"), "{text}");
+    assert!(
+        unread
+            .warnings
+            .iter()
+            .any(|w| w.contains("CUDA device 0") && w.contains("not measured")),
+        "{:?}",
+        unread.warnings
+    );
 }
 
 /// Eight ranks, one per H100 of an HGX node. Per 100 ms iteration: 70 ms of kernels, then

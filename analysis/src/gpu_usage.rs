@@ -42,7 +42,26 @@ pub struct NvmlReading {
     pub batch_bytes: Option<u64>,
 }
 
+/// The `gpu` of a reading that NVML could not give: `cuda:` and the CUDA device index the loop
+/// said it drives (NVML indices are plain numbers, so the two never clash).
+pub const UNMEASURED_PREFIX: &str = "cuda:";
+
 impl NvmlReading {
+    /// An iteration of a loop timed with CUDA events (on `cuda_device`, as it said) on a node
+    /// where NVML gave no GPU: every reading is `None`.
+    pub fn unmeasured(
+        cuda_device: Option<&str>,
+        cuda_timed: bool,
+        batch_bytes: Option<u64>,
+    ) -> NvmlReading {
+        NvmlReading {
+            gpu: format!("{UNMEASURED_PREFIX}{}", cuda_device.unwrap_or("?")),
+            cuda_timed,
+            batch_bytes,
+            ..NvmlReading::default()
+        }
+    }
+
     /// Reads iteration `[a, b]` on GPU `gpu` (NVML index label) from the series NVML filled.
     pub fn read(
         store: &SeriesStore,
@@ -298,7 +317,12 @@ pub fn render_line(rank: u32, node: Option<&str>, g: &RankGpu) -> String {
         "GPU times from CUDA events on {:.0}% of iterations",
         g.cuda_timed_fraction * 100.0
     ));
-    if g.read_fraction < 1.0 {
+    if g.read_fraction == 0.0 {
+        parts.push(
+            "no NVML readings: busy, power, PCIe and NVLink are not measured (is the NVIDIA driver's libnvidia-ml there? `stallscope doctor` tells)"
+                .into(),
+        );
+    } else if g.read_fraction < 1.0 {
         parts.push(format!(
             "NVML readings on only {:.0}% of iterations (figures are over those)",
             g.read_fraction * 100.0

@@ -124,6 +124,9 @@ pub struct ProcessMarks {
     last_seq: Option<u64>,
     /// Datagrams known lost (sequence gaps).
     pub dropped: u64,
+    /// The process each phase that named one waited for (`B data w=<pid>`: the DataLoader
+    /// worker whose batch was next), by the phase's begin time, ns.
+    pub waits: BTreeMap<Nanos, u32>,
     /// What the GPU saw, by iteration number (CUDA loops only).
     pub gpu: BTreeMap<u64, CudaEventTimes>,
     /// The latest iteration whose GPU times arrived: they come in iteration order, so an
@@ -196,9 +199,24 @@ impl ProcessMarks {
         }
     }
 
+    /// The process the loop waited for in `[a, b]`, when the phase covering it named one.
+    pub fn waited_for(&self, a: Nanos, b: Nanos) -> Option<u32> {
+        let (begin, pid) = self.waits.range(..=a).next_back()?;
+        self.spans
+            .iter()
+            .any(|s| s.begin == *begin && s.end >= b && s.phase == phase::DATA)
+            .then_some(*pid)
+    }
+
     /// Forgets spans that ended before `t` and steps older than the one before `t`.
     pub fn prune_before(&mut self, t: Nanos) {
         self.spans.retain(|s| s.end >= t);
+        // A wait is kept while its phase is: closed and kept, or still open.
+        let open: Vec<Nanos> = self.open.values().copied().collect();
+        let spans = &self.spans;
+        self.waits.retain(|begin, _| {
+            *begin >= t || open.contains(begin) || spans.iter().any(|s| s.begin == *begin)
+        });
         let old: Vec<u64> = self
             .steps
             .iter()
@@ -261,6 +279,10 @@ impl MarkerLog {
         match &m.event {
             MarkerEvent::Begin(name) => {
                 p.open.insert(name.clone(), m.t_ns);
+            }
+            MarkerEvent::BeginWaiting(name, waits_for) => {
+                p.open.insert(name.clone(), m.t_ns);
+                p.waits.insert(m.t_ns, *waits_for);
             }
             MarkerEvent::End(name) => {
                 if let Some(begin) = p.open.remove(name) {
@@ -383,6 +405,36 @@ mod tests {
         assert_eq!(p.iteration(2), None);
         assert_eq!(p.dropped, 2);
         assert_eq!(p.spans_within(120, 300)[0].begin, 120);
+    }
+
+    /// A data wait that named its worker keeps the name for that wait only, and forgets it
+    /// with the wait.
+    #[test]
+    fn a_data_wait_keeps_the_worker_it_named_until_pruned() {
+        let mut log = MarkerLog::default();
+        log.ingest(&m(
+            0,
+            100,
+            7,
+            0,
+            MarkerEvent::BeginWaiting("data".into(), 41),
+        ));
+        log.ingest(&m(1, 150, 7, 0, MarkerEvent::End("data".into())));
+        log.ingest(&m(2, 200, 7, 0, MarkerEvent::Begin("data".into())));
+        log.ingest(&m(3, 250, 7, 0, MarkerEvent::End("data".into())));
+        log.ingest(&m(
+            4,
+            300,
+            7,
+            0,
+            MarkerEvent::BeginWaiting("data".into(), 42),
+        ));
+        let p = log.procs.get_mut(&7).unwrap();
+        assert_eq!(p.waited_for(100, 150), Some(41));
+        assert_eq!(p.waited_for(120, 150), Some(41), "a clipped wait");
+        assert_eq!(p.waited_for(200, 250), None, "this one named nobody");
+        p.prune_before(200);
+        assert_eq!(p.waits.keys().copied().collect::<Vec<_>>(), vec![300]);
     }
 
     /// Issue 17, item 7: a collective that straddles the step is the first of the next

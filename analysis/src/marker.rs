@@ -20,6 +20,11 @@
 //!   `[A-Za-z0-9_.:-]`.
 //!
 //! Keys and values of `M` fields use the phase alphabet too (values may also contain `/`).
+//!
+//! A `B` event may carry `w=<pid>`: in this phase the loop waits for that process (the
+//! DataLoader worker whose batch is next), so the data stall is read from what that worker
+//! did, not from what every worker did meanwhile. Other `B` and `E` fields are ignored, so
+//! that later senders can add some.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -43,6 +48,9 @@ pub enum MarkerEvent {
     Step,
     /// Facts about the sending process (local_rank, world_size, workers, role, …).
     Meta(Vec<(String, String)>),
+    /// A phase begins in which the process waits for process `.1` (`B <phase> w=<pid>`).
+    /// Last, so that profiles written before it still read.
+    BeginWaiting(String, u32),
 }
 
 /// One event from a training process.
@@ -169,7 +177,15 @@ pub fn parse(datagram: &[u8]) -> Result<Marker, MarkerError> {
                 return Err(MarkerError::Name(phase.into()));
             }
             if fields[6] == "B" {
-                MarkerEvent::Begin(phase.into())
+                let waits_for = fields[8..]
+                    .iter()
+                    .find_map(|f| f.strip_prefix("w="))
+                    .map(|pid| number("w", pid))
+                    .transpose()?;
+                match waits_for {
+                    Some(pid) => MarkerEvent::BeginWaiting(phase.into(), pid),
+                    None => MarkerEvent::Begin(phase.into()),
+                }
             } else {
                 MarkerEvent::End(phase.into())
             }
@@ -205,6 +221,7 @@ pub fn format(m: &Marker) -> String {
     let rank = m.rank.map(|r| r as i64).unwrap_or(-1);
     let (ev, phase, extra) = match &m.event {
         MarkerEvent::Begin(p) => ("B", p.as_str(), String::new()),
+        MarkerEvent::BeginWaiting(p, pid) => ("B", p.as_str(), format!(" w={pid}")),
         MarkerEvent::End(p) => ("E", p.as_str(), String::new()),
         MarkerEvent::Step => ("S", phase::ITER, String::new()),
         MarkerEvent::Meta(kv) => (
@@ -235,6 +252,21 @@ mod tests {
         let s = parse(b"SS1 8 2 4242 -1 18 S iter").unwrap();
         assert_eq!(s.rank, None);
         assert_eq!(s.event, MarkerEvent::Step);
+    }
+
+    #[test]
+    fn a_data_wait_names_the_worker_it_waits_for() {
+        let text = "SS1 9 5 10 0 3 B data w=4711";
+        let m = parse(text.as_bytes()).unwrap();
+        assert_eq!(m.event, MarkerEvent::BeginWaiting("data".into(), 4711));
+        assert_eq!(format(&m), text);
+        // Fields it does not know are left alone; a bad pid is refused with its reason.
+        let other = parse(b"SS1 9 5 10 0 3 B data x=1").unwrap();
+        assert_eq!(other.event, MarkerEvent::Begin("data".into()));
+        assert!(matches!(
+            parse(b"SS1 9 5 10 0 3 B data w=-1"),
+            Err(MarkerError::Number { field: "w", .. })
+        ));
     }
 
     #[test]

@@ -74,6 +74,13 @@ pub mod names {
     pub const PROC_RUNQ_NS: &str = "proc.main.runq_ns";
     /// threads, gauge: 1 when the main thread was in state D (uninterruptible, usually I/O).
     pub const PROC_BLOCKED_IO: &str = "proc.main.blocked_io";
+    /// ns, counter: CPU time of a loader worker's threads other than its main thread, as
+    /// read (`schedstat` field 1 of each; a thread's last moments before it exits are lost).
+    pub const PROC_THREADS_CPU_NS: &str = "proc.threads.cpu_ns";
+    /// ns, counter: run-queue delay of the same threads (`schedstat` field 2).
+    pub const PROC_THREADS_RUNQ_NS: &str = "proc.threads.runq_ns";
+    /// threads, gauge: how many of the same threads were in state D.
+    pub const PROC_THREADS_BLOCKED_IO: &str = "proc.threads.blocked_io";
     /// ns, counter: CPU time of all threads of a process, live and exited (`stat` utime+stime).
     pub const PROC_ALL_CPU_NS: &str = "proc.cpu_ns";
     /// bytes, counter: bytes a process caused to be read from storage (`io` read_bytes).

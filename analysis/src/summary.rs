@@ -19,7 +19,7 @@ pub use crate::figures::{Categories, CoverageShare, Figures, RankSummary, Share}
 use crate::category::Category;
 use crate::crossnode::StragglerWindow;
 use crate::finding::{find, Finding, FindingInput};
-use crate::gpu_usage::{render_line, GpuUsage};
+use crate::gpu_usage::{render_line, GpuUsage, UNMEASURED_PREFIX};
 use crate::job::JobTimeline;
 use crate::secs;
 
@@ -157,8 +157,35 @@ pub fn summarize(job: &JobTimeline) -> Summary {
         nodes: node_summaries(job),
         stragglers: job.nodes.stragglers(),
         critical_path: critical.map(|c| c.categories),
-        warnings: job.nodes.rank_clashes(),
+        warnings: job
+            .nodes
+            .rank_clashes()
+            .into_iter()
+            .chain(gpus_unmeasured(job))
+            .collect(),
     }
+}
+
+/// A sentence for each rank that ran on a GPU (its iterations were timed with CUDA events) on
+/// a node where NVML gave no reading at all: a GPU missing from the start is not a source that
+/// went down, so nothing else would say that its figures are absent.
+fn gpus_unmeasured(job: &JobTimeline) -> Vec<String> {
+    job.summary
+        .gpu_usage
+        .iter()
+        .filter(|(_, g)| g.iterations > 0 && g.read == 0)
+        .map(|(rank, g)| {
+            let device = g.gpu.strip_prefix(UNMEASURED_PREFIX).unwrap_or(&g.gpu);
+            let node = job
+                .nodes
+                .rank_nodes
+                .get(rank)
+                .map_or_else(String::new, |n| format!(" on {n}"));
+            format!(
+                "rank {rank} ran on a GPU (CUDA device {device}) but NVML gave no reading of it{node}: its busy share, power, PCIe and NVLink bytes are not measured and host-to-device copies count as compute; run `stallscope doctor` there (is the NVIDIA driver's libnvidia-ml installed and visible?)"
+            )
+        })
+        .collect()
 }
 
 /// The figures of the job's critical path (per iteration, the rank that held it up; see

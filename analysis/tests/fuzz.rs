@@ -164,6 +164,7 @@ fn marker() -> impl Strategy<Value = Marker> {
     let event = prop_oneof![
         name().prop_map(MarkerEvent::Begin),
         name().prop_map(MarkerEvent::End),
+        (name(), any::<u32>()).prop_map(|(n, pid)| MarkerEvent::BeginWaiting(n, pid)),
         Just(MarkerEvent::Step),
         prop::collection::vec((name(), "[A-Za-z0-9_.:/-]{0,64}"), 0..6).prop_map(MarkerEvent::Meta),
     ];

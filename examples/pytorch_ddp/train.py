@@ -12,6 +12,7 @@ Distributed:     torchrun --nproc_per_node 2 train.py --data-delay-ms 1:50
 """
 
 import argparse
+import concurrent.futures
 import datetime
 import math
 import os
@@ -52,6 +53,12 @@ def parse_args(argv=None):
         "--data-delay-ms",
         default="0",
         help="CPU work per sample: MS for every rank, or RANK:MS,... for chosen ranks",
+    )
+    p.add_argument(
+        "--data-on-thread",
+        action="store_true",
+        help="do each sample's CPU work on a helper thread of the loader worker, as decoders with "
+        "thread pools do (the worker's main thread waits asleep)",
     )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
@@ -136,10 +143,11 @@ def ensure_dataset(root, images, size, seed):
 class JpegFolder(Dataset):
     """Labelled JPEGs, decoded with PIL and augmented on each access."""
 
-    def __init__(self, folder, size, delay_ms):
+    def __init__(self, folder, size, delay_ms, on_thread=False):
         self.files = sorted(f for f in os.listdir(folder) if f.endswith(".jpg"))
         self.folder = folder
         self.delay_ms = delay_ms
+        self.on_thread = on_thread
         self.transform = transforms.Compose(
             [
                 transforms.RandomCrop(size, padding=size // 8),
@@ -152,12 +160,22 @@ class JpegFolder(Dataset):
     def __len__(self):
         return len(self.files)
 
+    def pool(self):
+        """This process's helper thread (one per loader worker, made on first use)."""
+        if getattr(self, "_pool_pid", None) != os.getpid():
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+            self._pool_pid = os.getpid()
+        return self._pool
+
     def __getitem__(self, index):
         name = self.files[index]
         with Image.open(os.path.join(self.folder, name)) as image:
             x = self.transform(image.convert("RGB"))
         if self.delay_ms > 0:
-            busy_work(self.delay_ms)
+            if self.on_thread:
+                self.pool().submit(busy_work, self.delay_ms).result()
+            else:
+                busy_work(self.delay_ms)
         return x, int(name[1 : name.index("_")])
 
 
@@ -251,7 +269,9 @@ def main(argv=None):
     torch.manual_seed(args.seed)
 
     folder = ensure_dataset(args.data_dir, args.images, args.image_size, args.seed)
-    dataset = JpegFolder(folder, args.image_size, delay_for_rank(args.data_delay_ms, rank))
+    dataset = JpegFolder(
+        folder, args.image_size, delay_for_rank(args.data_delay_ms, rank), args.data_on_thread
+    )
     sampler = DistributedSampler(dataset, seed=args.seed) if world > 1 else None
     loader = DataLoader(
         dataset,

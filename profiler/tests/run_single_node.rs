@@ -69,6 +69,37 @@ fn heavy_preprocessing_without_workers_is_reported_as_data_prep() {
     }
 }
 
+/// Issue 17 item 9: a loader worker that decodes on a helper thread (as thread-pool decoders
+/// do) while its own main thread waits asleep: the loop's data wait is the worker's prep, read
+/// from all of the worker's threads, not an unexplained wait.
+#[test]
+fn a_worker_decoding_on_a_helper_thread_is_data_prep() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, s) = run_example(
+        dir.path(),
+        &[],
+        &[
+            "--iters",
+            "12",
+            "--workers",
+            "1",
+            "--batch",
+            "4",
+            "--data-delay-ms",
+            "40",
+            "--data-on-thread",
+            "--images",
+            "64",
+        ],
+    );
+    assert_eq!(largest(&s), "data_prep", "{s:#}");
+    assert!(fraction(&s, "data_prep") > fraction(&s, "other"), "{s:#}");
+    assert_eq!(s["exit_code"], 0);
+}
+
 /// (iii) The training's exit code is stallscope's exit code.
 #[test]
 fn the_training_exit_code_comes_back() {

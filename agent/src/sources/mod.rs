@@ -47,6 +47,8 @@ pub struct Watched {
     /// thread, so [`process::ProcessSource`] reads them at the slow tier, not every tick.
     /// Empty until a loop is known.
     pub launchers: Vec<u32>,
+    /// Of `pids`, the training loops (processes that sent a step). Empty until one is known.
+    pub loops: Vec<u32>,
 }
 
 impl Watched {
@@ -55,12 +57,19 @@ impl Watched {
         Watched {
             pids,
             launchers: Vec::new(),
+            loops: Vec::new(),
         }
     }
 
     /// Whether `pid` is one of the [`launchers`](Self::launchers).
     pub fn is_launcher(&self, pid: u32) -> bool {
         self.launchers.contains(&pid)
+    }
+
+    /// Whether `pid` is a loader worker or another helper of a loop: a job's process that is
+    /// neither a loop nor a launcher, once the loops are known.
+    pub fn is_worker(&self, pid: u32) -> bool {
+        !self.loops.is_empty() && !self.loops.contains(&pid) && !self.is_launcher(pid)
     }
 }
 

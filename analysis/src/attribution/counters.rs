@@ -13,25 +13,45 @@ pub(super) fn delta(store: &SeriesStore, id: Option<SeriesId>, a: Nanos, b: Nano
         .unwrap_or(0.0)
 }
 
-/// ns the thread ran or waited to run in `[a, b]`.
+/// ns the process's main thread (and a loader worker's other threads) ran or waited to run
+/// in `[a, b]`.
 pub(super) fn busy_ns(store: &SeriesStore, t: &ThreadSeries, a: Nanos, b: Nanos) -> f64 {
-    delta(store, t.cpu, a, b) + delta(store, t.runq, a, b)
+    delta(store, t.cpu, a, b)
+        + delta(store, t.runq, a, b)
+        + delta(store, t.others[0], a, b)
+        + delta(store, t.others[1], a, b)
 }
 
-/// ns the thread spent blocked on I/O in `[a, b]` (state D, as sampled).
+/// ns its threads spent blocked on I/O in `[a, b]` (state D, as sampled; two threads blocked
+/// count twice, and the caller bounds the sum by the wait).
 pub(super) fn io_ns(store: &SeriesStore, t: &ThreadSeries, a: Nanos, b: Nanos) -> f64 {
-    t.blocked
-        .and_then(|id| store.gauge_mean(id, a, b))
-        .map_or(0.0, |m| m * (b - a) as f64)
+    [t.blocked, t.others[2]]
+        .into_iter()
+        .flatten()
+        .filter_map(|id| store.gauge_mean(id, a, b))
+        .map(|m| m * (b - a) as f64)
+        .sum()
 }
 
+/// CPU and I/O-blocked ns of what the loop waits for in `[a, b]`: the worker it named
+/// (`worker`, when it is one of the rank's loaders: the others are preparing later batches,
+/// which is not what the loop waits for), else every loader, else the loop's own thread (it
+/// loads itself).
 pub(super) fn loader_activity(
     store: &SeriesStore,
     rank: &RankSeries,
+    worker: Option<u32>,
     a: Nanos,
     b: Nanos,
 ) -> (f64, f64) {
-    let loaders: Vec<&ThreadSeries> = if rank.loaders.is_empty() {
+    let named: Vec<&ThreadSeries> = rank
+        .loaders
+        .iter()
+        .filter(|t| Some(t.pid) == worker)
+        .collect();
+    let loaders: Vec<&ThreadSeries> = if !named.is_empty() {
+        named
+    } else if rank.loaders.is_empty() {
         vec![&rank.main]
     } else {
         rank.loaders.iter().collect()

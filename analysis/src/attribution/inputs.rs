@@ -15,15 +15,20 @@ pub const QUIET_LINK_BYTES_PER_S: f64 = 100_000.0;
 /// Loader CPU below which the loader is taken as idle, cores.
 pub const IDLE_LOADER_CORES: f64 = 0.1;
 
-/// The series of one process's main thread.
+/// The series of one process: its main thread's, and a loader worker's other threads'.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadSeries {
+    /// The process.
+    pub pid: u32,
     /// `proc.main.cpu_ns`.
     pub cpu: Option<SeriesId>,
     /// `proc.main.runq_ns`.
     pub runq: Option<SeriesId>,
     /// `proc.main.blocked_io`.
     pub blocked: Option<SeriesId>,
+    /// A loader worker's other threads: `proc.threads.cpu_ns`, `proc.threads.runq_ns`,
+    /// `proc.threads.blocked_io` (absent for loops, and for workers with one thread).
+    pub others: [Option<SeriesId>; 3],
 }
 
 /// The series of the GPU a rank drives.
@@ -90,4 +95,7 @@ pub struct IterationInput {
     pub peer_arrivals: Vec<Option<Nanos>>,
     /// What the rank's GPU saw of the iteration (CUDA events), when it was timed.
     pub gpu: Option<CudaIteration>,
+    /// The `data` phases (clipped like `spans`, ns) in which the loop said which process it
+    /// waited for (the DataLoader worker whose batch was next), with that process's pid.
+    pub waits: Vec<(Nanos, Nanos, u32)>,
 }

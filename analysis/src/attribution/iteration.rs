@@ -141,6 +141,7 @@ fn attribute_data(
     rank: &RankSeries,
     links: &Links,
     (a, b): (Nanos, Nanos),
+    worker: Option<u32>,
 ) {
     let mut waited = b - a;
     // The loop waited: a data stall even if the GPU still drained queued kernels (NVML's
@@ -154,7 +155,7 @@ fn attribute_data(
     if waited == 0 {
         return;
     }
-    let (cpu, io) = loader_activity(store, rank, a, b);
+    let (cpu, io) = loader_activity(store, rank, worker, a, b);
     // What the loader was seen doing explains at most the wait; the rest of it (a worker
     // asleep in state S on an object-store or HTTP read, or nothing sampled) is unexplained.
     let seen = (cpu + io).min(waited as f64);
@@ -209,7 +210,12 @@ pub fn attribute(
             }
             Label::Data => {
                 marked += b - a;
-                attribute_data(&mut parts, store, rank, links, (a, b));
+                let waited = input
+                    .waits
+                    .iter()
+                    .find(|w| w.0 <= a && w.1 >= b)
+                    .map(|w| w.2);
+                attribute_data(&mut parts, store, rank, links, (a, b), waited);
             }
             Label::H2d => {
                 marked += b - a;

@@ -77,9 +77,11 @@ impl Script {
             until,
         );
         ThreadSeries {
+            pid: 0,
             cpu: Some(cpu),
             runq: None,
             blocked: Some(blocked),
+            others: [None; 3],
         }
     }
 }
@@ -101,6 +103,7 @@ fn input(start_ms: u64, end_ms: u64, spans: &[(&str, u64, u64)]) -> IterationInp
             .collect(),
         peer_arrivals: vec![],
         gpu: None,
+        waits: vec![],
     }
 }
 
@@ -525,4 +528,72 @@ fn the_exposed_all_reduce_on_the_gpu_is_comm_and_waiting_for_the_fastest_is_peer
     });
     let b = attribute(&inp, &s.store, &rank, &links);
     assert_eq!(ms(&b, Network), 40.0);
+}
+
+/// Issue 17 item 9: the loop waits for one worker's batch while another worker prepares a
+/// later one. The wait is what the awaited worker did (here: asleep, as on an HTTP read), not
+/// the busy neighbour's CPU; without the name the neighbour's CPU would make it all prep.
+#[test]
+fn a_data_wait_reads_the_worker_it_names_not_its_neighbours() {
+    let mut s = Script::new();
+    let main = s.thread(|ms| ms >= 60, |_| false, 200);
+    let awaited = ThreadSeries {
+        pid: 11,
+        ..s.thread(|_| false, |_| false, 200)
+    };
+    let neighbour = ThreadSeries {
+        pid: 12,
+        ..s.thread(|_| true, |_| false, 200)
+    };
+    let rank = RankSeries {
+        main,
+        loaders: vec![awaited, neighbour],
+        gpu: None,
+    };
+    let unnamed = input(0, 100, &[("data", 0, 60)]);
+    let b = attribute(&unnamed, &s.store, &rank, &Links::default());
+    assert_eq!(ms(&b, DataPrep), 60.0, "every worker's CPU, as before");
+    let named = IterationInput {
+        waits: vec![(0, 60 * MS, 11)],
+        ..unnamed.clone()
+    };
+    let b = attribute(&named, &s.store, &rank, &Links::default());
+    assert_eq!(ms(&b, DataPrep), 0.0, "the awaited worker did not compute");
+    assert_eq!(ms(&b, Other), 60.0);
+    // Naming the busy one makes the same wait prep.
+    let busy = IterationInput {
+        waits: vec![(0, 60 * MS, 12)],
+        ..unnamed
+    };
+    let b = attribute(&busy, &s.store, &rank, &Links::default());
+    assert_eq!(ms(&b, DataPrep), 60.0);
+}
+
+/// Issue 17 item 9: a worker whose main thread sleeps while a thread of its pool decodes (or
+/// blocks reading) is busy: the wait is prep (or fetch), not unexplained.
+#[test]
+fn a_workers_pool_threads_explain_the_wait_its_main_thread_sleeps_through() {
+    let mut s = Script::new();
+    let main = s.thread(|ms| ms >= 60, |_| false, 200);
+    let asleep = s.thread(|_| false, |_| false, 200);
+    let pool = s.thread(|ms| ms < 30, |ms| (30..60).contains(&ms), 200);
+    let worker = ThreadSeries {
+        pid: 11,
+        others: [pool.cpu, None, pool.blocked],
+        ..asleep
+    };
+    let rank = RankSeries {
+        main,
+        loaders: vec![worker],
+        gpu: None,
+    };
+    let b = attribute(
+        &input(0, 100, &[("data", 0, 60)]),
+        &s.store,
+        &rank,
+        &Links::default(),
+    );
+    assert_eq!(ms(&b, DataPrep), 30.0, "the pool thread decoding");
+    assert_eq!(ms(&b, DataFetch), 30.0, "the pool thread blocked reading");
+    assert_eq!(ms(&b, Other), 0.0);
 }

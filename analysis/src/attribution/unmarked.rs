@@ -142,7 +142,7 @@ fn idle_tick(
     let (loader_cpu, loader_io) = if rank.loaders.is_empty() {
         (0.0, 0.0) // the loop itself is the loader, and it was idle
     } else {
-        loader_activity(store, rank, x, y)
+        loader_activity(store, rank, None, x, y)
     };
     if loader_cpu + loader_io > IDLE_LOADER_CORES * len {
         let total = loader_cpu + loader_io;

@@ -11,6 +11,7 @@ use crate::category::Category;
 use crate::frame::{Frame, ProcessInfo, SourceStatus};
 use crate::gpu_usage::NvmlReading;
 use crate::loops::MarkerLog;
+use crate::marker::phase;
 use crate::process::ancestors;
 use crate::series::{names, LINK_LOOPBACK, LINK_NIC};
 use crate::timeline::SeriesStore;
@@ -114,9 +115,15 @@ impl NodeTimeline {
         let p = pid.to_string();
         let label = [("pid", p.as_str())];
         ThreadSeries {
+            pid,
             cpu: self.series.find(names::PROC_CPU_NS, &label),
             runq: self.series.find(names::PROC_RUNQ_NS, &label),
             blocked: self.series.find(names::PROC_BLOCKED_IO, &label),
+            others: [
+                self.series.find(names::PROC_THREADS_CPU_NS, &label),
+                self.series.find(names::PROC_THREADS_RUNQ_NS, &label),
+                self.series.find(names::PROC_THREADS_BLOCKED_IO, &label),
+            ],
         }
     }
 
@@ -310,15 +317,22 @@ impl NodeTimeline {
     ) -> Attributed {
         let marks = &self.markers.procs[&pid];
         let begins = marks.comm_begins(start, end);
+        let spans = marks.spans_within(start, end);
+        let waits = spans
+            .iter()
+            .filter(|s| s.phase == phase::DATA)
+            .filter_map(|s| Some((s.begin, s.end, marks.waited_for(s.begin, s.end)?)))
+            .collect();
         let input = IterationInput {
             rank,
             pid,
             iter,
             start,
             end,
-            spans: marks.spans_within(start, end),
+            spans,
             peer_arrivals: self.peer_arrivals(pid, iter, &begins),
             gpu: self.gpu_iteration(pid, iter),
+            waits,
         };
         let gpu_index = self.gpu_of(pid);
         let rank_series = RankSeries {
@@ -331,15 +345,24 @@ impl NodeTimeline {
             gpu: gpu_index.as_deref().map(|g| self.gpu_series(pid, g)),
         };
         let breakdown = attribute(&input, &self.series, &rank_series, links);
-        let gpu = gpu_index.map(|gpu| {
-            NvmlReading::read(
+        let gpu = match gpu_index {
+            Some(gpu) => Some(NvmlReading::read(
                 &self.series,
                 &gpu,
                 (start, end),
                 input.gpu.is_some(),
                 marks.info().batch_bytes,
-            )
-        });
+            )),
+            // A CUDA loop on a node whose NVML gave no GPU (no driver library, no device it
+            // can open): the iteration still says it ran on a GPU, with no reading, so that
+            // the summary can say in words what is not measured.
+            None if marks.gpu_timed() => Some(NvmlReading::unmeasured(
+                marks.meta.get("cuda_device").map(String::as_str),
+                input.gpu.is_some(),
+                marks.info().batch_bytes,
+            )),
+            None => None,
+        };
         Attributed { breakdown, gpu }
     }
 

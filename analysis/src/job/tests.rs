@@ -319,3 +319,87 @@ fn an_iteration_waits_for_its_gpus_samples_past_its_end() {
         "all of iteration 1's bytes"
     );
 }
+
+/// A loop that drives a CUDA device (it said `cuda_device` and sent CUDA-timed iterations) on
+/// a node where NVML gave no GPU at all: the summary says, in words, that the GPU figures are
+/// not measured, and the rank's GPU line says so too, instead of the GPU going unmentioned.
+#[test]
+fn a_gpu_that_nvml_never_saw_is_said_in_words() {
+    use crate::marker::{Marker, MarkerEvent};
+    use crate::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind};
+    const MS: Nanos = 1_000_000;
+    let mut job = JobTimeline::default();
+    job.ingest(&Frame::Header(RunHeader::default()));
+    job.ingest(&Frame::Series(SeriesDecl {
+        id: SeriesId(0),
+        name: "cpu.busy_ns".into(),
+        unit: "ns".into(),
+        kind: SeriesKind::Counter,
+        labels: vec![],
+    }));
+    let marker = |seq: u64, t_ns: Nanos, iter: u64, event: MarkerEvent| Marker {
+        seq,
+        t_ns,
+        pid: 100,
+        rank: Some(0),
+        iter,
+        event,
+    };
+    let mut marks = vec![marker(
+        0,
+        0,
+        0,
+        MarkerEvent::Meta(vec![("cuda_device".into(), "0".into())]),
+    )];
+    for iter in 0..5u64 {
+        marks.push(marker(
+            1 + iter,
+            (iter + 1) * 100 * MS,
+            iter,
+            MarkerEvent::Step,
+        ));
+    }
+    job.ingest(&Frame::Markers(marks));
+    for t in (0..=600).step_by(10) {
+        job.ingest(&Frame::Samples(SampleBatch {
+            t_ns: t * MS,
+            dur_ns: 0,
+            values: vec![(SeriesId(0), t)],
+        }));
+    }
+    job.attribute_ready(600 * MS, true);
+    let s = summarize(&job);
+    let said: Vec<&String> = s
+        .warnings
+        .iter()
+        .filter(|w| w.contains("CUDA device 0") && w.contains("not measured"))
+        .collect();
+    assert_eq!(said.len(), 1, "{:#?}", s.warnings);
+    let gpu = s.ranks[0].gpu.as_ref().expect("the rank's GPU is named");
+    assert_eq!(gpu.read_fraction, 0.0);
+    assert!(crate::summary::render_text(&s).contains("no NVML readings"));
+}
+
+/// The same loop without CUDA (a CPU training) on the same node: no GPU, no warning.
+#[test]
+fn a_cpu_loop_without_nvml_gets_no_gpu_warning() {
+    use crate::marker::{Marker, MarkerEvent};
+    const MS: Nanos = 1_000_000;
+    let mut job = JobTimeline::default();
+    job.ingest(&Frame::Header(RunHeader::default()));
+    let marks: Vec<Marker> = (0..5u64)
+        .map(|iter| Marker {
+            seq: iter,
+            t_ns: (iter + 1) * 100 * MS,
+            pid: 100,
+            rank: Some(0),
+            iter,
+            event: MarkerEvent::Step,
+        })
+        .collect();
+    job.ingest(&Frame::Markers(marks));
+    job.attribute_ready(600 * MS, true);
+    let s = summarize(&job);
+    assert!(s.warnings.is_empty(), "{:#?}", s.warnings);
+    assert!(s.ranks.iter().all(|r| r.gpu.is_none()));
+}

@@ -176,19 +176,30 @@ def _count_drop(events=1):
     _dropped += events
 
 
-def _phase_event(kind, name, t_ns):
+def _phase_event(kind, name, t_ns, waits_for=None):
     if _sock is None:
         return
     tail = _tail(kind, name)
     if tail is None:
         _count_drop()
-    else:
-        _send(tail, t_ns)
+        return
+    if waits_for is not None:
+        try:
+            pid = int(waits_for)
+            if 0 < pid <= 0xFFFFFFFF:
+                tail += b" w=%d" % pid
+        except Exception:  # not a number: the phase goes without it
+            pass
+    _send(tail, t_ns)
 
 
-def begin(name, t_ns=None):
-    """The phase ``name`` begins (now, or at ``t_ns`` on ``time.monotonic_ns()``'s clock)."""
-    _phase_event(b"B", name, t_ns)
+def begin(name, t_ns=None, waits_for=None):
+    """The phase ``name`` begins (now, or at ``t_ns`` on ``time.monotonic_ns()``'s clock).
+
+    ``waits_for``: the pid of the process this phase waits for (say, the loader worker whose
+    batch is next), so that the stall is read from what that process did.
+    """
+    _phase_event(b"B", name, t_ns, waits_for)
 
 
 def end(name, t_ns=None):

@@ -169,8 +169,11 @@ def _patch_dataloader(torch):
         def __next__(self):
             _cuda_timing.on_data_begin()
             try:
-                with data:
+                stallscope.begin("data", waits_for=_awaited_worker(self))
+                try:
                     batch = iter_next(self)
+                finally:
+                    stallscope.end("data")
             finally:
                 _cuda_timing.on_data_end()
             global _batches
@@ -180,6 +183,22 @@ def _patch_dataloader(torch):
             return batch
 
         iter_cls.__next__ = _mark(__next__)
+
+
+def _awaited_worker(loader_iter):
+    """The pid of the worker whose batch ``__next__`` is about to wait for, or None.
+
+    A multi-process iterator hands batch ``_rcvd_idx`` out next; ``_task_info`` maps it to
+    ``(worker_id,)`` while the batch is still being made (to ``(worker_id, data)`` once it came
+    in early), so the loop waits for that worker. Single-process iterators have neither.
+    """
+    try:
+        task = loader_iter._task_info.get(loader_iter._rcvd_idx)
+        if task is not None and len(task) == 1:
+            return loader_iter._workers[task[0]].pid
+    except Exception:
+        pass
+    return None
 
 
 def _batch_meta(loader_iter, batch, torch):

@@ -66,6 +66,12 @@ def parse(datagram):
     if m.event in ("B", "E"):
         if not _NAME.match(m.phase):
             raise ValueError("name {!r}".format(m.phase))
+        for f in fields[8:]:
+            k, sep, v = f.partition("=")
+            if k == "w":
+                if not sep or not re.match(r"[0-9]+\Z", v):
+                    raise ValueError("w {!r}".format(f))
+                m.fields["w"] = v
     elif m.event == "M":
         for f in fields[8:]:
             k, sep, v = f.partition("=")

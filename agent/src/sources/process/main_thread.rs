@@ -59,13 +59,13 @@ struct LastState {
 
 /// A parsed `schedstat` line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Schedstat {
+pub(super) struct Schedstat {
     /// ns on the CPU (`sum_exec_runtime`).
-    cpu_ns: u64,
+    pub(super) cpu_ns: u64,
     /// ns waiting on a run queue (`run_delay`).
-    runq_ns: u64,
+    pub(super) runq_ns: u64,
     /// Times scheduled in (`pcount`); 0 throughout on a kernel that keeps no scheduler info.
-    scheduled: u64,
+    pub(super) scheduled: u64,
 }
 
 impl LastState {
@@ -249,7 +249,7 @@ fn read_main_thread(
 }
 
 /// `schedstat`: three decimal numbers separated by spaces, then a newline.
-fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
+pub(super) fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
     let mut fields = fields(bytes);
     let mut next = || parse_u64(fields.next()?);
     let sched = Schedstat {
@@ -262,7 +262,7 @@ fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
 
 /// The state letter of a `stat` line: field 3, after the parenthesised `comm` (which may
 /// itself hold `)` and spaces, hence the last `)`). The hot path needs only this field.
-fn stat_state(bytes: &[u8]) -> Option<char> {
+pub(super) fn stat_state(bytes: &[u8]) -> Option<char> {
     let close = bytes.iter().rposition(|b| *b == b')')?;
     match bytes.get(close + 1..close + 3) {
         Some([b' ', s]) if s.is_ascii_alphabetic() => Some(*s as char),

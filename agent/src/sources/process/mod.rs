@@ -6,6 +6,12 @@
 //! above the loops, [`Watched::launchers`]) are read by a second instance on the slow tier:
 //! attribution never asks for their main thread.
 //!
+//! Every tick too, the other threads of the loader workers ([`WorkerThreadsSource`]: the
+//! job's processes that are neither loops nor launchers): a worker that reads from an object
+//! store or decodes on a thread pool leaves its main thread asleep, and what the loop waits
+//! for is then on those threads. They are few (PyTorch sets a worker's own thread count to 1),
+//! and are read only once the loops are known.
+//!
 //! Slowly, whole-process totals ([`ProcessTotalsSource`]): CPU time of all threads (live and
 //! exited) and bytes read from storage.
 //!
@@ -21,9 +27,11 @@ use super::{is_gone, SourceError, Watched};
 
 mod main_thread;
 mod totals;
+mod worker_threads;
 
 pub use main_thread::{ProcessSource, STATE_EVERY};
 pub use totals::ProcessTotalsSource;
+pub use worker_threads::WorkerThreadsSource;
 
 /// Forgets entries whose pid is no longer watched (or no longer `wanted`) and opens entries
 /// for newly watched, wanted pids. Returns the first failure to open that was not the process
