@@ -287,7 +287,10 @@ fn the_summary_shows_what_the_gpu_did_per_iteration_next_to_the_batch() {
     // Without NVML the loop still drives CUDA device 0: nothing is measured, and the summary
     // says so in words rather than leaving the GPU out.
     let (_, unread) = data_bound_job(false);
-    let g = unread.ranks[0].gpu.as_ref().expect("the rank's GPU is named");
+    let g = unread.ranks[0]
+        .gpu
+        .as_ref()
+        .expect("the rank's GPU is named");
     assert_eq!((g.read_fraction, g.busy_fraction), (0.0, None));
     let text = render_text(&unread);
     assert!(text.contains("no NVML readings"), "{text}");

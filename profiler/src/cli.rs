@@ -65,6 +65,24 @@ pub enum Command {
     /// copies stdin to stdout and to fd 3, outliving stallscope.
     #[command(hide = true)]
     ForwardOutput,
+    /// The page-cache step of `stallscope experiment` on one node, run there through its
+    /// --node-launch prefix (profiler/src/experiment/nodes.rs): empties the dataset from the
+    /// cache and, with --read, reads it back in.
+    #[command(hide = true)]
+    CacheEvict(CacheEvictArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CacheEvictArgs {
+    /// The dataset's directory, at the same path as on the node that runs the experiment.
+    #[arg(long, value_name = "DIR")]
+    pub dataset_dir: PathBuf,
+    /// How to empty the cache.
+    #[arg(long, value_enum, default_value = "drop")]
+    pub cold_cache: crate::experiment::cache::ColdCache,
+    /// Then read the dataset once (the warm run, R3).
+    #[arg(long)]
+    pub read: bool,
 }
 
 #[derive(Debug, Args)]

@@ -67,6 +67,36 @@ fn shell_word(value: &str) -> String {
     }
 }
 
+/// The command line that runs `argv` on `node` (number `node_rank` of `nnodes`) through the
+/// prefix `template`, as a rank is started there but with no torchrun variables (`{env}`
+/// carries only the forwarded ones; `{rank}` and `{local_rank}` are 0). Through `ssh` the
+/// words of `argv` are quoted for the remote shell.
+pub fn on_node(
+    template: &str,
+    node: &str,
+    node_rank: u32,
+    nnodes: usize,
+    argv: &[String],
+) -> Vec<String> {
+    let p = Placement {
+        node_rank,
+        rank: 0,
+        local_rank: 0,
+        env: Vec::new(),
+        argv: Vec::new(),
+    };
+    let through_shell = template.split_whitespace().next() == Some("ssh");
+    let mut out = expand(template, node, &p, nnodes, &forwarded_env());
+    out.extend(argv.iter().map(|w| {
+        if through_shell {
+            shell_word(w)
+        } else {
+            w.clone()
+        }
+    }));
+    out
+}
+
 /// Expands the prefix template for one process: `{node}`, `{node_rank}`, `{nnodes}`,
 /// `{rank}`, `{local_rank}` in any word, and a word `{env}` into one `KEY=VALUE` word per
 /// variable, torchrun's and `forwarded`'s (for launchers such as ssh that do not pass the
@@ -330,6 +360,25 @@ mod tests {
         assert!(p[2]
             .argv
             .contains(&"PYTHONPATH=/tmp/ss run/site:/tmp/ss run/pkg".to_string()));
+    }
+
+    #[test]
+    fn a_command_on_a_node_goes_through_the_prefix() {
+        let argv = vec!["/opt/stall scope".to_string(), "cache-evict".to_string()];
+        let ns = on_node("ip netns exec {node}", "nsb", 1, 2, &argv);
+        assert_eq!(
+            ns,
+            [
+                "ip",
+                "netns",
+                "exec",
+                "nsb",
+                "/opt/stall scope",
+                "cache-evict"
+            ]
+        );
+        let ssh = on_node("ssh {node}", "hostb", 1, 2, &argv);
+        assert_eq!(ssh, ["ssh", "hostb", "'/opt/stall scope'", "cache-evict"]);
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn main() {
         cli::Command::Agent(args) => agent_cmd::agent(args),
         cli::Command::Collector(args) => collector_cmd::collector(args),
         cli::Command::ForwardOutput => forward::forward_output(),
+        cli::Command::CacheEvict(args) => experiment::nodes::cache_evict(args),
         cli::Command::CollectorBench(args) => collector_bench::collector_bench(args),
     };
     match result {

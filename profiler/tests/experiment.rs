@@ -100,3 +100,69 @@ fn a_cold_cache_run_without_a_dataset_is_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("needs --dataset-dir"), "{stderr}");
 }
+
+/// Issue 17 item 11: with the ranks spread over two nodes, the cold-cache run (R2) empties the
+/// page cache on each node, through the same --node-launch prefix that starts the ranks there
+/// (here a prefix that records the node and runs the command on this machine, as two nodes on
+/// one host), and the ranks it starts still run the hook and stop at the iteration limit.
+#[test]
+fn a_spread_cold_run_empties_each_nodes_cache_through_its_prefix() {
+    use std::os::unix::fs::PermissionsExt;
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("nodes.log");
+    let prefix = dir.path().join("on-node.sh");
+    std::fs::write(
+        &prefix,
+        format!(
+            "#!/bin/sh\nnode=$1; shift\necho \"$node $2\" >> {}\nexec \"$@\"\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&prefix, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let json = dir.path().join("e.json");
+    let data = data_dir();
+    let out = run_ok(
+        stallscope()
+            .args(["experiment", "-q", "--configs", "R2", "--iters", "3"])
+            .args(["--warmup", "1", "--nproc", "2", "--nodes", "nsa,nsb"])
+            .args(["--master-addr", "127.0.0.1", "--cold-cache", "fadvise"])
+            .arg("--node-launch")
+            .arg(format!("{} {{node}}", prefix.display()))
+            .arg("--dataset-dir")
+            .arg(&data)
+            .arg("-o")
+            .arg(dir.path().join("e.stallscope"))
+            .arg("--json")
+            .arg(&json)
+            .args(["--", &python(), &example()])
+            .args(["--workers", "0", "--batch", "4", "--images", "64"])
+            .args(["--iters", "100", "--data-dir", &data]),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said = std::fs::read_to_string(&log).unwrap();
+    // Each node: the cache step, then its rank.
+    for node in ["nsa", "nsb"] {
+        assert!(
+            said.lines().any(|l| l == format!("{node} cache-evict")),
+            "{said}\n{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("on {node}: cache emptied (posix_fadvise")),
+            "{stderr}"
+        );
+    }
+    assert_eq!(
+        said.lines().count(),
+        4,
+        "two cache steps, two ranks: {said}"
+    );
+    let e = read_json(&json);
+    let run = &e["runs"][0];
+    assert_eq!(run["config"], "Cold", "{e:#}");
+    assert_eq!(run["exit_code"], 0, "{e:#}");
+    assert_eq!(run["timing"]["iterations"], 3, "{e:#}");
+}

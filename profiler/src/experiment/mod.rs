@@ -26,6 +26,7 @@ use crate::cli::{ExperimentArgs, RunArgs};
 use crate::run;
 
 pub mod cache;
+pub mod nodes;
 
 use cache::Dataset;
 
@@ -160,7 +161,7 @@ fn validate(args: &ExperimentArgs) -> anyhow::Result<()> {
             .as_deref()
             .is_some_and(|l| l.split_whitespace().next() == Some("ssh"))
         {
-            eprintln!("stallscope experiment: through ssh, the other nodes must see the hook at the same path (a shared file system, as they see the dataset), and the page cache is emptied on this node only: the cold-cache runs (R2, R3) are cold here, and warm wherever the other nodes cached the dataset");
+            eprintln!("stallscope experiment: through ssh, the other nodes must see the hook, the dataset and this stallscope executable at the same paths (a shared file system); their page caches are emptied through the same prefix for R2 and R3");
         }
     }
     Ok(())
@@ -275,6 +276,7 @@ pub fn experiment(args: ExperimentArgs) -> anyhow::Result<i32> {
     for config in configs {
         if let Some(ds) = &dataset {
             storage = prepare_cache(ds, config, args.cold_cache)?.or(storage);
+            prepare_other_nodes(&args, config)?;
         }
         let (run, f) = run_config(&args, config, &out)?;
         let code = run.exit_code;
@@ -343,6 +345,27 @@ fn prepare_cache(
         }
         _ => Ok(None),
     }
+}
+
+/// The same cache step on every node the configuration spreads over (see [`nodes`]).
+fn prepare_other_nodes(args: &ExperimentArgs, config: Config) -> anyhow::Result<()> {
+    let layout = layout(args, config);
+    let (Some(dir), Some(template)) = (&args.dataset_dir, &args.node_launch) else {
+        return Ok(());
+    };
+    if layout.nodes.is_empty() || !matches!(config, Config::Warm | Config::Cold) {
+        return Ok(());
+    }
+    let exe = std::env::current_exe().context("cannot find the stallscope executable")?;
+    nodes::on_each_node(
+        &exe,
+        template,
+        &layout.nodes,
+        dir,
+        args.cold_cache,
+        config == Config::Warm,
+    );
+    Ok(())
 }
 
 /// Runs one configuration under the embedded `stallscope run` and reads its profile back.
