@@ -319,3 +319,45 @@ def dropped():
 def enabled():
     """Whether events go anywhere (``$STALLSCOPE_SOCKET`` was set)."""
     return _sock is not None
+
+
+# At most this long, at interpreter exit, for the last event to find room in a full socket.
+_GOODBYE_PATIENCE_S = 0.2
+
+
+def _goodbye(sleep=time.sleep):
+    """At exit: one last event, ``M - exit=1``, whose ``seq`` tells the reader how many of this
+    process's last events were lost (a gap is seen only before an event that arrives).
+
+    Only this event waits, and only at exit and only while the socket is full: up to
+    ``_GOODBYE_PATIENCE_S``, in 5 ms naps, for a profiler that fell behind. The training's own
+    work is done by then; a socket still full after that loses this event too.
+    """
+    global _dropped
+    if _sock is None or _getpid() != _pid:
+        return  # a fork that never sent anything has nothing to say
+    try:
+        datagram = b"SS1 %d %d %s %d M - exit=1" % (next(_seq), _monotonic_ns(), _ident, _iter)
+    except Exception:
+        return
+    deadline = _monotonic_ns() + int(_GOODBYE_PATIENCE_S * 1e9)
+    while True:
+        try:
+            _sock.sendto(datagram, _addr)
+            return
+        except BlockingIOError:  # full: the profiler is behind; wait a little
+            if _monotonic_ns() >= deadline:
+                break
+            try:
+                sleep(0.005)
+            except Exception:
+                break
+        except Exception:  # gone, refused: nobody is reading
+            break
+    _dropped += 1
+
+
+if _sock is not None:
+    import atexit
+
+    atexit.register(_goodbye)

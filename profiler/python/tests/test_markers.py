@@ -9,6 +9,7 @@ import importlib
 import os
 import re
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -331,6 +332,45 @@ class MarkerTest(unittest.TestCase):
         ss._sock = Broken()
         ss.step()
         ss.meta(a=1)
+        self.assertEqual(ss.dropped(), 2)
+
+    def test_the_last_event_at_exit_says_how_many_before_it_were_lost(self):
+        # A process that exits: its last event is M exit=1, numbered after every event it
+        # tried to send, so that a reader sees the gap of events lost at the end.
+        receiver = Receiver(self.path)
+        script = "import stallscope\nfor _ in range(3):\n    stallscope.step()\n"
+        env = dict(os.environ, STALLSCOPE_SOCKET=self.path, PYTHONPATH=PYTHON_DIR)
+        subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
+        markers = receiver.stop()
+        self.assertEqual([(m.seq, m.event) for m in markers][-1], (3, "M"))
+        self.assertEqual(markers[-1].fields, {"exit": "1"})
+
+    def test_the_exit_event_waits_briefly_for_a_full_socket_and_then_gives_up(self):
+        ss = load(self.path)
+
+        class FullThenFree:
+            def __init__(self, full):
+                self.full, self.sent = full, []
+
+            def sendto(self, data, address):
+                if self.full > 0:
+                    self.full -= 1
+                    raise BlockingIOError()
+                self.sent.append(parse(data))
+
+        ss._sock.close()
+        ss.step()  # dropped: nobody listens at self.path
+        naps = []
+        ss._sock = FullThenFree(3)
+        ss._goodbye(sleep=naps.append)
+        self.assertEqual(len(naps), 3)
+        self.assertEqual([(m.seq, m.event) for m in ss._sock.sent], [(1, "M")])
+        self.assertEqual(ss.dropped(), 1)
+        # Full for longer than the patience: it gives up, counts the loss, and returns.
+        ss._sock = FullThenFree(10**9)
+        started = time.monotonic()
+        ss._goodbye()
+        self.assertLess(time.monotonic() - started, 5.0)
         self.assertEqual(ss.dropped(), 2)
 
     def test_without_a_socket_everything_is_a_no_op(self):
