@@ -12,6 +12,13 @@
 //! make the collector allocate more; and at most [`MAX_STRANGERS`] are served at once: more are
 //! closed as they come, so a flood of idle connections cannot starve the real agents (each
 //! stranger has [`ServerConfig::handshake_timeout`] to become an agent).
+//!
+//! With [`ServerConfig::tls`] every connection first does a TLS handshake and the protocol
+//! runs inside it ([`crate::tls`]). The TLS handshake is part of the stranger's time: it
+//! counts among the [`MAX_STRANGERS`] and must be over, Hello and clock exchanges included,
+//! within the handshake time; a peer that does not speak TLS (a plain agent, which waits for
+//! the challenge and sends nothing) is closed when that time is up, and one that sends
+//! something else is closed at once. Neither touches another connection.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +60,8 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// The job's live model, for viewers (`AgentMsg::Watch`); `None` refuses them.
     pub feed: Option<Arc<FeedHub>>,
+    /// TLS on every connection (`--tls-cert`, `--tls-key`); `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for ServerConfig {
@@ -63,6 +72,7 @@ impl Default for ServerConfig {
             ping_every: Duration::from_millis(500),
             handshake_timeout: Duration::from_secs(5),
             feed: None,
+            tls: None,
         }
     }
 }
@@ -134,6 +144,27 @@ async fn read_payload_within<R: AsyncRead + Unpin>(
     Ok(())
 }
 
+/// Reads a stranger's first message, at most [`wire::MAX_PREAUTH`] bytes. On a plain
+/// connection, a TLS ClientHello (a record of type 22, version 3.x) is refused with what to
+/// change: the peer was given --tls-ca and this collector no --tls-cert.
+async fn first_payload<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    tls: bool,
+) -> Result<(), ConnError> {
+    let mut prefix = [0u8; 4];
+    r.read_exact(&mut prefix).await?;
+    if !tls && prefix[..2] == [0x16, 0x03] {
+        return Err(ConnError::Refused(
+            "the peer speaks TLS (it was given --tls-ca) and this collector does not: start the collector with --tls-cert and --tls-key, or leave out --tls-ca".into(),
+        ));
+    }
+    let len = wire::payload_len_within(prefix, wire::MAX_PREAUTH)?;
+    buf.resize(len, 0);
+    r.read_exact(buf).await?;
+    Ok(())
+}
+
 /// A fresh nonce for one connection's challenge.
 fn nonce() -> std::io::Result<Vec<u8>> {
     let mut n = vec![0u8; wire::NONCE_BYTES];
@@ -142,7 +173,9 @@ fn nonce() -> std::io::Result<Vec<u8>> {
 }
 
 async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &CollectorMsg) -> std::io::Result<()> {
-    w.write_all(&wire::encode(msg)).await
+    w.write_all(&wire::encode(msg)).await?;
+    // Over TLS the bytes may wait in the session's buffer until flushed.
+    w.flush().await
 }
 
 /// Who is on the other end.
@@ -249,12 +282,66 @@ async fn connection(
     shutdown: watch::Receiver<bool>,
     stranger: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::with_capacity(64 * 1024, r);
+    // One deadline for the whole stranger's time: the TLS handshake, the Hello and the
+    // first clock exchanges.
+    let deadline = tokio::time::Instant::now() + config.handshake_timeout;
+    let Some(tls) = config.tls.clone() else {
+        let (r, w) = stream.into_split();
+        let r = BufReader::with_capacity(64 * 1024, r);
+        return converse(r, w, peer, deadline, config, tx, shutdown, stranger).await;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            let (r, w) = tokio::io::split(stream);
+            let r = BufReader::with_capacity(64 * 1024, r);
+            converse(r, w, peer, deadline, config, tx, shutdown, stranger).await
+        }
+        Ok(Err(e)) => {
+            let reason = crate::tls::explain_accept(&e);
+            drop(stranger);
+            let _ = tx
+                .send(Ingest::NodeDown {
+                    node: None,
+                    peer,
+                    reason: Some(reason),
+                })
+                .await;
+        }
+        Err(_) => {
+            let reason = "no TLS handshake within the handshake time (a plain agent or viewer waits for a challenge it is not sent: give it --tls-ca, since this collector uses --tls-cert)".to_string();
+            drop(stranger);
+            let _ = tx
+                .send(Ingest::NodeDown {
+                    node: None,
+                    peer,
+                    reason: Some(reason),
+                })
+                .await;
+        }
+    }
+}
+
+/// One connection's conversation on any stream (plain TCP, or TLS over it): the challenge
+/// and Hello before `deadline`, then an agent's records or a viewer's feed.
+#[allow(clippy::too_many_arguments)]
+async fn converse<R, W>(
+    mut r: R,
+    mut w: W,
+    peer: SocketAddr,
+    deadline: tokio::time::Instant,
+    config: Arc<ServerConfig>,
+    tx: mpsc::Sender<Ingest>,
+    shutdown: watch::Receiver<bool>,
+    stranger: tokio::sync::OwnedSemaphorePermit,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let mut node = None;
     let result = async {
         let (hello, who, clock) =
-            tokio::time::timeout(config.handshake_timeout, handshake(&mut r, &mut w, &config))
+            tokio::time::timeout_at(deadline, handshake(&mut r, &mut w, &config))
                 .await
                 .map_err(|_| {
                     ConnError::Refused(
@@ -270,7 +357,10 @@ async fn connection(
         )
         .await?;
         if let (Peer::Viewer, Some(hub)) = (who, &config.feed) {
-            return watch(w, hub, shutdown.clone()).await;
+            let watched = watch(&mut w, hub, shutdown.clone()).await;
+            // TLS says goodbye (close_notify) before the socket closes.
+            let _ = w.shutdown().await;
+            return watched;
         }
         node = Some(hello.node.clone());
         let _ = tx
@@ -311,7 +401,7 @@ where
     )
     .await?;
     let mut buf = Vec::new();
-    let first = read_payload_within(r, &mut buf, wire::MAX_PREAUTH).await;
+    let first = first_payload(r, &mut buf, config.tls.is_some()).await;
     let hello = match first {
         Ok(()) => check_hello(&buf, config.token.as_deref(), &nonce),
         Err(e) => Err(e),
