@@ -182,3 +182,36 @@ fn pem_error(e: rustls_pki_types::pem::Error) -> String {
 /// A byte stream a blocking viewer reads: plain TCP, or TLS over it.
 pub trait SyncStream: Read + Write + Send {}
 impl<T: Read + Write + Send> SyncStream for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_name_is_the_host_of_the_collectors_address() {
+        assert_eq!(host_of("collector.example:7571"), "collector.example");
+        assert_eq!(host_of("10.0.0.5:7571"), "10.0.0.5");
+        assert_eq!(host_of("[fd00::5]:7571"), "fd00::5");
+        assert_eq!(host_of("collector"), "collector");
+        let ip = ServerName::try_from(host_of("10.0.0.5:7571").to_string()).unwrap();
+        assert!(matches!(ip, ServerName::IpAddress(_)), "{ip:?}");
+    }
+
+    #[test]
+    fn a_missing_or_empty_ca_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let err = TlsClient::new(&missing, None, "localhost:7571").unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "cannot read certificates from --tls-ca {}",
+                missing.display()
+            )),
+            "{err}"
+        );
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let err = TlsClient::new(&empty, None, "localhost:7571").unwrap_err();
+        assert!(err.to_string().contains("no PEM certificate"), "{err}");
+    }
+}

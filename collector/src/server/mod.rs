@@ -797,6 +797,153 @@ mod tests {
         drop(idle);
     }
 
+    /// A self-signed certificate for localhost and 127.0.0.1 made by the openssl CLI, as PEM
+    /// files in `dir`; `None` without openssl (a failure under CI=true).
+    fn certificate(dir: &std::path::Path) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let made = std::process::Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+            .args(["-subj", "/CN=localhost", "-addext"])
+            .args(["subjectAltName=DNS:localhost,IP:127.0.0.1", "-addext"])
+            .args(["basicConstraints=critical,CA:FALSE", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output();
+        if made.is_ok_and(|o| o.status.success()) {
+            return Some((cert, key));
+        }
+        let why = "the openssl CLI cannot make a test certificate (run scripts/install-deps.sh)";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("SKIP: {why}");
+        None
+    }
+
+    /// With TLS, a peer that does not speak it is closed (at once when it sends something
+    /// else, at the end of the handshake time when it waits for a challenge, as a plain agent
+    /// does) and said so to the job, while a TLS agent at the same time is challenged, welcomed
+    /// and its records taken.
+    #[tokio::test]
+    async fn a_tls_collector_closes_plain_peers_and_serves_a_tls_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some((cert, key)) = certificate(dir.path()) else {
+            return;
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = mpsc::channel(64);
+        let (_stop, shutdown) = watch::channel(false);
+        let config = ServerConfig {
+            sync_exchanges: 1,
+            handshake_timeout: Duration::from_secs(2),
+            tls: Some(crate::tls::server_config(&cert, &key).unwrap()),
+            ..config()
+        };
+        tokio::spawn(serve(listener, config, tx, shutdown));
+
+        // A plain agent: it waits for the challenge, which never comes in the clear.
+        let mut waiting = TcpStream::connect(addr).await.unwrap();
+        // Something that is not TLS at all: closed at once.
+        let mut http = TcpStream::connect(addr).await.unwrap();
+        http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+
+        // The TLS agent, meanwhile.
+        let mut roots = rustls::RootCertStore::empty();
+        for c in crate::tls::read_certs(&cert, "--tls-ca").unwrap() {
+            roots.add(c).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect(name, tcp)
+            .await
+            .expect("the TLS handshake");
+        let (mut r, mut w) = split(tls);
+        let hello = hello(&mut r, "secret").await;
+        w.write_all(&wire::encode(&AgentMsg::Hello(hello)))
+            .await
+            .unwrap();
+        w.flush().await.unwrap();
+        let CollectorMsg::Ping { t1 } = read_msg(&mut r).await else {
+            panic!("a clock exchange")
+        };
+        let pong = AgentMsg::Pong { t1, t2: t1, t3: t1 };
+        w.write_all(&wire::encode(&pong)).await.unwrap();
+        w.flush().await.unwrap();
+        assert!(matches!(
+            read_msg(&mut r).await,
+            CollectorMsg::Welcome { .. }
+        ));
+        let record = AgentMsg::Record {
+            seq: 0,
+            frame: Frame::NodeHealth(Default::default()),
+        };
+        w.write_all(&wire::encode(&record)).await.unwrap();
+        w.flush().await.unwrap();
+
+        // The non-TLS request is closed at once (after a TLS alert), the waiting plain agent
+        // at the handshake time; neither is sent a challenge in the clear.
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(1), http.read_to_end(&mut got))
+            .await
+            .expect("closed at once")
+            .ok();
+        assert!(
+            got.is_empty() || got[0] == 0x15,
+            "at most a TLS alert: {got:?}"
+        );
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), waiting.read_to_end(&mut got))
+            .await
+            .expect("closed at the handshake time")
+            .ok();
+        assert!(got.is_empty(), "nothing in the clear: {got:?}");
+
+        let mut refused = Vec::new();
+        let mut recorded = false;
+        let mut up = false;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !(recorded && up && refused.len() == 2) {
+            let msg = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("up {up}, recorded {recorded}, refused {refused:?}"))
+                .unwrap();
+            match msg {
+                Ingest::NodeUp { node, .. } => up = node == "node-a",
+                Ingest::Record { seq: 0, frame, .. } => {
+                    recorded = matches!(frame, Frame::NodeHealth(h) if h.node == "node-a")
+                }
+                Ingest::NodeDown {
+                    node: None,
+                    reason: Some(r),
+                    ..
+                } => refused.push(r),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(
+            refused.iter().any(|r| r.contains("does not speak TLS")),
+            "{refused:?}"
+        );
+        assert!(
+            refused
+                .iter()
+                .any(|r| r.contains("no TLS handshake within the handshake time")
+                    && r.contains("--tls-ca")),
+            "{refused:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_viewer_is_sent_the_models_lines_in_parts() {
         let hub = Arc::new(FeedHub::default());
