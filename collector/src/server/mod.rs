@@ -291,35 +291,23 @@ async fn connection(
         return converse(r, w, peer, deadline, config, tx, shutdown, stranger).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+    let reason = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => {
             let (r, w) = tokio::io::split(stream);
             let r = BufReader::with_capacity(64 * 1024, r);
-            converse(r, w, peer, deadline, config, tx, shutdown, stranger).await
+            return converse(r, w, peer, deadline, config, tx, shutdown, stranger).await;
         }
-        Ok(Err(e)) => {
-            let reason = crate::tls::explain_accept(&e);
-            drop(stranger);
-            let _ = tx
-                .send(Ingest::NodeDown {
-                    node: None,
-                    peer,
-                    reason: Some(reason),
-                })
-                .await;
-        }
-        Err(_) => {
-            let reason = "no TLS handshake within the handshake time (a plain agent or viewer waits for a challenge it is not sent: give it --tls-ca, since this collector uses --tls-cert)".to_string();
-            drop(stranger);
-            let _ = tx
-                .send(Ingest::NodeDown {
-                    node: None,
-                    peer,
-                    reason: Some(reason),
-                })
-                .await;
-        }
-    }
+        Ok(Err(e)) => crate::tls::explain_accept(&e),
+        Err(_) => "no TLS handshake within the handshake time (a plain agent or viewer waits for a challenge it is not sent: give it --tls-ca, since this collector uses --tls-cert)".to_string(),
+    };
+    drop(stranger);
+    let _ = tx
+        .send(Ingest::NodeDown {
+            node: None,
+            peer,
+            reason: Some(reason),
+        })
+        .await;
 }
 
 /// One connection's conversation on any stream (plain TCP, or TLS over it): the challenge
