@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what stallscope's examples, scenarios and tests need on a fresh Debian machine:
 # PyTorch and torchvision from Debian (CPU), Pillow, OpenBLAS, iproute2 (network namespaces
-# and tc for scripts/netns.sh), tmux, procps, a C toolchain, curl, Prometheus and Chromium
-# (headless: the report is checked where people read it).
+# and tc for scripts/netns.sh), tmux, procps, a C toolchain, curl, Prometheus, Chromium
+# (headless: the report is checked where people read it), openssl (TLS test certificates).
 #
 # Idempotent: packages already installed are left alone, and `apt-get update` runs only when
 # something must be installed and apt does not know it (or the first install attempt fails on
@@ -25,6 +25,7 @@ PACKAGES=(
     curl
     prometheus
     chromium
+    openssl
 )
 
 dry_run=0

@@ -15,3 +15,4 @@ pub mod sampler;
 pub mod shipper;
 pub mod sink;
 pub mod sources;
+pub mod tls;

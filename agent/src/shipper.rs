@@ -26,6 +26,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 
 use crate::clock::monotonic_ns;
+use crate::tls::TlsClient;
 
 /// Between two connection attempts while the collector is away.
 pub const RECONNECT_EVERY: Duration = Duration::from_millis(500);
@@ -47,6 +48,8 @@ pub struct ShipperConfig {
     pub buffer_records: usize,
     /// ns added to every time this agent reports (tests inject a clock offset with it).
     pub clock_offset_ns: i64,
+    /// TLS to the collector (`--tls-ca`); `None`: plain TCP.
+    pub tls: Option<TlsClient>,
 }
 
 #[derive(Default)]
@@ -176,6 +179,10 @@ enum ConnectionEnd {
     /// It could not be reached or the connection broke: retried soon.
     #[error("{0}")]
     Lost(String),
+    /// The TLS handshake failed (a certificate not trusted, a collector without TLS): a
+    /// setup mistake, retried slowly like a refusal.
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl From<String> for ConnectionEnd {
@@ -198,7 +205,12 @@ async fn ship(shared: Arc<Shared>, config: ShipperConfig) {
         let refused = shared
             .refused
             .lock()
-            .map(|r| matches!(*r, Some(ConnectionEnd::Refused(_))))
+            .map(|r| {
+                matches!(
+                    *r,
+                    Some(ConnectionEnd::Refused(_)) | Some(ConnectionEnd::Tls(_))
+                )
+            })
             .unwrap_or(false);
         let until = Instant::now()
             + if refused {
@@ -295,7 +307,19 @@ async fn connection(shared: &Shared, config: &ShipperConfig) -> Result<(), Conne
     .map_err(|_| "no answer within 2 s; retrying".to_string())?
     .map_err(|e| format!("cannot connect ({e}); retrying, records are kept meanwhile"))?;
     let _ = stream.set_nodelay(true);
-    let (r, w) = stream.into_split();
+    let Some(tls) = &config.tls else {
+        let (r, w) = stream.into_split();
+        return converse(r, w, shared, config).await;
+    };
+    let stream = tokio::time::timeout(Duration::from_secs(10), tls.connect(stream))
+        .await
+        .map_err(|_| {
+            ConnectionEnd::Tls(
+                "no TLS handshake within 10 s: is the collector started with --tls-cert?".into(),
+            )
+        })?
+        .map_err(ConnectionEnd::Tls)?;
+    let (r, w) = tokio::io::split(stream);
     converse(r, w, shared, config).await
 }
 
@@ -314,6 +338,7 @@ where
     let io = |e: std::io::Error| format!("connection lost ({e})");
     let offset = config.clock_offset_ns;
     let (reader, mut rx) = spawn_reader(r, offset);
+    let waited = Instant::now();
     let result = async {
         // The collector speaks first: a nonce, which the Hello answers with the proof that
         // this agent holds the token (the token itself is never sent).
@@ -327,6 +352,14 @@ where
                     "the collector did not open with a challenge: is it the same stallscope version as this agent?".into(),
                 ))
             }
+            // A collector using TLS waits for a TLS handshake that a plain agent never
+            // starts, and closes the connection at the end of its handshake time (seconds);
+            // one serving too many strangers closes it at once.
+            Some(Err(e)) if config.tls.is_none() && waited.elapsed() >= Duration::from_secs(1) => {
+                return Err(ConnectionEnd::Tls(format!(
+                    "{e} before the collector's challenge: is the collector using --tls-cert? give the agent --tls-ca (its certificate or CA)"
+                )))
+            }
             Some(Err(e)) => return Err(ConnectionEnd::Lost(e)),
             None => return Err(ConnectionEnd::Lost("connection lost".into())),
         };
@@ -336,13 +369,16 @@ where
             node: config.node.clone(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
         });
+        // Flushed after each write: over TLS, written bytes may wait in the session's buffer.
         w.write_all(&wire::encode(&hello)).await.map_err(io)?;
+        w.flush().await.map_err(io)?;
         let mut welcomed = false;
         let mut sent_upto: Option<u64> = None;
         let mut poll = tokio::time::interval(Duration::from_millis(50));
         loop {
             if shared.stop.load(Ordering::Acquire) {
                 let _ = w.write_all(&wire::encode(&AgentMsg::Bye)).await;
+                let _ = w.shutdown().await;
                 return Ok(());
             }
             tokio::select! {
@@ -352,6 +388,7 @@ where
                         (CollectorMsg::Ping { t1 }, t2) => {
                             let pong = AgentMsg::Pong { t1, t2, t3: shift(monotonic_ns(), offset) };
                             w.write_all(&wire::encode(&pong)).await.map_err(io)?;
+                            w.flush().await.map_err(io)?;
                         }
                         (CollectorMsg::Welcome { .. }, _) => {
                             welcomed = true;
@@ -382,6 +419,7 @@ where
                 let batch = unsent(shared, &mut sent_upto);
                 if !batch.is_empty() {
                     w.write_all(&batch).await.map_err(io)?;
+                    w.flush().await.map_err(io)?;
                 }
             }
         }
@@ -432,6 +470,7 @@ mod tests {
             node: "node-a".into(),
             buffer_records: 16,
             clock_offset_ns: 0,
+            tls: None,
         }
     }
 

@@ -8,5 +8,6 @@ pub mod job;
 pub mod metrics;
 pub mod profile;
 pub mod server;
+pub mod tls;
 
 pub use stallscope_analysis::clock::monotonic_ns;

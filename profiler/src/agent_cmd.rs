@@ -51,6 +51,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         Some(p) => read_token(p)?,
         None => String::new(),
     };
+    let tls = args.tls.client(&args.collector)?;
     let node = match &args.node {
         Some(n) => n.clone(),
         None => host_name(),
@@ -69,6 +70,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
             node: node.clone(),
             buffer_records: args.buffer,
             clock_offset_ns: args.clock_offset_ms * 1_000_000,
+            tls: tls.clone(),
         })
         .context("cannot start the shipper thread")?,
     );
@@ -95,9 +97,21 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     let pydir = python_dir(shared)?;
     let pythonpath = python_env::install_shared(pydir.path()).ok();
     eprintln!(
-        "stallscope agent: node {node}, markers on {}, shipping to {}",
+        "stallscope agent: node {node}, markers on {}, shipping to {}{}",
         socket.display(),
-        args.collector
+        args.collector,
+        match &tls {
+            Some(t) => format!(
+                " over TLS (trusting {}, certificate for {})",
+                args.tls
+                    .tls_ca
+                    .as_deref()
+                    .unwrap_or(Path::new(""))
+                    .display(),
+                t.name()
+            ),
+            None => String::new(),
+        }
     );
     if let Some(p) = &pythonpath {
         eprintln!("stallscope agent: {}", zero_code_instruction(p, &socket));

@@ -104,6 +104,9 @@ pub struct AgentArgs {
     /// File holding the shared token the collector expects (first line).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// TLS to a collector started with --tls-cert.
+    #[command(flatten)]
+    pub tls: TlsClientArgs,
     /// Unix socket to receive markers on (default: $STALLSCOPE_SOCKET, else agent.sock in the
     /// runtime directory: /run/stallscope for root, else $XDG_RUNTIME_DIR/stallscope).
     #[arg(long, value_name = "PATH")]
@@ -176,6 +179,15 @@ pub struct CollectorArgs {
     /// File holding the shared token agents must present (first line).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// TLS on the agents' port: this certificate (PEM; chain, the collector's first). Agents
+    /// and viewers then need --tls-ca. For networks that are not trusted: the token never
+    /// crosses the network either way, but without TLS the records and the live model do, in
+    /// the clear.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// The job profile (appended to when it exists, so a restarted collector continues it).
     #[arg(long, short, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -373,6 +385,9 @@ pub struct FeedArgs {
     /// With HOST:PORT: the collector's token file.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// With HOST:PORT: TLS to a collector started with --tls-cert.
+    #[command(flatten)]
+    pub tls: TlsClientArgs,
     /// Print every message as one JSON line (the first a snapshot of the model, then updates).
     #[arg(long)]
     pub json: bool,
@@ -382,4 +397,31 @@ pub struct FeedArgs {
     /// Give up when the feed says nothing for this long, s.
     #[arg(long, default_value_t = 30.0)]
     pub timeout: f64,
+}
+
+/// TLS to a collector started with `--tls-cert` (agents and viewers).
+#[derive(Clone, Debug, Default, Args)]
+pub struct TlsClientArgs {
+    /// Connect to the collector over TLS, trusting only the certificates in FILE (PEM): the
+    /// collector's own self-signed certificate, or the CA that signed it.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// The name the collector's certificate must hold (default: the host of the collector's
+    /// address; an IP address is checked against the certificate's IP addresses).
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    pub tls_name: Option<String>,
+}
+
+impl TlsClientArgs {
+    /// The TLS client for the collector at `addr` (HOST:PORT); `None` without --tls-ca.
+    pub fn client(&self, addr: &str) -> anyhow::Result<Option<stallscope_agent::tls::TlsClient>> {
+        let Some(ca) = &self.tls_ca else {
+            return Ok(None);
+        };
+        Ok(Some(stallscope_agent::tls::TlsClient::new(
+            ca,
+            self.tls_name.as_deref(),
+            addr,
+        )?))
+    }
 }

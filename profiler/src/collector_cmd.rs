@@ -243,6 +243,11 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
         None => None,
     };
     let addr = listen_addr(&args.listen, token.is_some())?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(stallscope_collector::tls::server_config(cert, key)?),
+        (None, None) => None,
+        _ => bail!("--tls-cert and --tls-key go together"),
+    };
     let out = args.out.clone().unwrap_or_else(|| {
         let p = crate::run::default_profile_path();
         p.with_file_name(format!("job-{}", p.display()))
@@ -261,11 +266,18 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!(
-            "stallscope collector: listening on {addr} ({}), writing {}",
+            "stallscope collector: listening on {addr} ({}{}), writing {}",
             if token.is_some() {
                 "token required"
             } else {
                 "loopback only, no token"
+            },
+            match &args.tls_cert {
+                Some(cert) if tls.is_some() => format!(
+                    ", TLS with {}: agents and viewers need --tls-ca",
+                    cert.display()
+                ),
+                _ => String::new(),
             },
             out.display()
         );
@@ -273,6 +285,7 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
         let config = ServerConfig {
             token,
             feed: Some(hub.clone()),
+            tls,
             ..ServerConfig::default()
         };
         let _metrics = stallscope_collector::metrics::serve_flag(args.metrics.as_deref(), &hub)?;

@@ -10,14 +10,15 @@ use anyhow::Context;
 use stallscope_agent::node::feed::{newest_feed, FeedMessage};
 use stallscope_agent::node::feed_client::FeedClient;
 
-use crate::cli::FeedArgs;
+use crate::cli::{FeedArgs, TlsClientArgs};
 
 /// Attaches to `socket` (a feed socket, or a collector's HOST:PORT with the token in
-/// `token_file`; none: the newest feed socket of this user); a read that waits longer than
-/// `timeout` fails. Returns the client and what it is attached to.
+/// `token_file`, over TLS with `tls`; none: the newest feed socket of this user); a read that
+/// waits longer than `timeout` fails. Returns the client and what it is attached to.
 pub fn attach(
     socket: Option<&Path>,
     token_file: Option<&Path>,
+    tls: &TlsClientArgs,
     timeout: Duration,
 ) -> anyhow::Result<(FeedClient, String)> {
     Ok(match socket {
@@ -28,7 +29,14 @@ pub fn attach(
                 Some(t) => crate::agent_cmd::read_token(t)?,
                 None => String::new(),
             };
-            (FeedClient::connect_tcp(&addr, &token, timeout)?, addr)
+            let tls = tls.client(&addr)?;
+            (
+                FeedClient::connect_tcp(&addr, &token, timeout, tls.as_ref())?,
+                addr,
+            )
+        }
+        Some(_) | None if tls.tls_ca.is_some() => {
+            anyhow::bail!("--tls-ca is for a collector's HOST:PORT, not a feed socket")
         }
         Some(p) => (FeedClient::connect(p, timeout)?, p.display().to_string()),
         None => {
@@ -41,7 +49,12 @@ pub fn attach(
 /// Prints the feed; exit code 0 when it ended or `--count` messages were printed.
 pub fn feed(args: FeedArgs) -> anyhow::Result<i32> {
     let timeout = Duration::from_secs_f64(args.timeout.max(0.1));
-    let (mut client, at) = attach(args.socket.as_deref(), args.token_file.as_deref(), timeout)?;
+    let (mut client, at) = attach(
+        args.socket.as_deref(),
+        args.token_file.as_deref(),
+        &args.tls,
+        timeout,
+    )?;
     let mut out = std::io::stdout().lock();
     let mut printed = 0u64;
     while let Some(next) = client.next_message() {

@@ -1,6 +1,7 @@
 //! A client of the live feed: the feed socket of a run, agent or collector on this node, or a
 //! collector's TCP port (a viewer's Watch, token-checked like an agent's Hello; the same JSON
-//! lines arrive in parts). It keeps the model the messages make.
+//! lines arrive in parts), over TLS when the collector uses it ([`crate::tls`]). It keeps the
+//! model the messages make.
 
 use std::io::{BufRead, BufReader, Lines, Read, Write};
 use std::net::TcpStream;
@@ -13,6 +14,7 @@ use stallscope_analysis::view::JobView;
 use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VERSION};
 
 use super::feed::FEED_SCHEMA;
+use crate::tls::{SyncStream, TlsClient};
 
 /// What went wrong reading a feed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +26,14 @@ pub enum FeedError {
         at: String,
         /// Why.
         source: std::io::Error,
+    },
+    /// The TLS handshake with the collector failed (the reason names the flag to change).
+    #[error("the collector at {at}: {reason}")]
+    Tls {
+        /// The address.
+        at: String,
+        /// Why, for the user.
+        reason: String,
     },
     /// The server speaks another protocol.
     #[error("{at} speaks {hello}, this stallscope reads {{\"feed\":\"{FEED_SCHEMA}\"}}")]
@@ -54,7 +64,7 @@ pub enum FeedError {
 /// Where the lines come from.
 enum Source {
     Unix(Lines<BufReader<UnixStream>>),
-    Tcp(BufReader<TcpStream>),
+    Tcp(BufReader<Box<dyn SyncStream>>),
 }
 
 /// A feed being read, and the model its messages make.
@@ -92,22 +102,44 @@ impl FeedClient {
         })
     }
 
-    /// Attaches to a collector's live model at `addr` (HOST:PORT) with `token` (empty: none).
+    /// Attaches to a collector's live model at `addr` (HOST:PORT) with `token` (empty: none),
+    /// over TLS with `tls` (the collector's `--tls-cert`).
     pub fn connect_tcp(
         addr: &str,
         token: &str,
         timeout: Duration,
+        tls: Option<&TlsClient>,
     ) -> Result<FeedClient, FeedError> {
         let at = addr.to_string();
         let io = |source| FeedError::Io {
             at: at.clone(),
             source,
         };
-        let stream = TcpStream::connect(addr).map_err(io)?;
-        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        let tcp = TcpStream::connect(addr).map_err(io)?;
+        tcp.set_read_timeout(Some(timeout)).map_err(io)?;
+        let stream: Box<dyn SyncStream> = match tls {
+            Some(tls) => Box::new(tls.connect_sync(tcp).map_err(|reason| FeedError::Tls {
+                at: at.clone(),
+                reason,
+            })?),
+            None => Box::new(tcp),
+        };
         let mut reader = BufReader::new(stream);
         // The collector speaks first: a nonce, answered with the proof of the token.
-        let nonce = match read_msg(&mut reader, &at)? {
+        let first = match read_msg(&mut reader, &at) {
+            // A collector using TLS waits for a handshake this viewer does not start, and
+            // closes the connection at the end of its handshake time.
+            Err(FeedError::Io { at, source }) if tls.is_none() => {
+                return Err(FeedError::Tls {
+                    at,
+                    reason: format!(
+                        "{source} before the collector's challenge: is the collector using --tls-cert? give --tls-ca (its certificate or CA)"
+                    ),
+                })
+            }
+            other => other?,
+        };
+        let nonce = match first {
             CollectorMsg::Challenge { nonce } => nonce,
             CollectorMsg::Refused { reason } => return Err(FeedError::Refused { at, reason }),
             other => {
@@ -123,9 +155,9 @@ impl FeedClient {
             node: "viewer".into(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
         });
-        reader
-            .get_mut()
-            .write_all(&wire::encode(&watch))
+        let w = reader.get_mut();
+        w.write_all(&wire::encode(&watch))
+            .and_then(|_| w.flush())
             .map_err(io)?;
         match read_msg(&mut reader, &at)? {
             CollectorMsg::Welcome { .. } => {}

@@ -12,6 +12,13 @@
 //! make the collector allocate more; and at most [`MAX_STRANGERS`] are served at once: more are
 //! closed as they come, so a flood of idle connections cannot starve the real agents (each
 //! stranger has [`ServerConfig::handshake_timeout`] to become an agent).
+//!
+//! With [`ServerConfig::tls`] every connection first does a TLS handshake and the protocol
+//! runs inside it ([`crate::tls`]). The TLS handshake is part of the stranger's time: it
+//! counts among the [`MAX_STRANGERS`] and must be over, Hello and clock exchanges included,
+//! within the handshake time; a peer that does not speak TLS (a plain agent, which waits for
+//! the challenge and sends nothing) is closed when that time is up, and one that sends
+//! something else is closed at once. Neither touches another connection.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +60,8 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// The job's live model, for viewers (`AgentMsg::Watch`); `None` refuses them.
     pub feed: Option<Arc<FeedHub>>,
+    /// TLS on every connection (`--tls-cert`, `--tls-key`); `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for ServerConfig {
@@ -63,6 +72,7 @@ impl Default for ServerConfig {
             ping_every: Duration::from_millis(500),
             handshake_timeout: Duration::from_secs(5),
             feed: None,
+            tls: None,
         }
     }
 }
@@ -134,6 +144,27 @@ async fn read_payload_within<R: AsyncRead + Unpin>(
     Ok(())
 }
 
+/// Reads a stranger's first message, at most [`wire::MAX_PREAUTH`] bytes. On a plain
+/// connection, a TLS ClientHello (a record of type 22, version 3.x) is refused with what to
+/// change: the peer was given --tls-ca and this collector no --tls-cert.
+async fn first_payload<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    tls: bool,
+) -> Result<(), ConnError> {
+    let mut prefix = [0u8; 4];
+    r.read_exact(&mut prefix).await?;
+    if !tls && prefix[..2] == [0x16, 0x03] {
+        return Err(ConnError::Refused(
+            "the peer speaks TLS (it was given --tls-ca) and this collector does not: start the collector with --tls-cert and --tls-key, or leave out --tls-ca".into(),
+        ));
+    }
+    let len = wire::payload_len_within(prefix, wire::MAX_PREAUTH)?;
+    buf.resize(len, 0);
+    r.read_exact(buf).await?;
+    Ok(())
+}
+
 /// A fresh nonce for one connection's challenge.
 fn nonce() -> std::io::Result<Vec<u8>> {
     let mut n = vec![0u8; wire::NONCE_BYTES];
@@ -142,7 +173,9 @@ fn nonce() -> std::io::Result<Vec<u8>> {
 }
 
 async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &CollectorMsg) -> std::io::Result<()> {
-    w.write_all(&wire::encode(msg)).await
+    w.write_all(&wire::encode(msg)).await?;
+    // Over TLS the bytes may wait in the session's buffer until flushed.
+    w.flush().await
 }
 
 /// Who is on the other end.
@@ -249,12 +282,54 @@ async fn connection(
     shutdown: watch::Receiver<bool>,
     stranger: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::with_capacity(64 * 1024, r);
+    // One deadline for the whole stranger's time: the TLS handshake, the Hello and the
+    // first clock exchanges.
+    let deadline = tokio::time::Instant::now() + config.handshake_timeout;
+    let Some(tls) = config.tls.clone() else {
+        let (r, w) = stream.into_split();
+        let r = BufReader::with_capacity(64 * 1024, r);
+        return converse(r, w, peer, deadline, config, tx, shutdown, stranger).await;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let reason = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => {
+            let (r, w) = tokio::io::split(stream);
+            let r = BufReader::with_capacity(64 * 1024, r);
+            return converse(r, w, peer, deadline, config, tx, shutdown, stranger).await;
+        }
+        Ok(Err(e)) => crate::tls::explain_accept(&e),
+        Err(_) => "no TLS handshake within the handshake time (a plain agent or viewer waits for a challenge it is not sent: give it --tls-ca, since this collector uses --tls-cert)".to_string(),
+    };
+    drop(stranger);
+    let _ = tx
+        .send(Ingest::NodeDown {
+            node: None,
+            peer,
+            reason: Some(reason),
+        })
+        .await;
+}
+
+/// One connection's conversation on any stream (plain TCP, or TLS over it): the challenge
+/// and Hello before `deadline`, then an agent's records or a viewer's feed.
+#[allow(clippy::too_many_arguments)]
+async fn converse<R, W>(
+    mut r: R,
+    mut w: W,
+    peer: SocketAddr,
+    deadline: tokio::time::Instant,
+    config: Arc<ServerConfig>,
+    tx: mpsc::Sender<Ingest>,
+    shutdown: watch::Receiver<bool>,
+    stranger: tokio::sync::OwnedSemaphorePermit,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let mut node = None;
     let result = async {
         let (hello, who, clock) =
-            tokio::time::timeout(config.handshake_timeout, handshake(&mut r, &mut w, &config))
+            tokio::time::timeout_at(deadline, handshake(&mut r, &mut w, &config))
                 .await
                 .map_err(|_| {
                     ConnError::Refused(
@@ -270,7 +345,10 @@ async fn connection(
         )
         .await?;
         if let (Peer::Viewer, Some(hub)) = (who, &config.feed) {
-            return watch(w, hub, shutdown.clone()).await;
+            let watched = watch(&mut w, hub, shutdown.clone()).await;
+            // TLS says goodbye (close_notify) before the socket closes.
+            let _ = w.shutdown().await;
+            return watched;
         }
         node = Some(hello.node.clone());
         let _ = tx
@@ -311,7 +389,7 @@ where
     )
     .await?;
     let mut buf = Vec::new();
-    let first = read_payload_within(r, &mut buf, wire::MAX_PREAUTH).await;
+    let first = first_payload(r, &mut buf, config.tls.is_some()).await;
     let hello = match first {
         Ok(()) => check_hello(&buf, config.token.as_deref(), &nonce),
         Err(e) => Err(e),
@@ -705,6 +783,153 @@ mod tests {
         .unwrap();
         assert_eq!(up, "node-a");
         drop(idle);
+    }
+
+    /// A self-signed certificate for localhost and 127.0.0.1 made by the openssl CLI, as PEM
+    /// files in `dir`; `None` without openssl (a failure under CI=true).
+    fn certificate(dir: &std::path::Path) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let made = std::process::Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+            .args(["-subj", "/CN=localhost", "-addext"])
+            .args(["subjectAltName=DNS:localhost,IP:127.0.0.1", "-addext"])
+            .args(["basicConstraints=critical,CA:FALSE", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output();
+        if made.is_ok_and(|o| o.status.success()) {
+            return Some((cert, key));
+        }
+        let why = "the openssl CLI cannot make a test certificate (run scripts/install-deps.sh)";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("SKIP: {why}");
+        None
+    }
+
+    /// With TLS, a peer that does not speak it is closed (at once when it sends something
+    /// else, at the end of the handshake time when it waits for a challenge, as a plain agent
+    /// does) and said so to the job, while a TLS agent at the same time is challenged, welcomed
+    /// and its records taken.
+    #[tokio::test]
+    async fn a_tls_collector_closes_plain_peers_and_serves_a_tls_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some((cert, key)) = certificate(dir.path()) else {
+            return;
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = mpsc::channel(64);
+        let (_stop, shutdown) = watch::channel(false);
+        let config = ServerConfig {
+            sync_exchanges: 1,
+            handshake_timeout: Duration::from_secs(2),
+            tls: Some(crate::tls::server_config(&cert, &key).unwrap()),
+            ..config()
+        };
+        tokio::spawn(serve(listener, config, tx, shutdown));
+
+        // A plain agent: it waits for the challenge, which never comes in the clear.
+        let mut waiting = TcpStream::connect(addr).await.unwrap();
+        // Something that is not TLS at all: closed at once.
+        let mut http = TcpStream::connect(addr).await.unwrap();
+        http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+
+        // The TLS agent, meanwhile.
+        let mut roots = rustls::RootCertStore::empty();
+        for c in crate::tls::read_certs(&cert, "--tls-ca").unwrap() {
+            roots.add(c).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect(name, tcp)
+            .await
+            .expect("the TLS handshake");
+        let (mut r, mut w) = split(tls);
+        let hello = hello(&mut r, "secret").await;
+        w.write_all(&wire::encode(&AgentMsg::Hello(hello)))
+            .await
+            .unwrap();
+        w.flush().await.unwrap();
+        let CollectorMsg::Ping { t1 } = read_msg(&mut r).await else {
+            panic!("a clock exchange")
+        };
+        let pong = AgentMsg::Pong { t1, t2: t1, t3: t1 };
+        w.write_all(&wire::encode(&pong)).await.unwrap();
+        w.flush().await.unwrap();
+        assert!(matches!(
+            read_msg(&mut r).await,
+            CollectorMsg::Welcome { .. }
+        ));
+        let record = AgentMsg::Record {
+            seq: 0,
+            frame: Frame::NodeHealth(Default::default()),
+        };
+        w.write_all(&wire::encode(&record)).await.unwrap();
+        w.flush().await.unwrap();
+
+        // The non-TLS request is closed at once (after a TLS alert), the waiting plain agent
+        // at the handshake time; neither is sent a challenge in the clear.
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(1), http.read_to_end(&mut got))
+            .await
+            .expect("closed at once")
+            .ok();
+        assert!(
+            got.is_empty() || got[0] == 0x15,
+            "at most a TLS alert: {got:?}"
+        );
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), waiting.read_to_end(&mut got))
+            .await
+            .expect("closed at the handshake time")
+            .ok();
+        assert!(got.is_empty(), "nothing in the clear: {got:?}");
+
+        let mut refused = Vec::new();
+        let mut recorded = false;
+        let mut up = false;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !(recorded && up && refused.len() == 2) {
+            let msg = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("up {up}, recorded {recorded}, refused {refused:?}"))
+                .unwrap();
+            match msg {
+                Ingest::NodeUp { node, .. } => up = node == "node-a",
+                Ingest::Record { seq: 0, frame, .. } => {
+                    recorded = matches!(frame, Frame::NodeHealth(h) if h.node == "node-a")
+                }
+                Ingest::NodeDown {
+                    node: None,
+                    reason: Some(r),
+                    ..
+                } => refused.push(r),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(
+            refused.iter().any(|r| r.contains("does not speak TLS")),
+            "{refused:?}"
+        );
+        assert!(
+            refused
+                .iter()
+                .any(|r| r.contains("no TLS handshake within the handshake time")
+                    && r.contains("--tls-ca")),
+            "{refused:?}"
+        );
     }
 
     #[tokio::test]

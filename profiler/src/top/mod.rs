@@ -42,6 +42,9 @@ pub struct TopArgs {
     /// With --collector: the job's token file.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// With --collector: TLS to a collector started with --tls-cert.
+    #[command(flatten)]
+    pub tls: crate::cli::TlsClientArgs,
     /// Redraws per second at most.
     #[arg(long, default_value_t = 4.0)]
     pub fps: f64,
@@ -83,6 +86,7 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
     let (client, at) = crate::feed_cmd::attach(
         socket.as_deref(),
         args.token_file.as_deref(),
+        &args.tls,
         Duration::from_secs(3600),
     )?;
     let model = LiveModel::follow_client(client)?;
