@@ -9,11 +9,7 @@
 //! Cases per property: `STALLSCOPE_FUZZ_CASES` (default 256, so CI stays fast); the long run
 //! in docs/BENCHMARKS.md sets millions.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use stallscope_analysis::frame::{Frame, RunHeader};
 use stallscope_analysis::marker::{self, Marker, MarkerEvent, MAX_DATAGRAM};
@@ -23,60 +19,8 @@ use stallscope_analysis::summary::Summary;
 use stallscope_analysis::view::hub::{json_line, parse_line, FeedMessage};
 use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, MAX_MESSAGE};
 
-// ---------------------------------------------------------------------------------------
-// What a decode allocates: live bytes of this thread, and their peak since the last reset.
-// A decoder runs on the thread that calls it, and proptest runs cases on the test's thread.
-
-struct Counting;
-
-thread_local! {
-    static LIVE: Cell<usize> = const { Cell::new(0) };
-    static PEAK: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note_alloc(size: usize) {
-    let _ = LIVE.try_with(|l| {
-        let now = l.get() + size;
-        l.set(now);
-        let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
-    });
-}
-
-fn note_free(size: usize) {
-    let _ = LIVE.try_with(|l| l.set(l.get().saturating_sub(size)));
-}
-
-// SAFETY: every call goes to the system allocator unchanged; only sizes are counted.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_alloc(layout.size());
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        note_free(layout.size());
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_alloc(layout.size());
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_free(layout.size());
-        note_alloc(new_size);
-        System.realloc(ptr, layout, new_size)
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-/// Bytes `f` held at its peak beyond what was live when it was called, and its result.
-fn peak_of<T>(f: impl FnOnce() -> T) -> (usize, T) {
-    let base = LIVE.with(Cell::get);
-    PEAK.with(|p| p.set(base));
-    let out = f();
-    (PEAK.with(Cell::get) - base, out)
-}
+mod support;
+use support::fuzzing::{config, peak_of};
 
 /// The most a decode of `input_len` bytes may hold: a generous multiple of its input plus a
 /// fixed allowance (serde caps any preallocation from a length prefix at 1 MiB).
@@ -86,19 +30,6 @@ fn allowed(input_len: usize) -> usize {
 
 // ---------------------------------------------------------------------------------------
 // Inputs.
-
-/// Cases per property (`STALLSCOPE_FUZZ_CASES`, default 256).
-fn config() -> Config {
-    let cases = std::env::var("STALLSCOPE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// A mutation of a valid input: flipped, set, inserted or removed bytes, a cut, or a
 /// 32-bit little- or big-endian length-like word written somewhere (0xFFFF_FFFF and

@@ -9,12 +9,9 @@
 //! Cases per property: `STALLSCOPE_FUZZ_CASES` (default 256); see docs/BENCHMARKS.md for the
 //! long run.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::Cursor;
 
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use stallscope_analysis::frame::{Frame, RunHeader, FORMAT_VERSION};
 use stallscope_analysis::marker::{Marker, MarkerEvent};
@@ -25,61 +22,9 @@ use stallscope_collector::profile::{
     MAX_PAYLOAD,
 };
 
-struct Counting;
-
-thread_local! {
-    static LIVE: Cell<usize> = const { Cell::new(0) };
-    static PEAK: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note_alloc(size: usize) {
-    let _ = LIVE.try_with(|l| {
-        let now = l.get() + size;
-        l.set(now);
-        let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
-    });
-}
-
-fn note_free(size: usize) {
-    let _ = LIVE.try_with(|l| l.set(l.get().saturating_sub(size)));
-}
-
-// SAFETY: every call goes to the system allocator unchanged; only sizes are counted.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_alloc(layout.size());
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        note_free(layout.size());
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_alloc(layout.size());
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_free(layout.size());
-        note_alloc(new_size);
-        System.realloc(ptr, layout, new_size)
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-/// Cases per property (`STALLSCOPE_FUZZ_CASES`, default 256).
-fn config() -> Config {
-    let cases = std::env::var("STALLSCOPE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
+#[path = "../../analysis/tests/support/fuzzing.rs"]
+mod fuzzing;
+use fuzzing::{config, peak_of};
 
 /// What reading `bytes` as a profile gave: frames, issues (each described), or the error.
 #[derive(Debug)]
@@ -92,19 +37,20 @@ struct Read {
 
 /// Reads `bytes` to the end, frame by frame, as `report` does, counting what it holds.
 fn read(bytes: &[u8]) -> Result<Read, ProfileError> {
-    let base = LIVE.with(Cell::get);
-    PEAK.with(|p| p.set(base));
-    let mut reader = ProfileReader::new(Cursor::new(bytes), "fuzzed.stallscope")?;
-    let mut frames = 0;
-    for f in reader.by_ref() {
-        f?;
-        frames += 1;
-    }
-    let issues = reader.take_issues();
+    let (peak, read) = peak_of(|| {
+        let mut reader = ProfileReader::new(Cursor::new(bytes), "fuzzed.stallscope")?;
+        let mut frames = 0;
+        for f in reader.by_ref() {
+            f?;
+            frames += 1;
+        }
+        Ok::<_, ProfileError>((frames, reader.take_issues()))
+    });
+    let (frames, issues) = read?;
     Ok(Read {
         frames,
         issues,
-        peak: PEAK.with(Cell::get) - base,
+        peak,
     })
 }
 

@@ -284,41 +284,12 @@ fn a_full_marker_socket_does_not_block_the_training() {
     assert!(started.elapsed() < RUN_LIMIT);
 }
 
-/// The training runs in a session and process group of its own (`setsid`, under a shell):
-/// stallscope still finds its markers and its processes, and returns its exit code.
-#[test]
-fn a_training_in_its_own_session_is_followed() {
-    if !have_torch() {
-        return;
-    }
+/// Runs the example through `sh -c "<shell_prefix> python example …"` under `stallscope run`:
+/// the exit code comes back untouched and the summary counts every iteration.
+fn run_under_a_shell(shell_prefix: &str) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let flags = example_flags(ITERS).join(" ");
-    let script = format!("setsid -w {} {} {flags}", python(), example());
-    let mut cmd = stallscope();
-    cmd.args(["run", "-q", "-o"])
-        .arg(dir.path().join("p.stallscope"))
-        .arg("--summary-json")
-        .arg(dir.path().join("s.json"))
-        .args(["--", "sh", "-c", &script]);
-    let r = run(&mut cmd, 0, |_| {});
-    assert_untouched(&r, ITERS);
-    let s = read_json(&dir.path().join("s.json"));
-    let ranks = s["ranks"].as_array().unwrap();
-    assert_eq!(ranks.len(), 1, "{s:#}");
-    let total = ranks[0]["iterations"].as_u64().unwrap() + s["warmup_iterations"].as_u64().unwrap();
-    assert_eq!(total as usize, ITERS, "{s:#}");
-}
-
-/// The training execs another program (`sh -c 'exec python3 …'`): the process stallscope
-/// started becomes the training, which is still followed to its exit code.
-#[test]
-fn a_training_that_execs_is_followed() {
-    if !have_torch() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let flags = example_flags(ITERS).join(" ");
-    let script = format!("exec {} {} {flags}", python(), example());
+    let script = format!("{shell_prefix} {} {} {flags}", python(), example());
     let mut cmd = stallscope();
     cmd.args(["run", "-q", "-o"])
         .arg(dir.path().join("p.stallscope"))
@@ -330,6 +301,28 @@ fn a_training_that_execs_is_followed() {
     let s = read_json(&dir.path().join("s.json"));
     let total = s["job"]["iterations"].as_u64().unwrap() + s["warmup_iterations"].as_u64().unwrap();
     assert_eq!(total as usize, ITERS, "{s:#}");
+    s
+}
+
+/// The training runs in a session and process group of its own (`setsid`, under a shell):
+/// stallscope still finds its markers and its processes, and returns its exit code.
+#[test]
+fn a_training_in_its_own_session_is_followed() {
+    if !have_torch() {
+        return;
+    }
+    let s = run_under_a_shell("setsid -w");
+    assert_eq!(s["ranks"].as_array().unwrap().len(), 1, "{s:#}");
+}
+
+/// The training execs another program (`sh -c 'exec python3 …'`): the process stallscope
+/// started becomes the training, which is still followed to its exit code.
+#[test]
+fn a_training_that_execs_is_followed() {
+    if !have_torch() {
+        return;
+    }
+    run_under_a_shell("exec");
 }
 
 /// The node's agent is killed (SIGKILL) while a training sends it markers: the training,

@@ -1,0 +1,3 @@
+//! Helpers shared by the analysis crate's integration tests.
+
+pub mod fuzzing;
