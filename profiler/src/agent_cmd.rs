@@ -156,11 +156,14 @@ fn python_dir(shared: bool) -> anyhow::Result<tempfile::TempDir> {
         .context("cannot create the agent's Python directory")
 }
 
-/// What a user does to have a training send its markers to this agent with no code change.
+/// What a user does to have a training send its markers to this agent with no code change,
+/// as words a shell takes as they are (a path with a space is quoted).
 fn zero_code_instruction(pythonpath: &str, socket: &Path) -> String {
+    use crate::launch::shell_word;
     format!(
-        "zero-code PyTorch markers: start the training with PYTHONPATH={pythonpath}${{PYTHONPATH:+:$PYTHONPATH}} STALLSCOPE_SOCKET={} (or under `stallscope run`, which joins this agent)",
-        socket.display()
+        "zero-code PyTorch markers: start the training with PYTHONPATH={}${{PYTHONPATH:+:$PYTHONPATH}} STALLSCOPE_SOCKET={} (or under `stallscope run`, which joins this agent)",
+        shell_word(pythonpath),
+        shell_word(&socket.display().to_string())
     )
 }
 
@@ -235,6 +238,33 @@ mod tests {
         );
         assert!(
             said.contains("STALLSCOPE_SOCKET=/run/stallscope/agent.sock"),
+            "{said}"
+        );
+    }
+
+    /// A runtime directory with a space in its path (`$XDG_RUNTIME_DIR` is the user's) still
+    /// gives words a shell takes as one: what the shell sets is the paths.
+    #[test]
+    fn the_instruction_quotes_paths_a_shell_would_split() {
+        let said = zero_code_instruction(
+            "/tmp/my dir/site:/tmp/my dir/pkg",
+            Path::new("/tmp/my dir/agent.sock"),
+        );
+        let words = said
+            .split_once("start the training with ")
+            .and_then(|(_, rest)| rest.split_once(" (or under"))
+            .map(|(w, _)| w.to_string())
+            .expect(&said);
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "PYTHONPATH= {words} sh -c 'printf \"%s|%s\" \"$PYTHONPATH\" \"$STALLSCOPE_SOCKET\"'"
+            ))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "/tmp/my dir/site:/tmp/my dir/pkg|/tmp/my dir/agent.sock",
             "{said}"
         );
     }

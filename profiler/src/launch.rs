@@ -58,7 +58,7 @@ pub fn forwarded_env() -> Vec<(String, String)> {
 /// `value` as one word of a remote shell's command line (ssh joins its arguments with spaces
 /// and hands them to the remote shell): as it is when it holds only characters no shell
 /// treats specially, else single-quoted.
-fn shell_word(value: &str) -> String {
+pub(crate) fn shell_word(value: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:,=@%+".contains(c);
     if !value.is_empty() && value.chars().all(plain) {
         value.to_string()
