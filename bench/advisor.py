@@ -2,7 +2,8 @@
 """Checks `stallscope advise` against measurement on local "instance shapes".
 
 A shape is what this machine can vary: the link rate between two network-namespace nodes
-(tbf), and the CPUs a run may use (taskset). The shapes are written as a catalog CSV, so the
+(tbf), the CPUs a run may use (taskset), and the storage read rate (a blkio cgroup's
+read_bps_device on the dataset's disk, page cache dropped before each run). The shapes are written as a catalog CSV, so the
 advisor reads them exactly as it reads a cloud catalog. For each pair (A, B) the example
 training is profiled on shape A, `stallscope advise --current A` predicts the median
 iteration on B, then B is run and its median measured; the error is (predicted - measured) /
@@ -12,7 +13,7 @@ against B's min/median/max.
     sudo python3 bench/advisor.py [--reps 3] [--iters 20] [--pairs net100:net50,...]
          [--markdown FILE] [--json FILE]
 
-Needs root (namespaces, taskset is fine without). Prints a Markdown table.
+Needs root (namespaces, blkio cgroups, drop_caches). Prints a Markdown table.
 """
 import argparse
 import json
@@ -29,7 +30,8 @@ from common import DATA, EXAMPLE, REPO, prepare_data  # noqa: E402
 NETNS = os.path.join(REPO, "scripts/netns.sh")
 
 # name -> (kind, value): "net" shapes are two nodes, one rank each, at a tbf rate in Mbit/s;
-# "cpu" shapes are one rank with loader workers on that many CPUs.
+# "cpu" shapes are one rank with loader workers on that many CPUs; "disk" shapes are one rank
+# with loader workers reading a cold dataset at that many kB/s.
 SHAPES = {
     "net50": ("net", 50),
     "net100": ("net", 100),
@@ -37,21 +39,33 @@ SHAPES = {
     "net400": ("net", 400),
     "cpu1": ("cpu", 1),
     "cpu2": ("cpu", 2),
+    "disk250": ("disk", 250),
+    "disk1000": ("disk", 1000),
 }
-DEFAULT_PAIRS = "net100:net50,net100:net200,net100:net400,net50:net200,net400:net100,cpu2:cpu1,cpu1:cpu2"
+DEFAULT_PAIRS = ("net100:net50,net100:net200,net100:net400,net50:net200,net400:net100,"
+                 "cpu2:cpu1,cpu1:cpu2,disk250:disk1000,disk1000:disk250")
 NET_ARGS = ["--workers", "0", "--batch", "8", "--image-size", "32", "--width", "32", "--images", "128"]
 CPU_ARGS = ["--workers", "2", "--batch", "8", "--image-size", "32", "--width", "16", "--images", "128",
             "--data-delay-ms", "10"]
+# More images than a run reads (4 x 20 iterations of 8, and the prefetched batches), so that
+# every read is cold.
+DISK_IMAGES = 2048
+DISK_ARGS = ["--workers", "2", "--batch", "8", "--image-size", "64", "--width", "16",
+             "--images", str(DISK_IMAGES)]
+BLKIO = "/sys/fs/cgroup/blkio"
 
 
 def catalog_csv():
     """The shapes as a catalog in SkyPilot's columns plus NetworkGbps."""
-    rows = ["InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,NetworkGbps"]
+    rows = ["InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,NetworkGbps,"
+            "StorageMBps"]
     for name, (kind, v) in SHAPES.items():
         if kind == "net":
-            rows.append(f"{name},,0,{os.cpu_count()},4,1.0,{v / 1000}")
+            rows.append(f"{name},,0,{os.cpu_count()},4,1.0,{v / 1000},")
+        elif kind == "cpu":
+            rows.append(f"{name},,0,{v},4,{0.5 * v},,")
         else:
-            rows.append(f"{name},,0,{v},4,{0.5 * v},")
+            rows.append(f"{name},,0,{os.cpu_count()},4,1.0,,{v / 1000}")
     return "\n".join(rows) + "\n"
 
 
@@ -91,6 +105,49 @@ def run_cpu(args, shape, out, port):
     return f"{out}.stallscope", 1
 
 
+def block_device_of(path):
+    """MAJ:MIN of the whole disk holding ``path`` (blkio throttles whole devices)."""
+    dev = os.stat(path).st_dev
+    sys_path = os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if os.path.exists(os.path.join(sys_path, "partition")):
+        with open(os.path.join(os.path.dirname(sys_path), "dev")) as f:
+            return f.read().strip()
+    return f"{os.major(dev)}:{os.minor(dev)}"
+
+
+def disk_data(python):
+    """The larger generated dataset the disk shapes read (made once)."""
+    code = (f"import sys; sys.argv=['train.py']; sys.path.insert(0, {os.path.dirname(EXAMPLE)!r}); "
+            f"import train; print(train.ensure_dataset({DATA!r}, {DISK_IMAGES}, 64, 0))")
+    return subprocess.run([python, "-c", code], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def run_disk(args, shape, out, port):
+    """One rank, two workers, reading the cold dataset through a blkio limit of the shape's
+    rate; the run and everything it starts is in the cgroup."""
+    folder = disk_data(args.python)
+    group = os.path.join(BLKIO, f"stallscope-advisor-{os.getpid()}")
+    os.makedirs(group, exist_ok=True)
+    try:
+        with open(os.path.join(group, "blkio.throttle.read_bps_device"), "w") as f:
+            f.write(f"{block_device_of(folder)} {SHAPES[shape][1] * 1000}\n")
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(group, "cgroup.procs"),
+               args.stallscope, "run", "-q", "-o", f"{out}.stallscope", "--", args.python,
+               EXAMPLE, "--iters", str(4 * args.iters), "--port", str(port), "--data-dir",
+               DATA] + DISK_ARGS
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        try:
+            os.rmdir(group)
+        except OSError:
+            pass
+    return f"{out}.stallscope", 1
+
+
 def advise(args, catalog, profile, shape, nodes):
     """The advisor's JSON for a profile measured on `shape`."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
@@ -104,7 +161,8 @@ def measure_shape(args, catalog, shape, rep, work):
     kind = SHAPES[shape][0]
     out = os.path.join(work, f"{shape}-{rep}")
     port = 29700 + (hash((shape, rep)) % 200)
-    profile, nodes = (run_net if kind == "net" else run_cpu)(args, shape, out, port)
+    run = {"net": run_net, "cpu": run_cpu, "disk": run_disk}[kind]
+    profile, nodes = run(args, shape, out, port)
     return advise(args, catalog, profile, shape, nodes)
 
 

@@ -26,6 +26,9 @@ pub struct RunFacts {
     pub dataset_samples: Option<u64>,
     /// CPU seconds used by all data-loader worker processes over their lives, when any ran.
     pub loader_cpu_seconds: Option<f64>,
+    /// bytes the data-loader worker processes caused to be read from storage over their lives
+    /// (`/proc/PID/io` read_bytes: page-cache hits are not counted), when any ran.
+    pub loader_read_bytes: Option<u64>,
     /// Logical CPUs of the node.
     pub cpus: u32,
     /// The job's critical path: for each counted iteration, the breakdown of the rank that
@@ -53,6 +56,8 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
     let mut loaders: HashSet<u32> = HashSet::new();
     let mut cpu_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
     let mut cpu_max: HashMap<u32, u64> = HashMap::new(); // pid → ns
+    let mut read_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
+    let mut read_max: HashMap<u32, u64> = HashMap::new(); // pid → bytes
     for frame in frames {
         match frame {
             Frame::Header(h) => facts.cpus = h.cpus,
@@ -79,10 +84,19 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
                     cpu_series.insert(d.id.0, pid);
                 }
             }
+            Frame::Series(d) if d.name == names::PROC_READ_BYTES => {
+                if let Some(pid) = d.label("pid").and_then(|p| p.parse().ok()) {
+                    read_series.insert(d.id.0, pid);
+                }
+            }
             Frame::Samples(batch) => {
                 for (id, v) in &batch.values {
                     if let Some(pid) = cpu_series.get(&id.0) {
                         let max = cpu_max.entry(*pid).or_default();
+                        *max = (*max).max(*v);
+                    }
+                    if let Some(pid) = read_series.get(&id.0) {
+                        let max = read_max.entry(*pid).or_default();
                         *max = (*max).max(*v);
                     }
                 }
@@ -116,6 +130,14 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
         let ns: u64 = loaders.iter().filter_map(|pid| cpu_max.get(pid)).sum();
         if ns > 0 {
             facts.loader_cpu_seconds = Some(secs(ns));
+        }
+        let read: Vec<u64> = loaders
+            .iter()
+            .filter_map(|pid| read_max.get(pid))
+            .copied()
+            .collect();
+        if !read.is_empty() {
+            facts.loader_read_bytes = Some(read.iter().sum());
         }
     }
     facts

@@ -84,6 +84,10 @@ pub struct Measured {
     pub workers: Option<u32>,
     /// CPU seconds the loader workers spent per sample prepared.
     pub loader_cpu_seconds_per_sample: Option<f64>,
+    /// bytes the loader workers read from storage per sample prepared (what the page cache did
+    /// not hold: the uncached share is in it).
+    #[serde(default)]
+    pub loader_read_bytes_per_sample: Option<f64>,
     /// Logical CPUs of the node it ran on.
     pub cpus: u32,
     /// bytes of gradients all-reduced per iteration per rank (sum of DDP bucket sizes).
@@ -145,10 +149,12 @@ pub fn measure(frames: &[Frame], warmup: u32) -> Measured {
         other: per(Category::Other),
     }
     .scaled_to(m.iteration_seconds);
-    if let (Some(cpu), Some(b)) = (facts.loader_cpu_seconds, facts.batch_size) {
+    if let Some(b) = facts.batch_size {
         let samples = (facts.batches_prepared_per_rank() * b * m.ranks as u64) as f64;
         if samples > 0.0 {
-            m.loader_cpu_seconds_per_sample = Some(cpu / samples);
+            m.loader_cpu_seconds_per_sample = facts.loader_cpu_seconds.map(|cpu| cpu / samples);
+            m.loader_read_bytes_per_sample =
+                facts.loader_read_bytes.map(|bytes| bytes as f64 / samples);
         }
     }
     read_meta(frames, &mut m);

@@ -136,40 +136,70 @@ pub fn ring_seconds(bytes: f64, collectives: f64, ranks: u32, bytes_per_s: f64) 
     2.0 * (w - 1.0) * ALPHA_SECONDS * collectives + 2.0 * (w - 1.0) / w * bytes / bytes_per_s
 }
 
-/// DS-Analyzer's pipeline: the loader workers prepare the next batches while the rank
-/// computes, so only preparation slower than the rest of the iteration is exposed. Returns
-/// the predicted (compute, exposed prep), s per iteration, given the compute scaled for the
-/// candidate. The model's figure for the measured machine is compared with what was
-/// measured and the difference (queueing, collation in the main process, other load on the
-/// machine) carried over unchanged.
-fn data_prep(
+/// DS-Analyzer's pipeline: the loader workers fetch and prepare the next batches while the
+/// rank computes, so only loading slower than the rest of the iteration is exposed. Returns
+/// the predicted (compute, exposed prep, exposed fetch), s per iteration, given the compute
+/// scaled for the candidate. The model's figure for the measured machine is compared with
+/// what was measured and the difference (queueing, collation in the main process, other load
+/// on the machine) carried over unchanged.
+fn loader(
     m: &Measured,
     cur: &Instance,
     new: &Instance,
     compute: f64,
     notes: &mut Notes,
-) -> (f64, f64) {
+) -> (f64, f64, f64) {
     let b = &m.breakdown;
+    // Without the storage rates or the bytes read, a fetch stall scales with the rate alone.
+    let linear_fetch = match (cur.storage_mbps, new.storage_mbps) {
+        (Some(c), Some(n)) => b.data_fetch * c / n,
+        _ => b.data_fetch,
+    };
     let (Some(per_sample), Some(batch), Some(workers)) =
         (m.loader_cpu_seconds_per_sample, m.batch_size, m.workers)
     else {
         notes.assume("data preparation kept as measured (loader CPU per sample not measured)");
-        return (compute, b.data_prep);
+        return (compute, b.data_prep, linear_fetch);
     };
     if workers == 0 {
         notes
             .assume("data preparation runs in the training process (no workers): kept as measured");
-        return (compute, b.data_prep);
+        return (compute, b.data_prep, linear_fetch);
     }
     let batch_cpu = per_sample * batch as f64;
+    // Storage in the pipeline: the bytes a batch reads from storage (the uncached share as
+    // measured), at each instance's storage rate, shared by the node's ranks.
+    let storage = match (
+        m.loader_read_bytes_per_sample,
+        cur.storage_mbps,
+        new.storage_mbps,
+    ) {
+        (Some(bytes), Some(c), Some(n)) if bytes > 0.0 => {
+            let batch_bytes = bytes * batch as f64;
+            notes.assume(format!(
+                "storage: {:.1} kB read per sample (what the page cache did not hold) at {n} MB/s, shared by the node's ranks",
+                bytes / 1e3
+            ));
+            Some((batch_bytes / (c * 1e6), batch_bytes / (n * 1e6)))
+        }
+        _ => None,
+    };
+    let (io_cur, io_new) = storage.unwrap_or((0.0, 0.0));
     // On the CPU the measured compute is stretched by the workers sharing its cores; the
     // rank's own CPU time is its compute on a machine with cores to spare.
     let own = |c: f64| match m.rank_cpu_seconds_per_iteration {
         Some(w) if !m.on_gpu => w.min(c),
         _ => c,
     };
-    let cur_pipe = pipeline(m, cur, workers, batch_cpu, own(b.compute) + b.other);
-    let residual = b.compute + b.other + b.data_prep - cur_pipe;
+    let cur_pipe = pipeline(
+        m,
+        cur,
+        workers,
+        (batch_cpu, io_cur),
+        own(b.compute) + b.other,
+    );
+    let fetch_measured = if storage.is_some() { b.data_fetch } else { 0.0 };
+    let residual = b.compute + b.other + b.data_prep + fetch_measured - cur_pipe;
     notes.assume(format!(
         "loader: {:.2} ms CPU per sample measured, {} workers on {:.1} cores per rank (min-of-rates pipeline)",
         per_sample * 1e3,
@@ -177,23 +207,45 @@ fn data_prep(
         new.vcpus / ranks_per_node(m, new) as f64
     ));
     let compute_new = own(compute);
-    let total = pipeline(m, new, workers, batch_cpu, compute_new + b.other) + residual;
-    (compute_new, (total - compute_new - b.other).max(0.0))
+    let total = pipeline(m, new, workers, (batch_cpu, io_new), compute_new + b.other) + residual;
+    let exposed = (total - compute_new - b.other).max(0.0);
+    if storage.is_none() {
+        return (compute_new, exposed, linear_fetch);
+    }
+    // The exposed loading is fetch and prep in the proportion of their parts of the loaders'
+    // time per batch.
+    let cpu_part = batch_cpu
+        / (new.vcpus / ranks_per_node(m, new) as f64)
+            .min(workers as f64)
+            .max(1.0);
+    let io_part = io_new * ranks_per_node(m, new) as f64;
+    let fetch_share = io_part / (io_part + cpu_part).max(1e-12);
+    (
+        compute_new,
+        exposed * (1.0 - fetch_share),
+        exposed * fetch_share,
+    )
 }
 
-/// s per iteration of the data pipeline with the rank's other work `rest`: the slowest of
-/// the rank's own work, the workers' preparation of one batch (`batch_cpu` CPU seconds over
-/// the cores they get), and — for a job training on the CPU — all the CPU work of an
-/// iteration over the cores the rank has.
-fn pipeline(m: &Measured, inst: &Instance, workers: u32, batch_cpu: f64, rest: f64) -> f64 {
-    let per_rank = inst.vcpus / ranks_per_node(m, inst) as f64;
+/// s per iteration of the data pipeline with the rank's other work `rest`: the slowest of the
+/// rank's own work; the workers' preparation of one batch (`cpu` CPU seconds over the cores
+/// they get); the node's storage reading every rank's batch (`io` s per batch at the full
+/// rate); each worker making its batch alone, CPU then reads, over the workers taking turns;
+/// and — for a job training on the CPU — all the CPU work of an iteration over the cores the
+/// rank has.
+fn pipeline(m: &Measured, inst: &Instance, workers: u32, (cpu, io): (f64, f64), rest: f64) -> f64 {
+    let ranks = ranks_per_node(m, inst) as f64;
+    let per_rank = inst.vcpus / ranks;
+    let w = workers as f64;
+    let loading = (io * ranks).max((cpu + io) / w);
     if m.on_gpu {
-        let cores = (per_rank - 1.0).max(1.0).min(workers as f64);
-        return rest.max(batch_cpu / cores);
+        let cores = (per_rank - 1.0).max(1.0).min(w);
+        return rest.max(cpu / cores).max(loading);
     }
     let cores = per_rank.max(1.0);
-    rest.max(batch_cpu / cores.min(workers as f64))
-        .max((rest + batch_cpu) / cores)
+    rest.max(cpu / cores.min(w))
+        .max((rest + cpu) / cores)
+        .max(loading)
 }
 
 /// Exposed communication over the network, s per iteration, on `nodes` of `new`.
@@ -322,11 +374,7 @@ pub fn predict(
         }
     };
     let network = network(m, cur, new, cand.nodes, ratio, &mut notes);
-    let fetch = match (cur.storage_mbps, new.storage_mbps) {
-        (Some(c), Some(n)) => b.data_fetch * c / n,
-        _ => b.data_fetch,
-    };
-    let (compute, prep) = data_prep(m, cur, new, compute, &mut notes);
+    let (compute, prep, fetch) = loader(m, cur, new, compute, &mut notes);
     notes.assume("peer wait and other time kept as measured; same per-process batch");
     let bd = Breakdown {
         compute,

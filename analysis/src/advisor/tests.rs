@@ -258,3 +258,50 @@ fn json_names_the_fields_the_readme_documents() {
         assert!(first.get(k).is_some(), "{k}");
     }
 }
+
+/// A job whose two workers wait on a 0.25 MB/s disk: 8 samples of 4 kB read per batch (0.128 s
+/// at that rate) against 0.01 s of CPU and 0.03 s of compute. On a 1 MB/s disk the reads take
+/// 0.032 s: loading is then as fast as compute, so the iteration is about the compute, not the
+/// quarter of the fetch that a linear scaling of the measured stall would give.
+#[test]
+fn faster_storage_shrinks_a_fetch_stall_down_to_the_rest_of_the_pipeline() {
+    let cat = parse_instances(
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,StorageMBps\n\
+         disk250,,0,4,16,1.0,0.25\n\
+         disk1000,,0,4,16,1.0,1\n",
+    )
+    .unwrap();
+    let m = Measured {
+        iteration_seconds: 0.128,
+        breakdown: Breakdown {
+            compute: 0.03,
+            data_fetch: 0.098,
+            ..Default::default()
+        },
+        ranks: 1,
+        nodes: 1,
+        batch_size: Some(8),
+        workers: Some(2),
+        loader_cpu_seconds_per_sample: Some(0.01 / 8.0),
+        loader_read_bytes_per_sample: Some(4_000.0),
+        rank_cpu_seconds_per_iteration: Some(0.03),
+        cpus: 4,
+        ..Default::default()
+    };
+    let r = advise(&m, &cat[0], &cat, &gpus(), &Request::default());
+    let same = find(&r, "disk250");
+    assert!((same.predicted_iteration_seconds.unwrap() - 0.128).abs() < 1e-9);
+    let fast = find(&r, "disk1000");
+    let t = fast.predicted_iteration_seconds.unwrap();
+    // loading: max(0.032 s of reads, (0.01 + 0.032) / 2 workers) = 0.032 ≈ compute 0.03
+    assert!((t - 0.032).abs() < 1e-3, "{t}");
+    let bd = fast.breakdown.unwrap();
+    assert!(bd.data_fetch > bd.data_prep, "{bd:?}");
+    assert!(
+        fast.assumptions
+            .iter()
+            .any(|a| a.contains("kB read per sample")),
+        "{:?}",
+        fast.assumptions
+    );
+}
