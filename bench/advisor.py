@@ -3,17 +3,19 @@
 
 A shape is what this machine can vary: the link rate between two network-namespace nodes
 (tbf), the CPUs a run may use (taskset), and the storage read rate (a blkio cgroup's
-read_bps_device on the dataset's disk, page cache dropped before each run). The shapes are written as a catalog CSV, so the
+read_bps_device on the dataset's disk, the dataset evicted from the page cache before each run). The shapes are written as a catalog CSV, so the
 advisor reads them exactly as it reads a cloud catalog. For each pair (A, B) the example
-training is profiled on shape A, `stallscope advise --current A` predicts the median
-iteration on B, then B is run and its median measured; the error is (predicted - measured) /
-measured. Each shape runs --reps times; the table gives the median prediction from A's runs
-against B's min/median/max.
+training is profiled on shape A, `stallscope advise --current A` predicts the mean iteration
+on B (what the time to train follows from), then B is run and its mean measured; the error is
+(predicted - measured) / measured. Each shape runs --reps times; the table gives the median
+prediction from A's runs against B's min/median/max of the runs' means, and B's median
+iteration beside it (a loader-bound job alternates between ready and waiting iterations, so
+its median is no estimate of its time).
 
     sudo python3 bench/advisor.py [--reps 3] [--iters 20] [--pairs net100:net50,...]
          [--markdown FILE] [--json FILE]
 
-Needs root (namespaces, blkio cgroups, drop_caches). Prints a Markdown table.
+Needs root (namespaces, blkio cgroups). Prints a Markdown table.
 """
 import argparse
 import json
@@ -132,9 +134,10 @@ def run_disk(args, shape, out, port):
     try:
         with open(os.path.join(group, "blkio.throttle.read_bps_device"), "w") as f:
             f.write(f"{block_device_of(folder)} {SHAPES[shape][1] * 1000}\n")
-        subprocess.run(["sync"], check=True)
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
+        # Only the dataset is made cold (posix_fadvise): dropping the whole page cache would
+        # have torch's libraries read through the limit too, for minutes.
+        subprocess.run([args.stallscope, "cache-evict", "--dataset-dir", folder, "--cold-cache",
+                        "fadvise"], check=True, stdout=subprocess.DEVNULL)
         cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(group, "cgroup.procs"),
                args.stallscope, "run", "-q", "-o", f"{out}.stallscope", "--", args.python,
                EXAMPLE, "--iters", str(4 * args.iters), "--port", str(port), "--data-dir",
@@ -199,18 +202,21 @@ def main():
         meas = [r["measured"]["iteration_seconds"] for r in reports[b]]
         pred, med = statistics.median(preds), statistics.median(meas)
         rows.append(dict(profiled=a, predicted_for=b, predicted=pred,
-                         profiled_median=statistics.median(
+                         profiled_mean=statistics.median(
                              r["measured"]["iteration_seconds"] for r in reports[a]),
                          measured_min=min(meas), measured_median=med, measured_max=max(meas),
+                         median_iteration=statistics.median(
+                             r["measured"]["median_iteration_seconds"] for r in reports[b]),
                          error=(pred - med) / med))
     lines = [f"load average at start {load:.2f}; {args.reps} runs per shape, {args.iters} "
              f"iterations each (3 left out as warm-up)", "",
-             "| profiled on | median there (s) | predicted for | predicted (s) | measured min / median / max (s) | error |",
-             "|---|---|---|---|---|---|"]
+             "| profiled on | mean there (s) | predicted for | predicted mean (s) | measured mean: min / median / max of runs (s) | error | its median iteration (s) |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['profiled']} | {r['profiled_median']:.3f} | {r['predicted_for']} | "
+        lines.append(f"| {r['profiled']} | {r['profiled_mean']:.3f} | {r['predicted_for']} | "
                      f"{r['predicted']:.3f} | {r['measured_min']:.3f} / {r['measured_median']:.3f}"
-                     f" / {r['measured_max']:.3f} | {r['error'] * 100:+.1f}% |")
+                     f" / {r['measured_max']:.3f} | {r['error'] * 100:+.1f}% | "
+                     f"{r['median_iteration']:.3f} |")
     text = "\n".join(lines)
     print(text)
     if args.markdown:

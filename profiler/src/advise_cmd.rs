@@ -64,7 +64,8 @@ fn frames_of(path: &PathBuf) -> anyhow::Result<Vec<Frame>> {
     Ok(read.frames)
 }
 
-/// Pools the profiles: iteration medians and breakdowns averaged, the rest from the first.
+/// Pools the profiles: the mean iteration over all their iterations, the median of their
+/// medians, breakdowns averaged, the rest from the first.
 fn measured(args: &AdviseArgs) -> anyhow::Result<Measured> {
     let mut all: Vec<Measured> = Vec::new();
     for p in &args.profiles {
@@ -76,8 +77,17 @@ fn measured(args: &AdviseArgs) -> anyhow::Result<Measured> {
     }
     let mut m = all[0].clone();
     let n = all.len() as f64;
-    m.iteration_seconds =
-        advisor::median(&all.iter().map(|x| x.iteration_seconds).collect::<Vec<_>>());
+    let weight: usize = all.iter().map(|x| x.iterations).sum();
+    m.iteration_seconds = all
+        .iter()
+        .map(|x| x.iteration_seconds * x.iterations as f64)
+        .sum::<f64>()
+        / weight.max(1) as f64;
+    m.median_iteration_seconds = advisor::median(
+        &all.iter()
+            .map(|x| x.median_iteration_seconds)
+            .collect::<Vec<_>>(),
+    );
     let mut b = advisor::Breakdown::default();
     for x in &all {
         let s = x.breakdown;

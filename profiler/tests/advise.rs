@@ -108,7 +108,7 @@ fn a_four_times_faster_link_is_predicted_and_measured_faster() {
     assert!(status.success());
     let rows = read_json(&json);
     let row = &rows[0];
-    let profiled = row["profiled_median"].as_f64().unwrap();
+    let profiled = row["profiled_mean"].as_f64().unwrap();
     let predicted = row["predicted"].as_f64().unwrap();
     let measured = row["measured_median"].as_f64().unwrap();
     // The order a user acts on, then a bound generous enough for a loaded 2-core machine.

@@ -42,13 +42,14 @@ pub fn render_text(r: &AdviceReport) -> String {
     let b = &m.breakdown;
     let _ = writeln!(
         out,
-        "measured on {} ({} rank{}, {} node{}): median iteration {:.3} s = compute {:.3} · fetch {:.3} · prep {:.3} · interconnect {:.3} · network {:.3} · peer wait {:.3} · other {:.3}",
+        "measured on {} ({} rank{}, {} node{}): mean iteration {:.3} s (median {:.3} s) = compute {:.3} · fetch {:.3} · prep {:.3} · interconnect {:.3} · network {:.3} · peer wait {:.3} · other {:.3}",
         r.current,
         m.ranks,
         if m.ranks == 1 { "" } else { "s" },
         m.nodes,
         if m.nodes == 1 { "" } else { "s" },
         m.iteration_seconds,
+        m.median_iteration_seconds,
         b.compute, b.data_fetch, b.data_prep, b.interconnect, b.network, b.peer_wait, b.other
     );
     instance_table(&mut out, r);
