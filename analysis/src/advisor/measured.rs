@@ -103,6 +103,10 @@ pub struct Measured {
     pub comm_overlap_seconds: Option<f64>,
     /// Collectives (DDP buckets) per iteration.
     pub collectives_per_iteration: Option<f64>,
+    /// bytes of each DDP bucket in the order they became ready in a backward (the last
+    /// layers' first; to the kB), when the hook sent them.
+    #[serde(default)]
+    pub bucket_bytes: Option<Vec<f64>>,
     /// torch.distributed backend (`gloo`, `nccl`).
     pub backend: Option<String>,
     /// CPU seconds each rank's own process (not its loaders) used per iteration, when
@@ -112,6 +116,75 @@ pub struct Measured {
     /// Whether the job ran on accelerators (a `device` meta other than `cpu`, or GPU
     /// readings in the profile).
     pub on_gpu: bool,
+    /// What bounds the job's GPU work, as its GPU figures say (`None` without them).
+    #[serde(default)]
+    pub gpu_bound: Option<GpuBound>,
+}
+
+/// What bounds a job's GPU work: which of the GPU's peaks its kernels run closest to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuBound {
+    /// Whether memory bandwidth (rather than tensor throughput) is the bound.
+    pub memory: bool,
+    /// The figures it was told from, in words.
+    pub evidence: String,
+}
+
+/// Tells the bound from the profile's GPU figures, averaged over the run: with GPM (Hopper
+/// on), DRAM bandwidth against tensor-core activity, each a share of its peak — the one
+/// closer to its peak bounds the job. Without GPM, NVML's memory utilisation (share of time
+/// device memory was read or written) against its utilisation (share of time a kernel ran):
+/// memory at 60% or more of the kernel time marks a memory-bound job (a dense GEMM keeps it
+/// well under half).
+fn gpu_bound(frames: &[Frame]) -> Option<GpuBound> {
+    use std::collections::HashMap;
+    let wanted = [
+        names::GPU_GPM_DRAM_BW,
+        names::GPU_GPM_TENSOR_ACTIVITY,
+        names::GPU_MEM_UTIL_PCT,
+        names::GPU_UTIL_PCT,
+    ];
+    let mut ids: HashMap<u32, usize> = HashMap::new();
+    let mut sums = [(0.0f64, 0u64); 4];
+    for frame in frames {
+        match frame {
+            Frame::Series(d) => {
+                if let Some(i) = wanted.iter().position(|n| *n == d.name) {
+                    ids.insert(d.id.0, i);
+                }
+            }
+            Frame::Samples(batch) => {
+                for (id, v) in &batch.values {
+                    if let Some(&i) = ids.get(&id.0) {
+                        sums[i].0 += *v as f64;
+                        sums[i].1 += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mean = |i: usize| (sums[i].1 > 0).then(|| sums[i].0 / sums[i].1 as f64);
+    if let (Some(dram), Some(tensor)) = (mean(0), mean(1)) {
+        let (dram, tensor) = (dram / 1000.0, tensor / 1000.0);
+        return Some(GpuBound {
+            memory: dram > tensor,
+            evidence: format!(
+                "GPM: DRAM bandwidth at {:.0}% of peak, tensor cores active {:.0}% of the time",
+                dram * 100.0,
+                tensor * 100.0
+            ),
+        });
+    }
+    let (Some(mem), Some(util)) = (mean(2), mean(3)) else {
+        return None;
+    };
+    Some(GpuBound {
+        memory: util > 0.0 && mem >= 0.6 * util,
+        evidence: format!(
+            "NVML: memory read or written {mem:.0}% of the time, a kernel running {util:.0}%"
+        ),
+    })
 }
 
 /// The mean of the finite values of `xs` (0 when none).
@@ -176,6 +249,9 @@ pub fn measure(frames: &[Frame], warmup: u32) -> Measured {
     }
     read_meta(frames, &mut m);
     m.rank_cpu_seconds_per_iteration = rank_cpu(frames, warmup);
+    if m.on_gpu {
+        m.gpu_bound = gpu_bound(frames);
+    }
     m
 }
 
@@ -237,6 +313,13 @@ fn read_meta(frames: &[Frame], m: &mut Measured) {
                         match k.as_str() {
                             "comm_bytes" => m.comm_bytes_per_iteration = v.parse().ok(),
                             "comm_buckets" => m.collectives_per_iteration = v.parse().ok(),
+                            "comm_bucket_kb" => {
+                                m.bucket_bytes = v
+                                    .split(':')
+                                    .map(|kb| kb.parse::<f64>().ok().map(|k| k * 1e3))
+                                    .collect::<Option<Vec<f64>>>()
+                                    .filter(|s| !s.is_empty());
+                            }
                             "comm_overlap_us" => {
                                 m.comm_overlap_seconds = v.parse::<f64>().ok().map(|us| us / 1e6)
                             }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use advice::{Advice, CommBound};
 pub use catalog::{parse_gpus, parse_instances, CatalogError, Gpu, Instance};
-pub use measured::{mean, measure, median, Breakdown, Measured};
+pub use measured::{mean, measure, median, Breakdown, GpuBound, Measured};
 pub use model::{predict, Candidate, InstancePrediction, Work};
 pub use render::render_text;
 

@@ -91,14 +91,30 @@ fn compute_ratio(
         notes.extrapolate("a GPU model is not in the GPU table: compute kept as measured");
         return Some(1.0);
     };
+    let memory = m.gpu_bound.as_ref().is_some_and(|g| g.memory);
     if a.name != b.name {
-        notes.assume(format!(
-            "compute scales by dense BF16 tensor throughput, {} {} → {} {} TFLOPS (a job bound by memory bandwidth would scale by {:.0} → {:.0} GB/s)",
-            a.name, a.bf16_tflops, b.name, b.bf16_tflops, a.memory_gbps, b.memory_gbps
-        ));
+        let why = m.gpu_bound.as_ref().map_or_else(
+            || "no GPU utilisation figures in the profile: taken as tensor-bound".to_string(),
+            |g| g.evidence.clone(),
+        );
+        notes.assume(if memory {
+            format!(
+                "compute scales by memory bandwidth, {} {:.0} → {} {:.0} GB/s: the job is memory-bound ({why}); tensor throughput would give {} → {} TFLOPS",
+                a.name, a.memory_gbps, b.name, b.memory_gbps, a.bf16_tflops, b.bf16_tflops
+            )
+        } else {
+            format!(
+                "compute scales by dense BF16 tensor throughput, {} {} → {} {} TFLOPS ({why}; a job bound by memory bandwidth would scale by {:.0} → {:.0} GB/s)",
+                a.name, a.bf16_tflops, b.name, b.bf16_tflops, a.memory_gbps, b.memory_gbps
+            )
+        });
         notes.extrapolate(format!("compute measured on {}, not on {}", a.name, b.name));
     }
-    Some(a.bf16_tflops / b.bf16_tflops.max(1e-9))
+    Some(if memory {
+        a.memory_gbps / b.memory_gbps.max(1e-9)
+    } else {
+        a.bf16_tflops / b.bf16_tflops.max(1e-9)
+    })
 }
 
 /// Ranks per node of a job on `inst`: its GPUs, or for a CPU machine the measured ranks per

@@ -305,3 +305,123 @@ fn faster_storage_shrinks_a_fetch_stall_down_to_the_rest_of_the_pipeline() {
         fast.assumptions
     );
 }
+
+/// A job whose GPU figures say memory bandwidth bounds it scales by bandwidth, not by tensor
+/// throughput, and says from what it told.
+#[test]
+fn a_memory_bound_gpu_job_scales_by_bandwidth() {
+    let cat = catalog();
+    let m = Measured {
+        iteration_seconds: 1.0,
+        breakdown: Breakdown {
+            compute: 1.0,
+            ..Default::default()
+        },
+        ranks: 8,
+        nodes: 1,
+        on_gpu: true,
+        gpu_bound: Some(GpuBound {
+            memory: true,
+            evidence: "GPM: DRAM bandwidth at 81% of peak, tensor cores active 9% of the time"
+                .into(),
+        }),
+        ..Default::default()
+    };
+    let r = advise(&m, &cat[3], &cat, &gpus(), &Request::default());
+    let h = find(&r, "h100x8");
+    let table = gpus();
+    let bw = |n: &str| table.iter().find(|g| g.name == n).unwrap().memory_gbps;
+    let t = h.predicted_iteration_seconds.unwrap();
+    assert!((t - bw("A100") / bw("H100")).abs() < 1e-6, "{t}");
+    assert!(
+        h.assumptions
+            .iter()
+            .any(|a| a.contains("memory-bound") && a.contains("DRAM bandwidth at 81%")),
+        "{:?}",
+        h.assumptions
+    );
+}
+
+/// The bound is read from the profile: GPM's DRAM bandwidth against tensor activity, else
+/// NVML's memory utilisation against its utilisation.
+#[test]
+fn the_bound_comes_from_the_gpu_figures() {
+    use crate::frame::Frame;
+    use crate::series::{names, SampleBatch, SeriesDecl, SeriesId, SeriesKind};
+    let frames = |series: &[(&str, u64)]| -> Vec<Frame> {
+        let mut out = Vec::new();
+        for (i, (name, _)) in series.iter().enumerate() {
+            out.push(Frame::Series(SeriesDecl {
+                id: SeriesId(i as u32),
+                name: name.to_string(),
+                unit: String::new(),
+                kind: SeriesKind::Gauge,
+                labels: vec![("gpu".into(), "0".into())],
+            }));
+        }
+        for t in 0..10u64 {
+            out.push(Frame::Samples(SampleBatch {
+                t_ns: t * 1_000_000,
+                dur_ns: 0,
+                values: series
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (_, v))| (SeriesId(i as u32), *v))
+                    .collect(),
+            }));
+        }
+        out
+    };
+    let gpm_memory = measure(
+        &frames(&[
+            (names::GPU_GPM_DRAM_BW, 800),
+            (names::GPU_GPM_TENSOR_ACTIVITY, 100),
+        ]),
+        0,
+    );
+    assert!(gpm_memory.on_gpu);
+    assert!(gpm_memory.gpu_bound.unwrap().memory);
+    let gpm_tensor = measure(
+        &frames(&[
+            (names::GPU_GPM_DRAM_BW, 300),
+            (names::GPU_GPM_TENSOR_ACTIVITY, 700),
+        ]),
+        0,
+    );
+    assert!(!gpm_tensor.gpu_bound.unwrap().memory);
+    let nvml = measure(
+        &frames(&[(names::GPU_MEM_UTIL_PCT, 25), (names::GPU_UTIL_PCT, 98)]),
+        0,
+    );
+    let b = nvml.gpu_bound.unwrap();
+    assert!(!b.memory && b.evidence.contains("25%"), "{b:?}");
+}
+
+/// P3's gain from the buckets' sizes: of 5 MB in two buckets the last-ready (first layers')
+/// one is 1 MB; the next forward waits for it, the other 80% of the 0.4 s exposed transfer can
+/// hide under a forward of a third of the 0.1 s compute. Without sizes: half, as a bound.
+#[test]
+fn p3_recovers_what_the_next_forward_can_hide_given_the_bucket_sizes() {
+    let cat = catalog();
+    let p3 = |m: &Measured| {
+        let r = advise(m, &cat[0], &cat, &gpus(), &Request::default());
+        r.communication
+            .iter()
+            .find(|a| a.kind == "priority_propagation")
+            .cloned()
+            .expect("P3 advised on a slow network")
+    };
+    let bound = p3(&network_bound());
+    assert!((bound.gain_seconds - 0.2).abs() < 1e-9, "{bound:?}");
+    assert!(bound.change.contains("a bound"), "{}", bound.change);
+    let sized = p3(&Measured {
+        bucket_bytes: Some(vec![4e6, 1e6]),
+        ..network_bound()
+    });
+    assert!((sized.gain_seconds - 0.1 / 3.0).abs() < 1e-9, "{sized:?}");
+    assert!(
+        sized.change.contains("20% of the 5.0 MB"),
+        "{}",
+        sized.change
+    );
+}

@@ -43,6 +43,11 @@ _last_bucket_ns = -1
 _bucket_bytes = 0
 _bucket_count = 0
 _comm_sent = None
+# The buckets' sizes in the order they became ready (the last layers' first), sent with the
+# pair as `comm_bucket_kb` (kB, `:`-separated, at most _MAX_BUCKET_SIZES): P3-style
+# prioritisation sends the last one first, as the next forward needs it first.
+_bucket_sizes = []
+_MAX_BUCKET_SIZES = 32
 # CLOCK_MONOTONIC ns at which the first bucket of the current backward became ready, and the
 # recent spans first-to-last bucket ready (communication overlapped with backward compute):
 # their median goes out as meta `comm_overlap_us` every 16 backwards.
@@ -419,8 +424,11 @@ def _relay_hook(state, bucket):
         if _bucket_count == 0:
             _first_bucket_ns = _last_bucket_ns
         buf = bucket.buffer()
-        _bucket_bytes += buf.numel() * buf.element_size()
+        size = buf.numel() * buf.element_size()
+        _bucket_bytes += size
         _bucket_count += 1
+        if len(_bucket_sizes) < _MAX_BUCKET_SIZES:
+            _bucket_sizes.append(size)
     except Exception:
         pass
     _cuda_timing.on_bucket()
@@ -565,6 +573,7 @@ def _reset_buckets():
     global _bucket_bytes, _bucket_count
     _bucket_bytes = 0
     _bucket_count = 0
+    del _bucket_sizes[:]
 
 
 def _send_buckets():
@@ -573,7 +582,10 @@ def _send_buckets():
         pair = (_bucket_bytes, _bucket_count)
         if _bucket_count and pair != _comm_sent:
             _comm_sent = pair
-            stallscope.meta(comm_bytes=pair[0], comm_buckets=pair[1])
+            sizes = None
+            if _bucket_count <= _MAX_BUCKET_SIZES:
+                sizes = ":".join(str(max(1, (s + 500) // 1000)) for s in _bucket_sizes)
+            stallscope.meta(comm_bytes=pair[0], comm_buckets=pair[1], comm_bucket_kb=sizes)
         if _bucket_count:
             _overlaps.append(max(0, _last_bucket_ns - _first_bucket_ns))
             if len(_overlaps) >= 16:

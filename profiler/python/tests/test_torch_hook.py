@@ -334,6 +334,9 @@ class TorchHookTest(unittest.TestCase):
         self.assertTrue(metas[0]["framework"].startswith("torch-"))
         self.assertEqual(metas[0]["role"], "trainer")
         self.assertIn({"world_size": "1", "backend": "gloo", "local_rank": "0"}, metas)
+        # One DDP bucket of Linear(8, 2)'s 18 float32 gradients, its size in ready order (kB,
+        # at least 1) for the advisor's P3 estimate.
+        self.assertIn({"comm_bytes": "72", "comm_buckets": "1", "comm_bucket_kb": "1"}, metas)
         loader_meta = {"batch_size": "8", "pin_memory": "0", "dataset_samples": "40"}
         self.assertIn({"workers": "0", **loader_meta}, metas)
         self.assertIn({"workers": "2", **loader_meta}, metas)
