@@ -235,7 +235,11 @@ impl ReportBuilder {
             _ => {}
         }
         if !self.is_collector {
-            if let Some(reading) = self.meter.ingest(frame) {
+            let reading = match frame {
+                Frame::End(_) => self.meter.flush(),
+                _ => self.meter.ingest(frame),
+            };
+            if let Some(reading) = reading {
                 let node = self.local_node();
                 self.resources(&node, &reading);
             }
@@ -290,7 +294,8 @@ impl ReportBuilder {
     }
 
     fn resources(&mut self, node: &str, r: &NodeResources) {
-        let k = self.column(r.t_ns);
+        // A reading describes its whole bucket: it goes where the bucket's middle is.
+        let k = self.column(r.t_ns + r.dur_ns / 2);
         let values = resource_values(r);
         self.node_cols
             .entry(node.to_string())

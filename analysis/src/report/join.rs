@@ -79,7 +79,11 @@ pub fn join_runs(profiles: &[(String, Vec<Frame>)]) -> Result<Vec<Frame>, String
         let mut gpus: Vec<GpuIdentity> = Vec::new();
         for f in frames {
             journal.ingest(f);
-            if let Some(r) = meter.ingest(f) {
+            let reading = match f {
+                Frame::End(_) => meter.flush(),
+                _ => meter.ingest(f),
+            };
+            if let Some(r) = reading {
                 let t = r.t_ns;
                 timed.push((
                     to_joined(t),

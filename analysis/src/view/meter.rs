@@ -17,6 +17,9 @@ use crate::Nanos;
 /// Length of one reading, ns.
 pub const BUCKET_NS: Nanos = 1_000_000_000;
 
+/// Shortest partial bucket [`NodeMeter::flush`] makes a reading of, ns.
+pub const MIN_FLUSH_NS: Nanos = 200_000_000;
+
 /// What a series contributes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Quantity {
@@ -78,6 +81,8 @@ struct Followed {
 #[derive(Clone, Copy, Debug, Default)]
 struct Bucket {
     start: Option<Nanos>,
+    /// The last sample folded in.
+    last: Option<Nanos>,
     sum: [f64; QUANTITIES],
     count: [u32; QUANTITIES],
 }
@@ -123,6 +128,7 @@ impl NodeMeter {
                 // A counter's increase belongs to (its previous sample, this one]: a bucket
                 // spans (start, end], its start the sample that closed the one before.
                 let start = *self.bucket.start.get_or_insert(at);
+                self.bucket.last = Some(at);
                 for (id, raw) in &batch.values {
                     let Some(f) = self.followed.get_mut(id) else {
                         continue;
@@ -162,6 +168,23 @@ impl NodeMeter {
             }
             _ => None,
         }
+    }
+
+    /// The open bucket as a reading, at the end of a run: the last second is rarely whole, and
+    /// without it a report's resource charts stopped up to a second before the run did.
+    /// `None` when it spans less than [`MIN_FLUSH_NS`] (rates over a few samples mislead).
+    pub fn flush(&mut self) -> Option<NodeResources> {
+        let (start, last) = (self.bucket.start?, self.bucket.last?);
+        let dur = last.saturating_sub(start);
+        if dur < MIN_FLUSH_NS {
+            return None;
+        }
+        let r = self.reading(start, dur);
+        self.bucket = Bucket {
+            start: Some(last),
+            ..Bucket::default()
+        };
+        Some(r)
     }
 
     /// Bytes per NIC (loopback left out) since the first sample, by interface name.

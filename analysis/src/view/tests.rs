@@ -231,3 +231,36 @@ fn the_model_names_each_gpu_from_its_series_or_its_agent() {
     );
     assert_eq!(v.nodes["gpu-2"].gpu_model("1"), None);
 }
+
+/// The last, partial second of a run is a reading too once the run ends: a report's resource
+/// charts stopped up to a second before the run did (seen in Chromium on a 3.6 s run whose CPU
+/// line ended at 2.0 s).
+#[test]
+fn the_meter_gives_the_runs_last_partial_second_at_its_end() {
+    use crate::series::names;
+    use crate::view::NodeMeter;
+    let mut meter = NodeMeter::default();
+    meter.ingest(&decl(
+        1,
+        names::PROC_ALL_CPU_NS,
+        SeriesKind::Counter,
+        &[("pid", "7")],
+    ));
+    // 1.5 cores busy, sampled every 100 ms for 2.5 s.
+    let mut readings = Vec::new();
+    for tick in 0..=25u64 {
+        readings.extend(meter.ingest(&Frame::Samples(SampleBatch {
+            t_ns: tick * 100 * MS,
+            dur_ns: 0,
+            values: vec![(SeriesId(1), tick * 150 * MS)],
+        })));
+    }
+    assert_eq!(readings.len(), 2, "two whole seconds");
+    let last = meter.flush().expect("the half second left");
+    assert_eq!((last.t_ns, last.dur_ns), (2_000 * MS, 500 * MS));
+    assert!(
+        (last.cpu_busy_cores.unwrap() - 1.5).abs() < 1e-9,
+        "{last:?}"
+    );
+    assert!(meter.flush().is_none(), "nothing left after it");
+}
