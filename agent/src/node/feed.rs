@@ -50,17 +50,64 @@ impl Drop for FeedSocket {
     }
 }
 
+/// A listening Unix stream socket at `path` whose file is owner-only (0600) from the moment it
+/// exists: the socket's own mode is set (`fchmod`) before `bind` creates the file, which Linux
+/// creates with that mode less the umask. Swapping the process's umask around `bind` instead
+/// (as this did) changed it for every thread meanwhile: a directory another thread created
+/// then came out 0600 where 0700 was asked for (a test saw it in CI).
+fn bind_owner_only(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let last = std::io::Error::last_os_error;
+    // SAFETY: socket takes no pointers; a negative result is an error, else a new descriptor
+    // owned from here on.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(last());
+    }
+    // SAFETY: `raw` is a descriptor this function just opened and owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: fchmod on a descriptor we own.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
+        return Err(last());
+    }
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("socket path too long or not a path: {}", path.display()),
+        ));
+    }
+    for (to, from) in addr.sun_path.iter_mut().zip(bytes) {
+        *to = *from as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes, NUL-terminated (zeroed).
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(addr).cast::<libc::sockaddr>(),
+            len as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(last());
+    }
+    // SAFETY: listen on a bound socket we own.
+    if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
+        return Err(last());
+    }
+    Ok(UnixListener::from(fd))
+}
+
 /// Serves `hub` on a Unix stream socket at `path`, readable and writable by this user only.
 /// Each client is written to by a thread of its own; one that cannot keep up is dropped.
 pub fn serve(hub: Arc<FeedHub>, path: &Path) -> std::io::Result<FeedSocket> {
     let _ = std::fs::remove_file(path);
-    // The socket is created under a umask that leaves it owner-only from the start.
-    // SAFETY: umask only swaps the process's file-creation mask.
-    let old = unsafe { libc::umask(0o177) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
-    let listener = bound?;
+    let listener = bind_owner_only(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     let stop = Arc::new(AtomicBool::new(false));
     {
