@@ -147,9 +147,8 @@ impl TinyDisk {
         Some(TinyDisk(at.to_path_buf()))
     }
 
-    /// Takes every byte left (the write stops at ENOSPC): the profile's writes fail from
-    /// now on, whatever it wrote so far (a fixed share left free made the test depend on how
-    /// big a short run's profile grew on the machine of the day).
+    /// Takes every byte left (the write stops at ENOSPC): writes that need a new page fail
+    /// from now on.
     fn fill(&self) {
         let _ = std::fs::write(self.0.join("filler"), vec![0u8; 64 * 1024]);
     }
@@ -174,14 +173,18 @@ fn a_full_profile_disk_leaves_the_training_alone() {
     let Some(disk) = TinyDisk::mount(&dir.path().join("tiny")) else {
         return;
     };
-    // Full from the training's second iteration on: at least the profile's last frames
-    // cannot be written.
+    // Full from the training's second iteration on. What the profile still has to write then
+    // must be more than the slack of its last page (up to 4 KiB, which tmpfs fills without
+    // asking for space): a 30-iteration run of 0.4 s wrote less on a fast day (CI failed), so
+    // this one runs 150 iterations, seconds of samples. (Full before the run, stallscope
+    // refuses to start: it cannot write the profile's header.)
+    let iters = 5 * ITERS;
     let r = run(
-        &mut stallscope_run(&disk.0.join("p.stallscope"), &[], ITERS),
+        &mut stallscope_run(&disk.0.join("p.stallscope"), &[], iters),
         2,
         |_| disk.fill(),
     );
-    assert_untouched(&r, ITERS);
+    assert_untouched(&r, iters);
     let said = r
         .stderr
         .matches("cannot write the profile any more")
