@@ -55,7 +55,18 @@ impl Reaped {
                 assert!(st.success(), "{what} failed: {st:?}\n{text}");
                 return;
             }
-            assert!(Instant::now() < end, "{what} did not finish in {within:?}");
+            if Instant::now() >= end {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: String = text
+                    .chars()
+                    .rev()
+                    .take(4000)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                panic!("{what} did not finish in {within:?}; its log ends:\n{tail}");
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -64,7 +75,7 @@ impl Reaped {
 impl Drop for Reaped {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
-            kill(self.0.id(), libc::SIGKILL);
+            kill_tree(self.0.id());
         }
         let _ = self.0.wait();
     }

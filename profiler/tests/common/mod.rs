@@ -207,6 +207,42 @@ pub fn kill(pid: u32, sig: i32) {
     unsafe { libc::kill(pid as i32, sig) };
 }
 
+/// The processes below `pid` (children first found through `/proc/PID/task/*/children`),
+/// deepest last.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for c in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                if !out.contains(&c) && out.len() < 4096 {
+                    out.push(c);
+                    todo.push(c);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// SIGKILLs `pid` and everything below it, by pid: a `stallscope run` killed alone leaves its
+/// training running on purpose, and a test that failed must not leave one behind (a gloo rank
+/// whose peer is gone can spin on a core for minutes, slowing every test after it).
+pub fn kill_tree(pid: u32) {
+    let below = descendants(pid);
+    kill(pid, libc::SIGKILL);
+    for p in below {
+        kill(p, libc::SIGKILL);
+    }
+}
+
 /// `stallscope run -q -o DIR/p.stallscope --summary-json DIR/s.json [run_flags] -- python
 /// example.py [example_flags] --data-dir <shared>`: runs the real example under stallscope,
 /// which must succeed, and returns its output and summary JSON.
