@@ -27,6 +27,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import block_device_of  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, "examples/pytorch_ddp/train.py")
 NETNS = os.path.join(REPO, "scripts/netns.sh")
@@ -36,17 +39,6 @@ CATEGORIES = ["compute", "data_fetch", "data_prep", "interconnect", "network", "
 
 def sh(*cmd, **kw):
     return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
-
-
-def block_device_of(path):
-    """MAJ:MIN of the whole disk holding ``path`` (blkio throttles whole devices)."""
-    dev = os.stat(path).st_dev
-    major, minor = os.major(dev), os.minor(dev)
-    sys_path = os.path.realpath("/sys/dev/block/{}:{}".format(major, minor))
-    if os.path.exists(os.path.join(sys_path, "partition")):
-        with open(os.path.join(os.path.dirname(sys_path), "dev")) as f:
-            return f.read().strip()
-    return "{}:{}".format(major, minor)
 
 
 class Throttle:

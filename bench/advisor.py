@@ -27,7 +27,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DATA, EXAMPLE, REPO, prepare_data  # noqa: E402
+from common import DATA, EXAMPLE, REPO, block_device_of, prepare_data  # noqa: E402
 
 NETNS = os.path.join(REPO, "scripts/netns.sh")
 
@@ -105,16 +105,6 @@ def run_cpu(args, shape, out, port):
            DATA] + CPU_ARGS
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return f"{out}.stallscope", 1
-
-
-def block_device_of(path):
-    """MAJ:MIN of the whole disk holding ``path`` (blkio throttles whole devices)."""
-    dev = os.stat(path).st_dev
-    sys_path = os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
-    if os.path.exists(os.path.join(sys_path, "partition")):
-        with open(os.path.join(os.path.dirname(sys_path), "dev")) as f:
-            return f.read().strip()
-    return f"{os.major(dev)}:{os.minor(dev)}"
 
 
 def disk_data(python):

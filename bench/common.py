@@ -19,3 +19,13 @@ def prepare_data(python):
     """Generates the example's data set in ``DATA`` with a one-iteration run."""
     subprocess.run([python, EXAMPLE, "--iters", "1", "--workers", "0", "--data-dir", DATA],
                    check=True, stdout=subprocess.DEVNULL)
+
+
+def block_device_of(path):
+    """MAJ:MIN of the whole disk holding ``path`` (blkio throttles whole devices)."""
+    dev = os.stat(path).st_dev
+    sys_path = os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if os.path.exists(os.path.join(sys_path, "partition")):
+        with open(os.path.join(os.path.dirname(sys_path), "dev")) as f:
+            return f.read().strip()
+    return f"{os.major(dev)}:{os.minor(dev)}"
