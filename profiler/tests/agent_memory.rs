@@ -19,7 +19,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -50,28 +50,6 @@ for i in range(int(os.environ["ITERS"])):
         time.sleep(0.018)
     stallscope.step()
 "#;
-
-/// Ends a child by pid when dropped.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            kill(self.0.id(), libc::SIGKILL);
-        }
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(cmd: &mut Command, log: &Path) -> Reaped {
-    let f = std::fs::File::create(log).unwrap();
-    Reaped(
-        cmd.stdout(Stdio::null())
-            .stderr(Stdio::from(f))
-            .spawn()
-            .expect("starts"),
-    )
-}
 
 /// Resident memory of `pid`, KiB (`VmRSS`).
 fn rss_kib(pid: u32) -> u64 {
@@ -116,7 +94,7 @@ fn agent_rss_over_50_short_jobs() {
     let d = |name: &str| dir.path().join(name);
     std::fs::write(d("token"), "t0ken\n").unwrap();
     let listen = "127.0.0.1:29791";
-    let _collector = spawn(
+    let _collector = Reaped::spawn(
         agent_bin()
             .args(["collector", "--listen", listen, "--token-file"])
             .arg(d("token"))
@@ -125,7 +103,7 @@ fn agent_rss_over_50_short_jobs() {
         &d("collector.log"),
     );
     let socket = d("agent.sock");
-    let agent = spawn(
+    let agent = Reaped::spawn(
         agent_bin()
             .args(["agent", "--collector", listen, "--token-file"])
             .arg(d("token"))

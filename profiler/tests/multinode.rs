@@ -15,71 +15,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::*;
-
-/// Ends a child by pid when dropped.
-struct Reaped(Child);
-
-impl Reaped {
-    fn spawn(cmd: &mut Command, log: &Path) -> Reaped {
-        let f = std::fs::File::create(log).unwrap();
-        Reaped(
-            cmd.stdout(Stdio::null())
-                .stderr(Stdio::from(f))
-                .spawn()
-                .expect("starts"),
-        )
-    }
-
-    /// Sends `sig` and waits (bounded) for the exit; true when it exited successfully.
-    fn stop(&mut self, sig: i32, within: Duration) -> bool {
-        kill(self.0.id(), sig);
-        let end = Instant::now() + within;
-        while Instant::now() < end {
-            if let Ok(Some(st)) = self.0.try_wait() {
-                return st.success();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
-    }
-
-    fn wait_success(&mut self, within: Duration, what: &str, log: &Path) {
-        let end = Instant::now() + within;
-        loop {
-            if let Some(st) = self.0.try_wait().unwrap() {
-                let text = std::fs::read_to_string(log).unwrap_or_default();
-                assert!(st.success(), "{what} failed: {st:?}\n{text}");
-                return;
-            }
-            if Instant::now() >= end {
-                let text = std::fs::read_to_string(log).unwrap_or_default();
-                let tail: String = text
-                    .chars()
-                    .rev()
-                    .take(4000)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                panic!("{what} did not finish in {within:?}; its log ends:\n{tail}");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            kill_tree(self.0.id());
-        }
-        let _ = self.0.wait();
-    }
-}
 
 struct Cluster(String);
 

@@ -464,3 +464,67 @@ impl SamplingSlack {
         lag + wraps
     }
 }
+
+/// A child process ended (with everything below it, by pid) when dropped, its stderr in a log.
+pub struct Reaped(pub std::process::Child);
+
+impl Reaped {
+    /// Starts `cmd`, stdout to nowhere and stderr to `log`.
+    pub fn spawn(cmd: &mut Command, log: &Path) -> Reaped {
+        let f = std::fs::File::create(log).unwrap();
+        Reaped(
+            cmd.stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::from(f))
+                .spawn()
+                .expect("starts"),
+        )
+    }
+
+    /// Sends `sig` and waits (bounded) for the exit; true when it exited successfully.
+    pub fn stop(&mut self, sig: i32, within: std::time::Duration) -> bool {
+        kill(self.0.id(), sig);
+        let end = std::time::Instant::now() + within;
+        while std::time::Instant::now() < end {
+            if let Ok(Some(st)) = self.0.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Waits (bounded) for a successful exit; panics with the end of `log` otherwise.
+    pub fn wait_success(&mut self, within: std::time::Duration, what: &str, log: &Path) {
+        let end = std::time::Instant::now() + within;
+        let tail = || {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let start = text.len().saturating_sub(4000);
+            let start = (start..text.len())
+                .find(|i| text.is_char_boundary(*i))
+                .unwrap_or(text.len());
+            text[start..].to_string()
+        };
+        loop {
+            if let Some(st) = self.0.try_wait().unwrap() {
+                assert!(st.success(), "{what} failed: {st:?}\n{}", tail());
+                return;
+            }
+            if std::time::Instant::now() >= end {
+                panic!(
+                    "{what} did not finish in {within:?}; its log ends:\n{}",
+                    tail()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            kill_tree(self.0.id());
+        }
+        let _ = self.0.wait();
+    }
+}
