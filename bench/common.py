@@ -29,3 +29,10 @@ def block_device_of(path):
         with open(os.path.join(os.path.dirname(sys_path), "dev")) as f:
             return f.read().strip()
     return f"{os.major(dev)}:{os.minor(dev)}"
+
+
+def overhead_job(python, iters, port):
+    """The overhead benchmarks' job: the example DDP training, 2 ranks, 2 DataLoader workers
+    each, on the generated data set, rendezvous on `port`."""
+    return [python, EXAMPLE, "--nproc", "2", "--workers", "2", "--iters", str(iters),
+            "--data-dir", DATA, "--port", str(port)]

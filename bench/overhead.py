@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from common import DATA, EXAMPLE, add_binary_args, prepare_data
+from common import add_binary_args, overhead_job, prepare_data
 
 TIME_RE = re.compile(r"^iter (\d+) .*time_ms ([0-9.]+)", re.M)
 
@@ -38,8 +38,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
-    train = [args.python, EXAMPLE, "--nproc", "2", "--workers", "2", "--iters", str(args.iters),
-             "--data-dir", DATA, "--port", "29611"]
+    train = overhead_job(args.python, args.iters, 29611)
     prepare_data(args.python)
     configs = [("without stallscope", None), ("stallscope 100 Hz", 100), ("stallscope 10 Hz", 10),
                ("stallscope 100 Hz, --no-auto (sampling only)", "100-noauto")]

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 
-from common import DATA, EXAMPLE, prepare_data
+from common import overhead_job, prepare_data
 
 TIME_RE = re.compile(r"^iter (\d+) .*time_ms ([0-9.]+)", re.M)
 
@@ -36,8 +36,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
-    train = [args.python, EXAMPLE, "--nproc", "2", "--workers", "2", "--iters", str(args.iters),
-             "--data-dir", DATA, "--port", "29613"]
+    train = overhead_job(args.python, args.iters, 29613)
     prepare_data(args.python)
     builds = [("A", args.a), ("B", args.b), ("plain", None)]
     cpu = {name: [] for name, _ in builds}

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from common import DATA, EXAMPLE, add_binary_args, prepare_data
+from common import add_binary_args, overhead_job, prepare_data
 
 
 def threads(pid):
@@ -36,8 +36,7 @@ def threads(pid):
 
 
 def one_run(args, tmp):
-    train = [args.python, EXAMPLE, "--nproc", "2", "--workers", "2", "--iters", "150",
-             "--data-dir", DATA, "--port", "29622"]
+    train = overhead_job(args.python, 150, 29622)
     cmd = [args.stallscope, "run", "-q", "--rate", "100", "-o",
            os.path.join(tmp, "t.stallscope"), "--"] + train
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
