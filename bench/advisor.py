@@ -20,6 +20,7 @@ Needs root (namespaces, blkio cgroups). Prints a Markdown table.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -168,11 +169,23 @@ def main():
     ap.add_argument("--pairs", default=DEFAULT_PAIRS)
     ap.add_argument("--markdown")
     ap.add_argument("--json")
+    ap.add_argument("--keep", action="store_true", help="keep the profiles (their folder is printed)")
     args = ap.parse_args()
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     shapes = sorted({s for p in pairs for s in p})
     prepare_data(args.python)
     work = tempfile.mkdtemp(prefix="stallscope-advisor-")
+    try:
+        run(args, pairs, shapes, work)
+    finally:
+        if args.keep:
+            print(f"# profiles kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, pairs, shapes, work):
+    """Measures every shape, predicts each pair, prints (and writes) the table."""
     catalog = os.path.join(work, "shapes.csv")
     open(catalog, "w").write(catalog_csv())
     load = os.getloadavg()[0]

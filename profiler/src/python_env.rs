@@ -23,6 +23,10 @@ const PACKAGE: &[(&str, &str)] = &[
         "stallscope/_cuda_timing.py",
         include_str!("../python/stallscope/_cuda_timing.py"),
     ),
+    (
+        "stallscope/_comm_release.py",
+        include_str!("../python/stallscope/_comm_release.py"),
+    ),
 ];
 const SITECUSTOMIZE: &str = include_str!("../python/sitecustomize.py");
 

@@ -263,35 +263,8 @@ fn shares_match(prom: &Prometheus, job: &str, summary: &Value) {
     }
 }
 
-/// A child ended by its PID when dropped.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        kill(self.0.id(), libc::SIGTERM);
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(cmd: &mut Command, log: &Path) -> Reaped {
-    let f = std::fs::File::create(log).unwrap();
-    Reaped(cmd.stdout(Stdio::null()).stderr(f).spawn().expect("starts"))
-}
-
 fn log_has(log: &Path, text: &str) -> bool {
     std::fs::read_to_string(log).is_ok_and(|t| t.contains(text))
-}
-
-/// Waits (bounded) for `child` to exit; whether it exited successfully.
-fn exited_ok(child: &mut Reaped, within: Duration) -> bool {
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            return status.success();
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
 }
 
 /// A collector with two agents on loopback (one rank each, each node on a scripted GPU):
@@ -310,7 +283,7 @@ fn prometheus_scrapes_a_collector_with_two_agents() {
     let listen = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
     let prom = Prometheus::start(&metrics);
-    let mut col = spawn(
+    let mut col = Reaped::spawn(
         stallscope()
             .args([
                 "collector",
@@ -349,7 +322,7 @@ fn prometheus_scrapes_a_collector_with_two_agents() {
             .arg(d("token"))
             .arg("--socket")
             .arg(d(&format!("{n}.sock")));
-            spawn(&mut c, &d(&format!("agent-{n}.log")))
+            Reaped::spawn(&mut c, &d(&format!("agent-{n}.log")))
         })
         .collect();
     assert!(wait_for(Duration::from_secs(30), || {
@@ -380,7 +353,7 @@ fn prometheus_scrapes_a_collector_with_two_agents() {
                 .env("WORLD_SIZE", "2")
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &gloo_port);
-            spawn(&mut c, &d(&format!("rank{r}.log")))
+            Reaped::spawn(&mut c, &d(&format!("rank{r}.log")))
         })
         .collect();
     let mut missing = dashboard_queries("ddp");
@@ -398,13 +371,16 @@ fn prometheus_scrapes_a_collector_with_two_agents() {
         missing.is_empty(),
         "dashboard queries without data: {missing:#?}"
     );
-    for r in &mut ranks {
-        assert!(exited_ok(r, Duration::from_secs(300)), "a rank finished");
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        rank.wait_success(
+            Duration::from_secs(300),
+            "a rank",
+            &d(&format!("rank{r}.log")),
+        );
     }
     std::thread::sleep(Duration::from_secs(3));
-    kill(col.0.id(), libc::SIGTERM);
     assert!(
-        exited_ok(&mut col, Duration::from_secs(30)),
+        col.stop(libc::SIGTERM, Duration::from_secs(30)),
         "the collector ended"
     );
     shares_match(&prom, "ddp", &read_json(&d("job.json")));

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -35,20 +35,6 @@ impl Drop for Cluster {
             .arg(&script)
             .args(["down", &self.prefix])
             .status();
-    }
-}
-
-/// Ends a child by pid when dropped (a test that fails must not leave trainers running).
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            kill(self.0.id(), libc::SIGTERM);
-            std::thread::sleep(Duration::from_millis(500));
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
     }
 }
 

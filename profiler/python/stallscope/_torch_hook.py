@@ -30,7 +30,7 @@ import time
 import weakref
 
 import stallscope
-from stallscope import _cuda_timing, _experiment
+from stallscope import _comm_release, _cuda_timing, _experiment
 
 _monotonic_ns = time.monotonic_ns
 _installed = False
@@ -424,6 +424,7 @@ def _relay_hook(state, bucket):
         if _bucket_count == 0:
             _first_bucket_ns = _last_bucket_ns
         buf = bucket.buffer()
+        _comm_release.keep(buf)
         size = buf.numel() * buf.element_size()
         _bucket_bytes += size
         _bucket_count += 1
@@ -432,7 +433,9 @@ def _relay_hook(state, bucket):
     except Exception:
         pass
     _cuda_timing.on_bucket()
-    return state.hook(state.state, bucket)
+    fut = state.hook(state.state, bucket)
+    _comm_release.keep(fut)  # a communication thread must not drop its last reference
+    return fut
 
 
 def _patch_ddp(torch):
@@ -450,6 +453,7 @@ def _patch_ddp(torch):
         relay = _Relay(hook, state, chosen)
         register(module, relay, _relay_hook)
         relays[module] = relay
+        _comm_release.guard_exit()
         if chosen:
             _name_hook(module, hook.__qualname__)
 
@@ -459,9 +463,7 @@ def _patch_ddp(torch):
         if self in relays:  # DDP registered a hook of its own (mixed precision)
             return
         try:
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            install_relay(self, default_hooks.allreduce_hook, self.process_group, False)
+            install_relay(self, _comm_release.allreduce_hook, self.process_group, False)
         except Exception:
             pass
 
@@ -524,15 +526,13 @@ def _name_hook(module, name):
 
 def _builtin_python_hook(dist, comm_hook_type):
     """The Python equivalent of a built-in C++ comm hook, for a module already relayed."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
     kinds = getattr(dist, "BuiltinCommHookType", None)
     if kinds is None:
         return None
     if comm_hook_type == kinds.ALLREDUCE:
-        return default_hooks.allreduce_hook
+        return _comm_release.allreduce_hook
     if comm_hook_type == kinds.FP16_COMPRESS:
-        return default_hooks.fp16_compress_hook
+        return _comm_release.fp16_compress_hook
     return None
 
 
@@ -571,6 +571,7 @@ def _patch_backward(torch):
 
 def _reset_buckets():
     global _bucket_bytes, _bucket_count
+    _comm_release.new_backward()
     _bucket_bytes = 0
     _bucket_count = 0
     del _bucket_sizes[:]
@@ -627,3 +628,17 @@ def _patch_init_process_group(torch):
     if getattr(dist, "init_process_group", None) is init:
         dist.init_process_group = init_process_group
     c10d.init_process_group = init_process_group
+
+    # A process group destroyed with a communication thread still holding a callback of
+    # stallscope's comm hook would hang: see _comm_release.
+    destroy = c10d.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(*args, **kwargs):
+        _comm_release.wait_for_release()
+        return destroy(*args, **kwargs)
+
+    _mark(destroy_process_group)
+    if getattr(dist, "destroy_process_group", None) is destroy:
+        dist.destroy_process_group = destroy_process_group
+    c10d.destroy_process_group = destroy_process_group
