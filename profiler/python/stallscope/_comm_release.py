@@ -35,6 +35,8 @@ _alive = set()
 # The tensors and futures of the latest backward's communication (the buckets' own tensors or
 # their compressed copies, and the futures the hooks returned).
 _kept = []
+# At most this many kept (two per bucket: its tensor and its future).
+MAX_KEPT = 1024
 _exit_guarded = False
 
 
@@ -92,7 +94,13 @@ def fp16_compress_hook(process_group, bucket):
 
 
 def keep(obj):
-    """Keeps ``obj`` (a tensor or future of this backward's communication) referenced here."""
+    """Keeps ``obj`` (a tensor or future of this backward's communication) referenced here.
+
+    A loop whose backward passes stallscope does not see (``torch.autograd.grad``) never calls
+    ``new_backward``: past ``MAX_KEPT`` the older half goes, long finished by then.
+    """
+    if len(_kept) >= MAX_KEPT:
+        del _kept[: MAX_KEPT // 2]
     _kept.append(obj)
 
 

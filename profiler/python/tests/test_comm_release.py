@@ -52,6 +52,12 @@ class CommReleaseTest(unittest.TestCase):
         _comm_release.new_backward()
         self.assertIsNone(ref())
 
+    def test_without_a_new_backward_the_kept_objects_stay_bounded(self):
+        for i in range(10 * _comm_release.MAX_KEPT):
+            _comm_release.keep(i)
+        self.assertLessEqual(len(_comm_release._kept), _comm_release.MAX_KEPT)
+        self.assertEqual(_comm_release._kept[-1], 10 * _comm_release.MAX_KEPT - 1)
+
     def test_a_forked_child_waits_for_no_callback_of_its_parent(self):
         held = _comm_release.Counted(lambda fut: fut)
         pid = os.fork()
