@@ -263,10 +263,6 @@ fn shares_match(prom: &Prometheus, job: &str, summary: &Value) {
     }
 }
 
-fn log_has(log: &Path, text: &str) -> bool {
-    std::fs::read_to_string(log).is_ok_and(|t| t.contains(text))
-}
-
 /// A collector with two agents on loopback (one rank each, each node on a scripted GPU):
 /// Prometheus scrapes the collector; every dashboard query has data for the whole job and
 /// its stall shares match the job summary.
@@ -302,10 +298,11 @@ fn prometheus_scrapes_a_collector_with_two_agents() {
             .arg(d("job.json")),
         &d("collector.log"),
     );
-    assert!(wait_for(Duration::from_secs(30), || log_has(
+    assert!(wait_for_log(
         &d("collector.log"),
-        "listening"
-    )));
+        "listening",
+        Duration::from_secs(30)
+    ));
     let _agents: Vec<Reaped> = ["a", "b"]
         .iter()
         .map(|n| {

@@ -106,12 +106,6 @@ fn collector(ns: Option<&str>, listen: &str, token: &Path, out: &Path, json: &Pa
     c
 }
 
-fn log_has(log: &Path, text: &str) -> bool {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .contains(text)
-}
-
 fn node<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     s["nodes"]
         .as_array()
@@ -157,10 +151,11 @@ fn agents_stream_to_a_collector_across_namespaces_through_refusals_and_a_restart
         ),
         &d("collector1.log"),
     );
-    assert!(wait_for(Duration::from_secs(10), || log_has(
+    assert!(wait_for_log(
         &d("collector1.log"),
-        "listening"
-    )));
+        "listening",
+        Duration::from_secs(10)
+    ));
     let mut a = Reaped::spawn(
         &mut agent(Some(&na), &listen, &d("token"), &d("a.sock"), "node-a"),
         &d("agent-a.log"),
@@ -318,10 +313,11 @@ fn loopback_job(
         ),
         &d("collector.log"),
     );
-    assert!(wait_for(Duration::from_secs(10), || log_has(
+    assert!(wait_for_log(
         &d("collector.log"),
-        "listening"
-    )));
+        "listening",
+        Duration::from_secs(10)
+    ));
     let mut agents: Vec<Reaped> = ["a", "b"]
         .iter()
         .map(|n| {

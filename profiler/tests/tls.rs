@@ -59,14 +59,6 @@ fn free_addr() -> String {
     l.local_addr().unwrap().to_string()
 }
 
-fn log_of(log: &Path) -> String {
-    std::fs::read_to_string(log).unwrap_or_default()
-}
-
-fn log_has(log: &Path, text: &str) -> bool {
-    log_of(log).contains(text)
-}
-
 /// `stallscope collector` on `listen` with the token in `dir`/token, over TLS with `tls`.
 fn collector(dir: &Path, listen: &str, tls: Option<&(PathBuf, PathBuf)>) -> Command {
     let mut c = stallscope();
@@ -133,10 +125,7 @@ fn an_agent_and_a_viewer_over_tls_are_served_while_a_plain_agent_is_told_to_add_
         &d("collector.log"),
     );
     assert!(
-        wait_for(Duration::from_secs(30), || log_has(
-            &d("collector.log"),
-            "listening on"
-        )),
+        wait_for_log(&d("collector.log"), "listening on", Duration::from_secs(30)),
         "the collector did not start: {}",
         log_of(&d("collector.log"))
     );
@@ -154,10 +143,11 @@ fn an_agent_and_a_viewer_over_tls_are_served_while_a_plain_agent_is_told_to_add_
         &d("agent-p.log"),
     );
     assert!(
-        wait_for(Duration::from_secs(60), || log_has(
+        wait_for_log(
             &d("collector.log"),
-            "node node-a joined"
-        )),
+            "node node-a joined",
+            Duration::from_secs(60)
+        ),
         "the TLS agent never joined: {}\n{}",
         log_of(&d("collector.log")),
         log_of(&d("agent-a.log"))
@@ -180,20 +170,22 @@ fn an_agent_and_a_viewer_over_tls_are_served_while_a_plain_agent_is_told_to_add_
     // The plain agent is told what to change (the collector closes it at the end of its
     // handshake time, 5 s).
     assert!(
-        wait_for(Duration::from_secs(60), || log_has(
+        wait_for_log(
             &d("agent-p.log"),
-            "is the collector using --tls-cert? give the agent --tls-ca"
-        )),
+            "is the collector using --tls-cert? give the agent --tls-ca",
+            Duration::from_secs(60)
+        ),
         "the plain agent was not told to add --tls-ca: {}",
         log_of(&d("agent-p.log"))
     );
     // The collector says so on its side too, as it closes the connection: maybe just after
     // the agent saw it closed (a loaded machine showed that order).
     assert!(
-        wait_for(Duration::from_secs(30), || log_has(
+        wait_for_log(
             &d("collector.log"),
-            "TLS handshake"
-        )),
+            "TLS handshake",
+            Duration::from_secs(30)
+        ),
         "{}",
         log_of(&d("collector.log"))
     );
@@ -257,18 +249,20 @@ fn tls_mistakes_are_refused_with_what_to_change() {
         log_of(&d("agent-w.log"))
     );
     assert!(
-        wait_for(Duration::from_secs(60), || log_has(
+        wait_for_log(
             &d("agent-t.log"),
-            "the collector does not speak TLS"
-        )),
+            "the collector does not speak TLS",
+            Duration::from_secs(60)
+        ),
         "{}",
         log_of(&d("agent-t.log"))
     );
     assert!(
-        wait_for(Duration::from_secs(30), || log_has(
+        wait_for_log(
             &d("plain-collector.log"),
-            "this collector does not: start the collector with --tls-cert"
-        )),
+            "this collector does not: start the collector with --tls-cert",
+            Duration::from_secs(30)
+        ),
         "{}",
         log_of(&d("plain-collector.log"))
     );

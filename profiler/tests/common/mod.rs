@@ -170,6 +170,21 @@ pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
+/// The text of a child's log so far (empty when there is none yet).
+pub fn log_of(log: &Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// Whether `log` says `text` yet.
+pub fn log_has(log: &Path, text: &str) -> bool {
+    log_of(log).contains(text)
+}
+
+/// Waits (bounded by `within`) until `log` says `text`; whether it did.
+pub fn wait_for_log(log: &Path, text: &str, within: Duration) -> bool {
+    wait_for(within, || log_has(log, text))
+}
+
 /// Children of `pid`, from /proc.
 pub fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
