@@ -10,7 +10,6 @@
 //! directory): one JSON object per line, documented in the README ("The live feed").
 
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -108,7 +107,6 @@ fn bind_owner_only(path: &Path) -> std::io::Result<UnixListener> {
 pub fn serve(hub: Arc<FeedHub>, path: &Path) -> std::io::Result<FeedSocket> {
     let _ = std::fs::remove_file(path);
     let listener = bind_owner_only(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -200,6 +198,7 @@ mod tests {
     #[test]
     fn the_socket_is_owner_only_and_speaks_json_lines() {
         use std::io::BufRead;
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.feed");
         let hub = Arc::new(FeedHub::default());
