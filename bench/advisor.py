@@ -13,7 +13,10 @@ iteration beside it (a loader-bound job alternates between ready and waiting ite
 its median is no estimate of its time).
 
     sudo python3 bench/advisor.py [--reps 3] [--iters 20] [--pairs net100:net50,...]
-         [--markdown FILE] [--json FILE]
+         [--markdown FILE] [--json FILE] [--keep | --from FOLDER] [--stallscope BIN]
+
+`--keep` keeps the profiles; `--from FOLDER` runs nothing and predicts from them again, so two
+builds of the advisor can be compared on the same measurements.
 
 Needs root (namespaces, blkio cgroups). Prints a Markdown table.
 """
@@ -40,13 +43,14 @@ SHAPES = {
     "net100": ("net", 100),
     "net200": ("net", 200),
     "net400": ("net", 400),
+    "net1000": ("net", 1000),
     "cpu1": ("cpu", 1),
     "cpu2": ("cpu", 2),
     "disk250": ("disk", 250),
     "disk1000": ("disk", 1000),
 }
 DEFAULT_PAIRS = ("net100:net50,net100:net200,net100:net400,net50:net200,net400:net100,"
-                 "cpu2:cpu1,cpu1:cpu2,disk250:disk1000,disk1000:disk250")
+                 "cpu2:cpu1,cpu1:cpu2,disk250:disk1000,disk1000:disk250,net1000:net100,net100:net1000")
 NET_ARGS = ["--workers", "0", "--batch", "8", "--image-size", "32", "--width", "32", "--images", "128"]
 CPU_ARGS = ["--workers", "2", "--batch", "8", "--image-size", "32", "--width", "16", "--images", "128",
             "--data-delay-ms", "10"]
@@ -154,6 +158,9 @@ def advise(args, catalog, profile, shape, nodes):
 def measure_shape(args, catalog, shape, rep, work):
     kind = SHAPES[shape][0]
     out = os.path.join(work, f"{shape}-{rep}")
+    if args.from_dir:  # the profile a run with --keep left there
+        profile, nodes = (f"{out}.node0.stallscope", 2) if kind == "net" else (f"{out}.stallscope", 1)
+        return advise(args, catalog, profile, shape, nodes)
     port = 29700 + (hash((shape, rep)) % 200)
     run = {"net": run_net, "cpu": run_cpu, "disk": run_disk}[kind]
     profile, nodes = run(args, shape, out, port)
@@ -170,9 +177,15 @@ def main():
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="keep the profiles (their folder is printed)")
+    ap.add_argument("--from", dest="from_dir",
+                    help="run nothing: predict from the profiles a --keep run left in this folder "
+                         "(with another --stallscope, the same profiles predicted by another build)")
     args = ap.parse_args()
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     shapes = sorted({s for p in pairs for s in p})
+    if args.from_dir:
+        run(args, pairs, shapes, args.from_dir)
+        return
     prepare_data(args.python)
     work = tempfile.mkdtemp(prefix="stallscope-advisor-")
     try:
@@ -198,13 +211,14 @@ def run(args, pairs, shapes, work):
                   f"({time.time() - t0:.0f} s)", file=sys.stderr)
     rows = []
     for a, b in pairs:
-        preds = []
+        preds, uncertain = [], False
         for r in reports[a]:
             p = next(i for i in r["instances"] if i["instance_type"] == b)
             preds.append(p["predicted_iteration_seconds"])
+            uncertain |= bool(p["extrapolations"])
         meas = [r["measured"]["iteration_seconds"] for r in reports[b]]
         pred, med = statistics.median(preds), statistics.median(meas)
-        rows.append(dict(profiled=a, predicted_for=b, predicted=pred,
+        rows.append(dict(profiled=a, predicted_for=b, predicted=pred, uncertain=uncertain,
                          profiled_mean=statistics.median(
                              r["measured"]["iteration_seconds"] for r in reports[a]),
                          measured_min=min(meas), measured_median=med, measured_max=max(meas),
@@ -212,12 +226,13 @@ def run(args, pairs, shapes, work):
                              r["measured"]["median_iteration_seconds"] for r in reports[b]),
                          error=(pred - med) / med))
     lines = [f"load average at start {load:.2f}; {args.reps} runs per shape, {args.iters} "
-             f"iterations each (3 left out as warm-up)", "",
+             f"iterations each (3 left out as warm-up); * the advisor said the prediction is "
+             f"outside what was measured", "",
              "| profiled on | mean there (s) | predicted for | predicted mean (s) | measured mean: min / median / max of runs (s) | error | its median iteration (s) |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['profiled']} | {r['profiled_mean']:.3f} | {r['predicted_for']} | "
-                     f"{r['predicted']:.3f} | {r['measured_min']:.3f} / {r['measured_median']:.3f}"
+                     f"{r['predicted']:.3f}{' *' if r['uncertain'] else ''} | {r['measured_min']:.3f} / {r['measured_median']:.3f}"
                      f" / {r['measured_max']:.3f} | {r['error'] * 100:+.1f}% | "
                      f"{r['median_iteration']:.3f} |")
     text = "\n".join(lines)

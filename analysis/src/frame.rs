@@ -264,6 +264,47 @@ pub enum Frame {
     /// A node's bytes per NIC (agents of protocol 5 on). Last, so that profiles written
     /// before it still read.
     NodeNics(NodeNics),
+    /// What a rank's process said of itself that the advisor reads (its batch, loader
+    /// workers, DDP buckets), as its node's agent forwarded it (agents of protocol 7 on).
+    /// Last, so that profiles written before it still read.
+    NodeMeta(NodeMeta),
+}
+
+/// A rank's `key=value` facts (the PyTorch hook's `M` events) of the keys in
+/// [`NodeMeta::KEYS`], the latest value of each, as its node's agent forwards them to the
+/// collector when they change: a job profile then holds what `stallscope advise` needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeMeta {
+    /// The node (set by the collector from the agent's Hello).
+    pub node: String,
+    /// Process id on the node.
+    pub pid: u32,
+    /// Global rank, when the process said it.
+    pub rank: Option<u32>,
+    /// Key and latest value, in key order.
+    pub fields: Vec<(String, String)>,
+}
+
+impl NodeMeta {
+    /// The keys an agent forwards: what the advisor reads of a rank.
+    pub const KEYS: &'static [&'static str] = &[
+        "backend",
+        "batch_size",
+        "comm_bucket_kb",
+        "comm_bucket_ready_ms",
+        "comm_buckets",
+        "comm_bytes",
+        "comm_overlap_us",
+        "device",
+        "local_world_size",
+        "workers",
+        "world_size",
+    ];
+
+    /// Whether `key` is one an agent forwards.
+    pub fn forwards(key: &str) -> bool {
+        Self::KEYS.binary_search(&key).is_ok()
+    }
 }
 
 /// A node's resources as its agent measured them, in the agent's clock.
@@ -293,5 +334,21 @@ impl Frame {
     /// Decodes a postcard payload.
     pub fn decode(bytes: &[u8]) -> Result<Frame, postcard::Error> {
         postcard::from_bytes(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeMeta;
+
+    #[test]
+    fn the_forwarded_keys_are_sorted_so_each_is_found() {
+        let mut sorted = NodeMeta::KEYS.to_vec();
+        sorted.sort_unstable();
+        assert_eq!(sorted, NodeMeta::KEYS);
+        for key in NodeMeta::KEYS {
+            assert!(NodeMeta::forwards(key), "{key}");
+        }
+        assert!(!NodeMeta::forwards("role"));
     }
 }

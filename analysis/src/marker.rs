@@ -125,8 +125,11 @@ fn valid_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
 }
 
+/// bytes, the longest `meta` value the wire format takes.
+pub const MAX_META_VALUE: usize = 256;
+
 fn valid_value(s: &str) -> bool {
-    s.len() <= 256
+    s.len() <= MAX_META_VALUE
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-' | b'/'))
 }

@@ -40,6 +40,16 @@ pub struct RunFacts {
 }
 
 impl RunFacts {
+    /// Takes one of the hook's `key=value` facts (other keys are ignored).
+    fn take_meta(&mut self, key: &str, value: &str) {
+        match key {
+            "batch_size" => self.batch_size = value.parse().ok(),
+            "workers" => self.workers = value.parse().ok(),
+            "dataset_samples" => self.dataset_samples = value.parse().ok(),
+            _ => {}
+        }
+    }
+
     /// Batches the loaders prepared per rank: the iterations plus what they had prefetched
     /// when the run ended (PyTorch's default `prefetch_factor` of 2 per worker).
     pub fn batches_prepared_per_rank(&self) -> u64 {
@@ -58,24 +68,33 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
     let mut cpu_max: HashMap<u32, u64> = HashMap::new(); // pid → ns
     let mut read_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
     let mut read_max: HashMap<u32, u64> = HashMap::new(); // pid → bytes
+                                                          // A collector's job profile has no `Breakdown` of its own: its ranks' iterations are the
+                                                          // ones their agents shipped, read only where the profile has no `Breakdown`.
+    let has_breakdowns = frames.iter().any(|f| matches!(f, Frame::Breakdown(_)));
     for frame in frames {
-        match frame {
-            Frame::Header(h) => facts.cpus = h.cpus,
-            Frame::Breakdown(b) => {
-                ranks.insert(b.rank);
-                facts.iterations_total = facts.iterations_total.max(b.iter + 1);
-                if b.iter >= warmup as u64 {
-                    walls.entry(b.iter).or_default().push(secs(b.wall_ns()));
-                    let waited = |s: &Split| s.get(Category::PeerWait);
-                    match critical.get_mut(&b.iter) {
-                        Some(c) if waited(c) <= waited(&b.split) => {}
-                        Some(c) => *c = b.split,
-                        None => {
-                            critical.insert(b.iter, b.split);
-                        }
+        let breakdown = match frame {
+            Frame::Breakdown(b) => Some(b),
+            _ if !has_breakdowns => frame.node_iteration().map(|it| &it.breakdown),
+            _ => None,
+        };
+        if let Some(b) = breakdown {
+            ranks.insert(b.rank);
+            facts.iterations_total = facts.iterations_total.max(b.iter + 1);
+            if b.iter >= warmup as u64 {
+                walls.entry(b.iter).or_default().push(secs(b.wall_ns()));
+                let waited = |s: &Split| s.get(Category::PeerWait);
+                match critical.get_mut(&b.iter) {
+                    Some(c) if waited(c) <= waited(&b.split) => {}
+                    Some(c) => *c = b.split,
+                    None => {
+                        critical.insert(b.iter, b.split);
                     }
                 }
             }
+            continue;
+        }
+        match frame {
+            Frame::Header(h) => facts.cpus = h.cpus,
             Frame::Process(p) if p.role == Role::Loader => {
                 loaders.insert(p.pid);
             }
@@ -105,14 +124,14 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
                 for m in markers {
                     if let MarkerEvent::Meta(kv) = &m.event {
                         for (k, v) in kv {
-                            match k.as_str() {
-                                "batch_size" => facts.batch_size = v.parse().ok(),
-                                "workers" => facts.workers = v.parse().ok(),
-                                "dataset_samples" => facts.dataset_samples = v.parse().ok(),
-                                _ => {}
-                            }
+                            facts.take_meta(k, v);
                         }
                     }
+                }
+            }
+            Frame::NodeMeta(meta) => {
+                for (k, v) in &meta.fields {
+                    facts.take_meta(k, v);
                 }
             }
             _ => {}

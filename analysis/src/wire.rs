@@ -31,8 +31,9 @@ use crate::Nanos;
 /// 3: iterations travel as [`Frame::NodeReport`], with the rank's GPU readings. 4: agents also
 /// send their node's resources ([`Frame::NodeResources`]). 5: and their GPUs' names
 /// ([`Frame::NodeGpus`]) and bytes per NIC ([`Frame::NodeNics`]). 6: the collector challenges,
-/// the agent proves it holds the token ([`prove`]) instead of sending it.
-pub const PROTOCOL_VERSION: u16 = 6;
+/// the agent proves it holds the token ([`prove`]) instead of sending it. 7: agents forward
+/// their ranks' facts for the advisor ([`Frame::NodeMeta`]).
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// bytes, the largest message either side accepts (1 MiB).
 pub const MAX_MESSAGE: u32 = 1 << 20;

@@ -64,8 +64,8 @@ fn frames_of(path: &PathBuf) -> anyhow::Result<Vec<Frame>> {
     Ok(read.frames)
 }
 
-/// Pools the profiles: the mean iteration over all their iterations, the median of their
-/// medians, breakdowns averaged, the rest from the first.
+/// The profiles pooled as one job (`advisor::pool`); `--measured-nodes` overrides the node
+/// count their hosts give.
 fn measured(args: &AdviseArgs) -> anyhow::Result<Measured> {
     let mut all: Vec<Measured> = Vec::new();
     for p in &args.profiles {
@@ -75,32 +75,7 @@ fn measured(args: &AdviseArgs) -> anyhow::Result<Measured> {
         }
         all.push(m);
     }
-    let mut m = all[0].clone();
-    let n = all.len() as f64;
-    let weight: usize = all.iter().map(|x| x.iterations).sum();
-    m.iteration_seconds = all
-        .iter()
-        .map(|x| x.iteration_seconds * x.iterations as f64)
-        .sum::<f64>()
-        / weight.max(1) as f64;
-    m.median_iteration_seconds = advisor::median(
-        &all.iter()
-            .map(|x| x.median_iteration_seconds)
-            .collect::<Vec<_>>(),
-    );
-    let mut b = advisor::Breakdown::default();
-    for x in &all {
-        let s = x.breakdown;
-        b.compute += s.compute / n;
-        b.data_fetch += s.data_fetch / n;
-        b.data_prep += s.data_prep / n;
-        b.interconnect += s.interconnect / n;
-        b.network += s.network / n;
-        b.peer_wait += s.peer_wait / n;
-        b.other += s.other / n;
-    }
-    m.breakdown = b.scaled_to(m.iteration_seconds);
-    m.iterations = all.iter().map(|x| x.iterations).sum();
+    let mut m = advisor::pool(&all).context("no profile given")?;
     if let Some(nodes) = args.measured_nodes {
         m.nodes = nodes;
     }

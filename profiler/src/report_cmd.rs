@@ -151,9 +151,12 @@ fn build(paths: &[PathBuf], experiment: Option<&Path>, advice: Option<&ReportArg
     let mut b = ReportBuilder::new("");
     let total: u64 = paths.iter().map(|p| file_bytes(p)).sum();
     let keep = advice.is_some() && total <= ADVICE_MAX_BYTES;
-    let mut kept: Vec<Frame> = Vec::new();
+    // Each run profile's own frames, for the advisor (it pools one job's run profiles).
+    let mut kept: Vec<Vec<Frame>> = Vec::new();
     if let [path] = paths {
-        stream(&mut b, path, keep.then_some(&mut kept));
+        let mut frames = Vec::new();
+        stream(&mut b, path, keep.then_some(&mut frames));
+        kept.push(frames);
     } else {
         let mut read = Vec::new();
         for p in paths {
@@ -168,7 +171,7 @@ fn build(paths: &[PathBuf], experiment: Option<&Path>, advice: Option<&ReportArg
                     b.ingest(f);
                 }
                 if keep {
-                    kept = joined;
+                    kept = read.into_iter().map(|(_, frames)| frames).collect();
                 }
             }
             Err(why) => b.problem(format!("the profiles could not be joined: {why}")),
@@ -353,15 +356,15 @@ fn add_experiment(b: &mut ReportBuilder, path: &Path) {
 
 /// The advisor over the shipped catalog (or `--catalog`), as `stallscope advise` runs it
 /// with its defaults.
-fn advice_section(frames: &[Frame], args: &ReportArgs) -> AdviceSection {
-    match run_advisor(frames, args) {
+fn advice_section(runs: &[Vec<Frame>], args: &ReportArgs) -> AdviceSection {
+    match run_advisor(runs, args) {
         Ok(a) => AdviceSection::Advice(Box::new(a)),
         Err(why) => AdviceSection::Unavailable(why),
     }
 }
 
 fn run_advisor(
-    frames: &[Frame],
+    runs: &[Vec<Frame>],
     args: &ReportArgs,
 ) -> Result<stallscope_analysis::advisor::AdviceReport, String> {
     let text = match &args.catalog {
@@ -370,17 +373,19 @@ fn run_advisor(
     };
     let instances = catalog::parse_instances(&text).map_err(|e| e.to_string())?;
     let gpus = catalog::parse_gpus(catalog::SHIPPED_GPUS).map_err(|e| e.to_string())?;
-    let warmup = frames
-        .iter()
-        .find_map(|f| match f {
-            Frame::Header(h) => Some(h.warmup_iters),
+    let mut measured = Vec::new();
+    for frames in runs {
+        let header = frames.iter().find_map(|f| match f {
+            Frame::Header(h) => Some(h),
             _ => None,
-        })
-        .unwrap_or(1);
-    let m = advisor::measure(frames, warmup);
-    if m.iterations == 0 {
-        return Err("the profile holds no counted iterations to predict from".into());
+        });
+        let m = advisor::measure(frames, header.map_or(1, |h| h.warmup_iters));
+        if m.iterations == 0 {
+            return Err("the profile holds no counted iterations to predict from".into());
+        }
+        measured.push(m);
     }
+    let m = advisor::pool(&measured).ok_or("no profile to predict from")?;
     let current = advisor::find_current(&instances, args.current.as_deref(), &m)?;
     Ok(advisor::advise(
         &m,

@@ -555,3 +555,56 @@ fn a_viewer_reads_the_whole_jobs_model_from_the_collectors_port() {
     assert_eq!(seen["snapshot"]["ranks"]["1"]["node"], "node-b");
     assert_eq!(s["ranks"].as_array().unwrap().len(), 2, "{s:#}");
 }
+
+/// The advisor reads a collector's job profile as it reads a run's: the agents forward each
+/// rank's DDP buckets, so the job's network part is predicted for another link.
+#[test]
+fn a_collectors_job_profile_is_advised_from_what_its_agents_forwarded() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    loopback_job(3, dir.path(), |_, _| {}, &["--iters", "40"], |_, _| {});
+    let catalog = dir.path().join("catalog.csv");
+    std::fs::write(
+        &catalog,
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,NetworkGbps\n\
+         here,,0,2,4,1.0,10\n\
+         slow,,0,2,4,1.0,0.01\n",
+    )
+    .unwrap();
+    let json = dir.path().join("advice.json");
+    let out = stallscope()
+        .arg("advise")
+        .arg(dir.path().join("job.stallscope"))
+        .args(["--catalog"])
+        .arg(&catalog)
+        .args(["--current", "here", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = read_json(&json);
+    let m = &r["measured"];
+    assert_eq!(m["nodes"], 2, "{m}");
+    assert_eq!(m["hosts"], serde_json::json!(["node-a", "node-b"]));
+    assert!(m["comm_bytes_per_iteration"].as_f64().unwrap() > 0.0, "{m}");
+    assert!(!m["bucket_bytes"].as_array().unwrap().is_empty(), "{m}");
+    let slow = r["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["instance_type"] == "slow")
+        .unwrap();
+    // 10 Mbit/s: the example's gradients (~0.2 MB here) take tens of ms a step.
+    assert!(
+        slow["breakdown"]["network"].as_f64().unwrap()
+            > m["breakdown"]["network"].as_f64().unwrap(),
+        "{slow}"
+    );
+}

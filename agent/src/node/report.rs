@@ -3,14 +3,15 @@
 //! few seconds, the node's health (when it changed), its latest resource reading and its bytes
 //! per NIC; its GPUs' names when known, changed, and every [`GPUS_EVERY`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::clock::shift;
 use stallscope_analysis::frame::{
-    CommSpan, Frame, GpuIdentity, NodeGpus, NodeHealth, NodeIteration, NodeNics, NodeReport,
-    NodeResourcesReport,
+    CommSpan, Frame, GpuIdentity, NodeGpus, NodeHealth, NodeIteration, NodeMeta, NodeNics,
+    NodeReport, NodeResourcesReport,
 };
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::marker::phase;
@@ -28,6 +29,11 @@ pub const HEALTH_EVERY: Duration = Duration::from_secs(2);
 /// How often the node's GPUs' names go again unchanged, so that a collector restarted since
 /// learns them.
 pub const GPUS_EVERY: Duration = Duration::from_secs(30);
+
+/// Least time between two [`NodeMeta`] of one process whose keys were all sent before: the
+/// hook sends its buckets' timings every 16 backwards, and a job profile needs a recent
+/// value, not every one (8 ranks: ~50 bytes/s).
+pub const META_EVERY: Duration = Duration::from_secs(30);
 
 /// What the collector needs of one attributed iteration.
 pub fn node_iteration(job: &JobTimeline, b: &IterationBreakdown, offset: i64) -> NodeIteration {
@@ -60,6 +66,7 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
     let mut last_health: Option<(Instant, NodeHealth)> = None;
     let mut last_resources_at: Option<u64> = None;
     let mut last_gpus: Option<(Instant, Vec<GpuIdentity>)> = None;
+    let mut last_meta: HashMap<u32, (Instant, NodeMeta)> = HashMap::new();
     Box::new(
         move |job: &JobTimeline, view: &JobView, new: &[IterationBreakdown]| {
             for b in new {
@@ -118,8 +125,59 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
                 }));
                 last_gpus = Some((Instant::now(), gpus.clone()));
             }
+            for meta in changed_meta(job, &mut last_meta) {
+                shipper.push(Frame::NodeMeta(meta));
+            }
         },
     )
+}
+
+/// The loops' facts for the advisor ([`NodeMeta::KEYS`]) that changed since they were last
+/// sent: at once when a key is new, else at most every [`META_EVERY`]. Forgets processes
+/// that are gone.
+pub fn changed_meta(
+    job: &JobTimeline,
+    last: &mut HashMap<u32, (Instant, NodeMeta)>,
+) -> Vec<NodeMeta> {
+    let procs = &job.node.markers.procs;
+    last.retain(|pid, _| procs.contains_key(pid));
+    let mut out = Vec::new();
+    for (pid, marks) in procs {
+        if marks.info().is_loader() {
+            continue;
+        }
+        let fields: Vec<(String, String)> = marks
+            .meta
+            .iter()
+            .filter(|(k, _)| NodeMeta::forwards(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if fields.is_empty() {
+            continue;
+        }
+        let meta = NodeMeta {
+            node: String::new(),
+            pid: *pid,
+            rank: marks.rank,
+            fields,
+        };
+        let due = match last.get(pid) {
+            None => true,
+            Some((_, sent)) if *sent == meta => false,
+            Some((at, sent)) => {
+                let new_key = meta
+                    .fields
+                    .iter()
+                    .any(|(k, _)| !sent.fields.iter().any(|(s, _)| s == k));
+                new_key || sent.rank != meta.rank || at.elapsed() >= META_EVERY
+            }
+        };
+        if due {
+            last.insert(*pid, (Instant::now(), meta.clone()));
+            out.push(meta);
+        }
+    }
+    out
 }
 
 /// Hands markers on, and makes every process that sends one a root of the sampled job.
@@ -139,5 +197,60 @@ impl Sink<Datagram> for TrackSenders {
             }
         }
         self.inbox.put(item)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stallscope_analysis::marker::{Marker, MarkerEvent};
+
+    use super::*;
+
+    fn meta(job: &mut JobTimeline, pid: u32, seq: u64, fields: &[(&str, &str)]) {
+        job.ingest(&Frame::Markers(vec![Marker {
+            seq,
+            t_ns: 1_000 + seq,
+            pid,
+            rank: Some(pid - 100),
+            iter: 0,
+            event: MarkerEvent::Meta(
+                fields
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+        }]));
+    }
+
+    #[test]
+    fn a_loops_advisor_facts_go_when_new_and_then_at_most_every_thirty_seconds() {
+        let mut job = JobTimeline::default();
+        let mut last = HashMap::new();
+        meta(
+            &mut job,
+            100,
+            0,
+            &[("framework", "torch-2.4"), ("batch_size", "8")],
+        );
+        meta(&mut job, 101, 0, &[("role", "loader"), ("batch_size", "8")]);
+        let sent = changed_meta(&job, &mut last);
+        // The loop's forwarded keys only; the loader worker and unread keys stay home.
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].rank, Some(0));
+        assert_eq!(sent[0].fields, vec![("batch_size".into(), "8".into())]);
+        assert!(
+            changed_meta(&job, &mut last).is_empty(),
+            "unchanged: not again"
+        );
+        // A new key goes at once; a changed value of a key sent before waits its turn.
+        meta(&mut job, 100, 1, &[("comm_bytes", "4916000")]);
+        assert_eq!(changed_meta(&job, &mut last).len(), 1);
+        meta(&mut job, 100, 2, &[("comm_bytes", "4916001")]);
+        assert!(changed_meta(&job, &mut last).is_empty());
+        last.get_mut(&100).unwrap().0 -= META_EVERY;
+        let again = changed_meta(&job, &mut last);
+        assert!(again[0]
+            .fields
+            .contains(&("comm_bytes".into(), "4916001".into())));
     }
 }

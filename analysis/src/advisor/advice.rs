@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog::Instance;
 use super::measured::Measured;
-use super::model::{ranks_per_node, ALPHA_SECONDS};
+use super::model::{ranks_per_node, ALPHA_SECONDS, DEFAULT_LINK_EFFICIENCY};
+use super::network::Buckets;
 
 /// One piece of advice.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -116,7 +117,7 @@ pub fn communication(m: &Measured, cur: &Instance) -> (CommBound, Vec<Advice>) {
             "priority_propagation",
             format!("P3-style sliced, prioritised propagation: send the first layers' gradients first so the next forward starts once they arrive ({how})"),
             gain,
-            "a high-bandwidth network where communication is already hidden",
+            "the network is fast and communication already hidden behind backward",
         );
     }
     let g = ranks_per_node(m, cur) as f64;
@@ -130,10 +131,98 @@ pub fn communication(m: &Measured, cur: &Instance) -> (CommBound, Vec<Advice>) {
             "one rank per node, or NCCL already does a tree/hierarchy",
         );
     }
-    // A parameter server with k dedicated servers: each worker sends and receives all bytes
-    // (2B/bw) where the ring moves 2(W-1)/W·B: never less per worker, so only noted.
-    let _ = bytes;
     (bound, out)
+}
+
+/// A parameter server in place of the ring, reckoned per worker link (BytePS's analysis):
+/// a worker pushes its gradients and pulls the new ones, `B` each way, where the ring moves
+/// `2(W−1)/W · B` each way; `k` servers with links like the workers' each take `W·B/k` each way.
+/// With dedicated servers (`k = W`) a worker's bytes fall by `W / (2(W−1))`: nothing with 2
+/// workers, up to half with many. Co-located on the workers' nodes the servers' bytes share
+/// the workers' links and it moves what the ring moves. Each is replayed through the measured
+/// buckets (their ready times, the link's achieved share) as [`network`](super::network)
+/// predicts the ring. Returns the advised (gain > 0) and the considered but not advised.
+pub fn parameter_server(
+    m: &Measured,
+    cur: &Instance,
+    catalog: &[Instance],
+) -> (Vec<Advice>, Vec<Advice>) {
+    let (mut advised, mut not) = (Vec::new(), Vec::new());
+    let network = m.breakdown.network;
+    let (Some(buckets), Some(gbps)) = (Buckets::of(m), cur.network_gbps) else {
+        return (advised, not);
+    };
+    if m.nodes <= 1 || network <= 0.02 * m.iteration_seconds {
+        return (advised, not);
+    }
+    let w = m.ranks.max(2);
+    // One server machine per worker machine (BytePS's sizing), each with the workers' network.
+    let servers = m.nodes;
+    let rate = gbps * 1e9 / 8.0;
+    let share = buckets.efficiency(w, rate, network);
+    let share = if share.hidden {
+        share.share.max(DEFAULT_LINK_EFFICIENCY)
+    } else {
+        share.share
+    };
+    let ring = buckets.exposed(w, share * rate, 1.0);
+    let ring_bytes = 2.0 * (w as f64 - 1.0) / w as f64;
+    // Dedicated: each worker's link carries B each way against the ring's 2(W−1)/W·B.
+    let dedicated = buckets.exposed(w, share * rate * ring_bytes, 1.0);
+    let gain = ring - dedicated;
+    let server = catalog
+        .iter()
+        .filter(|i| !i.has_gpu() && i.network_gbps.is_some_and(|g| g >= gbps))
+        .min_by(|a, b| a.price.total_cmp(&b.price));
+    let cost = match server {
+        Some(s) => {
+            let before = m.nodes as f64 * cur.price * m.iteration_seconds;
+            let after = (m.nodes as f64 * cur.price + servers as f64 * s.price)
+                * (m.iteration_seconds - gain.max(0.0));
+            format!(
+                "; {servers} × {} at ${:.2}/h each: {:+.0}% cost per iteration",
+                s.instance_type,
+                s.price,
+                (after / before.max(1e-12) - 1.0) * 100.0
+            )
+        }
+        None => "; their machines are not in the catalog (no CPU row with this network)".into(),
+    };
+    let entry = |kind: &str, change: String, gain: f64, unless: &str| Advice {
+        kind: kind.into(),
+        change,
+        gain_seconds: gain.max(0.0),
+        gain_fraction: gain.max(0.0) / m.iteration_seconds.max(1e-12),
+        unless: unless.into(),
+    };
+    let dedicated = entry(
+        "parameter_server",
+        format!(
+            "a parameter server on {servers} dedicated machines (BytePS-style; a worker then moves its gradients once each way, {:.0}% of the ring's bytes){cost}",
+            100.0 / ring_bytes
+        ),
+        gain,
+        "2 workers (the ring already moves each byte once each way), fewer servers than workers (their links become the bottleneck), or no machines to spare",
+    );
+    if gain > 0.0 {
+        advised.push(dedicated);
+    } else {
+        not.push(Advice {
+            unless: if w == 2 {
+                "with 2 workers the ring already moves each gradient byte once each way".into()
+            } else {
+                "the exposed communication is per-collective latency, not bytes".into()
+            },
+            ..dedicated
+        });
+    }
+    not.push(entry(
+        "parameter_server_colocated",
+        "a parameter server co-located on the workers' nodes: each node's link carries the ring's bytes, now as server and worker".into(),
+        0.0,
+        "it moves the ring's bytes over each node's link and saves only per-collective latency (2 steps instead of 2(W−1))",
+    ));
+    (advised, not)
 }
 
 /// s per iteration P3-style prioritisation would recover, and how it was reckoned. With the

@@ -84,6 +84,9 @@ pub struct Measured {
     pub ranks: u32,
     /// Nodes the ranks ran on (1 unless the profile says otherwise).
     pub nodes: u32,
+    /// Host names of the profiles' headers (each node's `stallscope run` names its host).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
     /// Per-process batch, samples.
     pub batch_size: Option<u64>,
     /// DataLoader worker processes per rank.
@@ -107,6 +110,10 @@ pub struct Measured {
     /// layers' first; to the kB), when the hook sent them.
     #[serde(default)]
     pub bucket_bytes: Option<Vec<f64>>,
+    /// s after the first DDP bucket was ready at which each bucket became ready (the
+    /// median over recent backwards, in the order of `bucket_bytes`), when the hook sent them.
+    #[serde(default)]
+    pub bucket_ready_seconds: Option<Vec<f64>>,
     /// torch.distributed backend (`gloo`, `nccl`).
     pub backend: Option<String>,
     /// CPU seconds each rank's own process (not its loaders) used per iteration, when
@@ -255,6 +262,48 @@ pub fn measure(frames: &[Frame], warmup: u32) -> Measured {
     m
 }
 
+/// One job measured from several run profiles (one per node, each `stallscope run -o`):
+/// the mean iteration over all their iterations, the median of their medians, breakdowns
+/// averaged, the nodes their distinct hosts (at least the most any one profile saw), the rest
+/// from the first. `None` without profiles.
+pub fn pool(runs: &[Measured]) -> Option<Measured> {
+    let mut m = runs.first()?.clone();
+    let n = runs.len() as f64;
+    let weight: usize = runs.iter().map(|x| x.iterations).sum();
+    m.iteration_seconds = runs
+        .iter()
+        .map(|x| x.iteration_seconds * x.iterations as f64)
+        .sum::<f64>()
+        / weight.max(1) as f64;
+    m.median_iteration_seconds = median(
+        &runs
+            .iter()
+            .map(|x| x.median_iteration_seconds)
+            .collect::<Vec<_>>(),
+    );
+    let mut b = Breakdown::default();
+    for x in runs {
+        let s = x.breakdown;
+        b.compute += s.compute / n;
+        b.data_fetch += s.data_fetch / n;
+        b.data_prep += s.data_prep / n;
+        b.interconnect += s.interconnect / n;
+        b.network += s.network / n;
+        b.peer_wait += s.peer_wait / n;
+        b.other += s.other / n;
+    }
+    m.breakdown = b.scaled_to(m.iteration_seconds);
+    m.iterations = weight;
+    let mut hosts: Vec<String> = runs.iter().flat_map(|x| x.hosts.clone()).collect();
+    hosts.sort();
+    hosts.dedup();
+    let most = runs.iter().map(|x| x.nodes).max().unwrap_or(1);
+    m.nodes = (hosts.len() as u32).max(most);
+    m.ranks = runs.iter().map(|x| x.ranks).max().unwrap_or(1);
+    m.hosts = hosts;
+    Some(m)
+}
+
 /// CPU seconds per iteration of the ranks' own processes, over their counted iterations only
 /// (start-up, imports and warm-up left out), averaged over ranks.
 fn rank_cpu(frames: &[Frame], warmup: u32) -> Option<f64> {
@@ -297,42 +346,51 @@ fn rank_cpu(frames: &[Frame], warmup: u32) -> Option<f64> {
     (!per_iter.is_empty()).then(|| per_iter.iter().sum::<f64>() / per_iter.len() as f64)
 }
 
+/// s from a `:`-separated list of ms offsets (`0:12.5:40.1`); `None` if any is not a
+/// non-negative number.
+fn offsets(ms_list: &str) -> Option<Vec<f64>> {
+    ms_list
+        .split(':')
+        .map(|ms| {
+            ms.parse::<f64>()
+                .ok()
+                .filter(|ms| ms.is_finite() && *ms >= 0.0)
+                .map(|ms| ms / 1e3)
+        })
+        .collect::<Option<Vec<f64>>>()
+        .filter(|r| !r.is_empty())
+}
+
 fn read_meta(frames: &[Frame], m: &mut Measured) {
     let mut nodes: std::collections::HashSet<String> = Default::default();
+    // A job profile's header is the collector's: its nodes are the agents' that shipped
+    // iterations.
+    let job = frames.iter().any(
+        |f| matches!(f, Frame::Header(h) if h.command.get(1).is_some_and(|c| c == "collector")),
+    );
     for frame in frames {
         match frame {
-            Frame::Header(h) => {
+            Frame::Header(h) if !job => {
                 nodes.insert(h.host.clone());
             }
             Frame::Markers(markers) => {
                 for mk in markers {
-                    let MarkerEvent::Meta(kv) = &mk.event else {
-                        continue;
-                    };
-                    for (k, v) in kv {
-                        match k.as_str() {
-                            "comm_bytes" => m.comm_bytes_per_iteration = v.parse().ok(),
-                            "comm_buckets" => m.collectives_per_iteration = v.parse().ok(),
-                            "comm_bucket_kb" => {
-                                m.bucket_bytes = v
-                                    .split(':')
-                                    .map(|kb| kb.parse::<f64>().ok().map(|k| k * 1e3))
-                                    .collect::<Option<Vec<f64>>>()
-                                    .filter(|s| !s.is_empty());
-                            }
-                            "comm_overlap_us" => {
-                                m.comm_overlap_seconds = v.parse::<f64>().ok().map(|us| us / 1e6)
-                            }
-                            "backend" => m.backend = Some(v.clone()),
-                            "world_size" => {
-                                if let Ok(w) = v.parse::<u32>() {
-                                    m.ranks = m.ranks.max(w);
-                                }
-                            }
-                            "device" if !v.starts_with("cpu") => m.on_gpu = true,
-                            _ => {}
+                    if let MarkerEvent::Meta(kv) = &mk.event {
+                        for (k, v) in kv {
+                            take_meta(m, k, v);
                         }
                     }
+                }
+            }
+            Frame::NodeMeta(meta) => {
+                nodes.insert(meta.node.clone());
+                for (k, v) in &meta.fields {
+                    take_meta(m, k, v);
+                }
+            }
+            Frame::NodeReport(_) | Frame::NodeIteration(_) => {
+                if let Some(it) = frame.node_iteration() {
+                    nodes.insert(it.node.clone());
                 }
             }
             Frame::Series(d) if d.name.starts_with("gpu.") => m.on_gpu = true,
@@ -340,4 +398,32 @@ fn read_meta(frames: &[Frame], m: &mut Measured) {
         }
     }
     m.nodes = (nodes.len() as u32).max(1);
+    let mut hosts: Vec<String> = nodes.into_iter().filter(|h| !h.is_empty()).collect();
+    hosts.sort();
+    m.hosts = hosts;
+}
+
+/// Takes one of the hook's `key=value` facts about a rank.
+fn take_meta(m: &mut Measured, k: &str, v: &str) {
+    match k {
+        "comm_bytes" => m.comm_bytes_per_iteration = v.parse().ok(),
+        "comm_buckets" => m.collectives_per_iteration = v.parse().ok(),
+        "comm_bucket_kb" => {
+            m.bucket_bytes = v
+                .split(':')
+                .map(|kb| kb.parse::<f64>().ok().map(|k| k * 1e3))
+                .collect::<Option<Vec<f64>>>()
+                .filter(|s| !s.is_empty());
+        }
+        "comm_bucket_ready_ms" => m.bucket_ready_seconds = offsets(v),
+        "comm_overlap_us" => m.comm_overlap_seconds = v.parse::<f64>().ok().map(|us| us / 1e6),
+        "backend" => m.backend = Some(v.to_string()),
+        "world_size" => {
+            if let Ok(w) = v.parse::<u32>() {
+                m.ranks = m.ranks.max(w);
+            }
+        }
+        "device" if !v.starts_with("cpu") => m.on_gpu = true,
+        _ => {}
+    }
 }

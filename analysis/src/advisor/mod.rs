@@ -13,6 +13,7 @@ pub mod advice;
 pub mod catalog;
 pub mod measured;
 pub mod model;
+pub mod network;
 mod render;
 #[cfg(test)]
 mod tests;
@@ -21,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub use advice::{Advice, CommBound};
 pub use catalog::{parse_gpus, parse_instances, CatalogError, Gpu, Instance};
-pub use measured::{mean, measure, median, Breakdown, GpuBound, Measured};
+pub use measured::{mean, measure, median, pool, Breakdown, GpuBound, Measured};
 pub use model::{predict, Candidate, InstancePrediction, Work};
 pub use render::render_text;
 
@@ -58,6 +59,9 @@ pub struct AdviceReport {
     pub communication_bound: CommBound,
     /// Communication advice, largest gain first.
     pub communication: Vec<Advice>,
+    /// Communication changes considered and not advised (no gain here), with why.
+    #[serde(default)]
+    pub not_advised: Vec<Advice>,
     /// Data-side advice, largest gain first.
     pub data: Vec<Advice>,
 }
@@ -106,6 +110,8 @@ pub fn advise(
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, p)| label(p));
     let (communication_bound, mut communication) = advice::communication(m, current);
+    let (server, not_advised) = advice::parameter_server(m, current, catalog);
+    communication.extend(server);
     let mut data = advice::data(m, current);
     communication.sort_by(|a, b| b.gain_seconds.total_cmp(&a.gain_seconds));
     data.sort_by(|a, b| b.gain_seconds.total_cmp(&a.gain_seconds));
@@ -117,6 +123,7 @@ pub fn advise(
         cheapest_within_budget,
         communication_bound,
         communication,
+        not_advised,
         data,
     }
 }

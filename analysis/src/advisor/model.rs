@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog::{gpu, Gpu, Instance};
 use super::measured::{Breakdown, Measured};
+use super::network;
 
 /// s, per-collective latency (α) assumed for the ring all-reduce when it cannot be measured:
 /// TCP over Ethernet (gloo, NCCL sockets) is tens of µs per step.
@@ -129,16 +130,16 @@ pub fn ranks_per_node(m: &Measured, inst: &Instance) -> u32 {
 
 /// Notes gathered while predicting.
 #[derive(Default)]
-struct Notes {
-    assumptions: Vec<String>,
-    extrapolations: Vec<String>,
+pub(super) struct Notes {
+    pub(super) assumptions: Vec<String>,
+    pub(super) extrapolations: Vec<String>,
 }
 
 impl Notes {
-    fn assume(&mut self, s: impl Into<String>) {
+    pub(super) fn assume(&mut self, s: impl Into<String>) {
         self.assumptions.push(s.into());
     }
-    fn extrapolate(&mut self, s: impl Into<String>) {
+    pub(super) fn extrapolate(&mut self, s: impl Into<String>) {
         self.extrapolations.push(s.into());
     }
 }
@@ -264,75 +265,6 @@ fn pipeline(m: &Measured, inst: &Instance, workers: u32, (cpu, io): (f64, f64), 
         .max(loading)
 }
 
-/// Exposed communication over the network, s per iteration, on `nodes` of `new`.
-fn network(
-    m: &Measured,
-    cur: &Instance,
-    new: &Instance,
-    nodes: u32,
-    compute_ratio: f64,
-    notes: &mut Notes,
-) -> f64 {
-    let measured = m.breakdown.network;
-    if nodes <= 1 {
-        return 0.0;
-    }
-    let Some(new_gbps) = new.network_gbps else {
-        notes.extrapolate("the candidate's network rate is unknown: network kept as measured");
-        return measured;
-    };
-    let ranks = nodes * ranks_per_node(m, new);
-    let bytes = m.comm_bytes_per_iteration;
-    let colls = m.collectives_per_iteration.unwrap_or(1.0);
-    if m.nodes > 1 {
-        if let (Some(b), Some(cur_gbps)) = (bytes, cur.network_gbps) {
-            let before = ring_seconds(b, colls, m.ranks, cur_gbps * 1e9 / 8.0);
-            let after = ring_seconds(b, colls, ranks, new_gbps * 1e9 / 8.0);
-            notes.assume(format!(
-                "network: ring all-reduce of {:.0} KiB in {colls:.0} collectives, α = {:.0} µs, the achieved share of the nominal rate as measured; the measured overlap with backward ({:.0} ms) hides the same window",
-                b / 1024.0,
-                ALPHA_SECONDS * 1e6,
-                m.comm_overlap_seconds.unwrap_or(0.0) * 1e3
-            ));
-            if nodes != m.nodes {
-                notes.extrapolate(format!("{nodes} nodes; measured on {}", m.nodes));
-            }
-            // The transfer took the exposed time plus the overlapped backward window; it
-            // scales with the ring, the window with compute.
-            let overlap = if measured > 0.0 {
-                m.comm_overlap_seconds.unwrap_or(0.0)
-            } else {
-                0.0
-            };
-            let transfer = (measured + overlap) * after / before.max(1e-12);
-            return (transfer - overlap * compute_ratio).max(0.0);
-        }
-        notes.assume("network scales with the nominal rate (gradient bytes not measured)");
-        return match cur.network_gbps {
-            Some(c) => measured * c / new_gbps,
-            None => measured,
-        };
-    }
-    notes.extrapolate(format!(
-        "{nodes} nodes but measured on one: network time from the α–β ring model at {:.0}% of {new_gbps} Gbit/s, no overlap with backward",
-        DEFAULT_LINK_EFFICIENCY * 100.0
-    ));
-    match bytes {
-        Some(b) => ring_seconds(
-            b,
-            colls,
-            ranks,
-            DEFAULT_LINK_EFFICIENCY * new_gbps * 1e9 / 8.0,
-        ),
-        None => {
-            notes.extrapolate(
-                "gradient bytes per iteration not measured: network time unknown, taken as 0",
-            );
-            0.0
-        }
-    }
-}
-
 /// Predicts one candidate. `gpus` is the GPU table; `work` how much training is left.
 pub fn predict(
     m: &Measured,
@@ -389,7 +321,7 @@ pub fn predict(
             _ => b.interconnect,
         }
     };
-    let network = network(m, cur, new, cand.nodes, ratio, &mut notes);
+    let network = network::network(m, cur, new, cand.nodes, ratio, &mut notes);
     let (compute, prep, fetch) = loader(m, cur, new, compute, &mut notes);
     notes.assume("peer wait and other time kept as measured; same per-process batch");
     let bd = Breakdown {

@@ -53,17 +53,22 @@ pub fn render_text(r: &AdviceReport) -> String {
         b.compute, b.data_fetch, b.data_prep, b.interconnect, b.network, b.peer_wait, b.other
     );
     instance_table(&mut out, r);
-    let skipped: Vec<String> = r
-        .instances
-        .iter()
-        .filter_map(|p| {
-            p.not_applicable
-                .as_ref()
-                .map(|why| format!("{} ({why})", label(p)))
-        })
-        .collect();
-    if !skipped.is_empty() {
-        let _ = writeln!(out, "not predicted: {}", skipped.join("; "));
+    // Grouped by reason, each type once (not once per node count): a CPU job leaves most of
+    // a cloud catalog out for one reason.
+    let mut skipped: Vec<(&str, Vec<&str>)> = Vec::new();
+    for p in &r.instances {
+        let Some(why) = p.not_applicable.as_deref() else {
+            continue;
+        };
+        let name = p.instance_type.as_str();
+        match skipped.iter_mut().find(|(w, _)| *w == why) {
+            Some((_, names)) if names.contains(&name) => {}
+            Some((_, names)) => names.push(name),
+            None => skipped.push((why, vec![name])),
+        }
+    }
+    for (why, names) in &skipped {
+        let _ = writeln!(out, "not predicted, {why}: {}", names.join(", "));
     }
     let _ = writeln!(
         out,
@@ -99,6 +104,12 @@ pub fn render_text(r: &AdviceReport) -> String {
         }
     );
     advice_lines(&mut out, "communication", &r.communication);
+    if !r.not_advised.is_empty() {
+        let _ = writeln!(out, "considered, not advised:");
+        for a in &r.not_advised {
+            let _ = writeln!(out, "  - {} — no gain here: {}", a.change, a.unless);
+        }
+    }
     advice_lines(&mut out, "data", &r.data);
     out
 }

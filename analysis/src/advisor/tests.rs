@@ -79,7 +79,11 @@ fn a_cpu_job_is_never_offered_gpus() {
         .as_ref()
         .unwrap()
         .contains("does not use"));
-    assert!(!render_text(&r).contains("a100x8  "));
+    let text = render_text(&r);
+    assert!(!text.contains("a100x8  "));
+    // Said once for all the machines it leaves out, each named once.
+    assert_eq!(text.matches("does not use").count(), 1, "{text}");
+    assert!(text.contains("a100x8, h100x8"), "{text}");
 }
 
 #[test]
@@ -424,4 +428,183 @@ fn p3_recovers_what_the_next_forward_can_hide_given_the_bucket_sizes() {
         "{}",
         sized.change
     );
+}
+
+#[test]
+fn a_parameter_server_pays_with_many_workers_on_dedicated_machines_and_not_with_two() {
+    let cat = catalog();
+    // Two workers: the ring already sends each byte once each way.
+    let two = advise(
+        &network_bound(),
+        &cat[0],
+        &cat,
+        &gpus(),
+        &Request::default(),
+    );
+    assert!(two
+        .communication
+        .iter()
+        .all(|a| a.kind != "parameter_server"));
+    let not = two
+        .not_advised
+        .iter()
+        .find(|a| a.kind == "parameter_server")
+        .expect("considered");
+    assert!(not.unless.contains("2 workers"), "{}", not.unless);
+    assert!(render_text(&two).contains("considered, not advised"));
+    // Eight workers on eight nodes: a worker's bytes fall from 2·7/8 B to B each way, so the
+    // 0.4 s of network (no overlap measured) becomes 0.4 × 8/14.
+    let eight = Measured {
+        ranks: 8,
+        nodes: 8,
+        ..network_bound()
+    };
+    let r = advise(&eight, &cat[0], &cat, &gpus(), &Request::default());
+    let ps = r
+        .communication
+        .iter()
+        .find(|a| a.kind == "parameter_server")
+        .expect("advised with 8 workers");
+    let expect = 0.4 * (1.0 - 8.0 / 14.0);
+    assert!(
+        (ps.gain_seconds - expect).abs() < 0.005,
+        "{}",
+        ps.gain_seconds
+    );
+    // Its servers are the cheapest CPU row with at least the workers' network, and the cost
+    // per iteration says what they add: (8 + 8 × 0.5) $/h over 0.5 − 0.171 s against 8 $/h over 0.5 s.
+    assert!(ps.change.contains("8 × small at $0.50/h"), "{}", ps.change);
+    assert!(
+        ps.change.contains("-1% cost per iteration"),
+        "{}",
+        ps.change
+    );
+    assert!(r
+        .not_advised
+        .iter()
+        .any(|a| a.kind == "parameter_server_colocated"));
+}
+
+/// The hook's bucket meta: sizes in ready order and each one's ready time; a list with a
+/// value that is not a time is dropped whole, not read in part.
+#[test]
+fn the_buckets_ready_times_are_read_from_the_hooks_meta() {
+    use crate::frame::Frame;
+    use crate::marker::{Marker, MarkerEvent};
+    let meta = |fields: &[(&str, &str)]| {
+        Frame::Markers(vec![Marker {
+            seq: 0,
+            t_ns: 0,
+            pid: 1,
+            rank: Some(0),
+            iter: 0,
+            event: MarkerEvent::Meta(
+                fields
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+        }])
+    };
+    let m = measure(
+        &[meta(&[
+            ("comm_bucket_kb", "2505:2411"),
+            ("comm_bucket_ready_ms", "0.0:36.8"),
+        ])],
+        0,
+    );
+    assert_eq!(m.bucket_bytes, Some(vec![2.505e6, 2.411e6]));
+    assert_eq!(m.bucket_ready_seconds, Some(vec![0.0, 0.0368]));
+    for bad in ["0.0:-1", "0.0:x", "", "0::3", "0:inf"] {
+        let m = measure(&[meta(&[("comm_bucket_ready_ms", bad)])], 0);
+        assert_eq!(m.bucket_ready_seconds, None, "{bad}");
+    }
+}
+
+/// Two nodes' run profiles of one job: their hosts make the node count, their iterations
+/// are pooled.
+#[test]
+fn run_profiles_of_two_nodes_pool_into_one_job_on_two_nodes() {
+    let node = |host: &str, seconds: f64, iterations: usize| Measured {
+        iteration_seconds: seconds,
+        median_iteration_seconds: seconds,
+        iterations,
+        nodes: 1,
+        hosts: vec![host.to_string()],
+        ..network_bound()
+    };
+    let m = pool(&[node("a", 0.4, 10), node("b", 0.6, 30)]).unwrap();
+    assert_eq!(m.nodes, 2);
+    assert_eq!(m.hosts, vec!["a".to_string(), "b".to_string()]);
+    assert_eq!(m.iterations, 40);
+    assert!((m.iteration_seconds - 0.55).abs() < 1e-12);
+    assert!((m.breakdown.total() - 0.55).abs() < 1e-9);
+    // The same host twice (two runs on one node): one node.
+    assert_eq!(
+        pool(&[node("a", 0.4, 10), node("a", 0.4, 10)])
+            .unwrap()
+            .nodes,
+        1
+    );
+    assert!(pool(&[]).is_none());
+}
+
+/// A collector's job profile: its ranks' iterations as their agents shipped them, their
+/// facts as the agents forwarded them; its nodes are the agents', not the collector's host.
+#[test]
+fn a_collectors_job_profile_is_measured_from_what_its_agents_shipped() {
+    use crate::attribution::{Coverage, IterationBreakdown};
+    use crate::category::{Category, Split};
+    use crate::frame::{Frame, NodeIteration, NodeMeta, NodeReport, RunHeader};
+    let mut frames = vec![Frame::Header(RunHeader {
+        host: "head".into(),
+        command: vec!["stallscope".into(), "collector".into()],
+        warmup_iters: 1,
+        ..RunHeader::default()
+    })];
+    for (rank, node) in [(0u32, "a"), (1, "b")] {
+        frames.push(Frame::NodeMeta(NodeMeta {
+            node: node.into(),
+            pid: 7,
+            rank: Some(rank),
+            fields: vec![
+                ("comm_bucket_kb".into(), "2505:2411".into()),
+                ("comm_bucket_ready_ms".into(), "0.0:36.8".into()),
+                ("comm_buckets".into(), "2".into()),
+                ("comm_bytes".into(), "4916000".into()),
+                ("world_size".into(), "2".into()),
+            ],
+        }));
+        for iter in 0..5u64 {
+            let mut split = Split::default();
+            split.add(Category::Compute, 60_000_000);
+            split.add(Category::Network, 80_000_000);
+            frames.push(Frame::NodeReport(Box::new(NodeReport {
+                iteration: NodeIteration {
+                    node: node.into(),
+                    breakdown: IterationBreakdown {
+                        rank,
+                        pid: 7,
+                        iter,
+                        start_ns: iter * 140_000_000,
+                        end_ns: (iter + 1) * 140_000_000,
+                        split,
+                        evidence: Vec::new(),
+                        coverage: Coverage::default(),
+                    },
+                    comm: Vec::new(),
+                    world_size: Some(2),
+                },
+                gpu: None,
+            })));
+        }
+    }
+    let m = measure(&frames, 1);
+    assert_eq!(m.iterations, 4);
+    assert_eq!((m.nodes, m.ranks), (2, 2));
+    assert_eq!(m.hosts, vec!["a".to_string(), "b".to_string()]);
+    assert!((m.iteration_seconds - 0.14).abs() < 1e-9);
+    assert!((m.breakdown.network - 0.08).abs() < 1e-9);
+    assert_eq!(m.comm_bytes_per_iteration, Some(4.916e6));
+    assert_eq!(m.bucket_ready_seconds, Some(vec![0.0, 0.0368]));
 }

@@ -333,8 +333,17 @@ fn every_variant() -> Vec<Frame> {
             tx_bytes: 12,
         }],
     }));
+    frames.push(Frame::NodeMeta(stallscope_analysis::frame::NodeMeta {
+        node: "b".into(),
+        pid: 4242,
+        rank: Some(1),
+        fields: vec![
+            ("comm_bucket_kb".into(), "2505:2411".into()),
+            ("comm_bucket_ready_ms".into(), "0.0:36.8".into()),
+        ],
+    }));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 17];
+    let mut seen = [false; 18];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -354,6 +363,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeResources(_) => 14,
             Frame::NodeGpus(_) => 15,
             Frame::NodeNics(_) => 16,
+            Frame::NodeMeta(_) => 17,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them.
             Frame::SampleRun(_) => unreachable!("not a frame callers write"),

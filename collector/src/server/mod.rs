@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stallscope_analysis::frame::{Frame, NodeClock};
+use stallscope_analysis::frame::{Frame, NodeClock, NodeMeta};
+use stallscope_analysis::marker::MAX_META_VALUE;
 use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, WireError, PROTOCOL_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -588,6 +589,13 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
             n.node = node.to_string();
             Ok(Frame::NodeNics(n))
         }
+        Frame::NodeMeta(mut m) => {
+            // Only what the advisor reads, as the hook's wire format bounds it.
+            m.node = node.to_string();
+            m.fields
+                .retain(|(k, v)| NodeMeta::forwards(k) && v.len() <= MAX_META_VALUE);
+            Ok(Frame::NodeMeta(m))
+        }
         other => Err(ConnError::Refused(format!(
             "agents send iterations and health reports, not {}",
             match other {
@@ -665,6 +673,25 @@ mod tests {
             .estimate("node-a")
             .expect("an estimate from the exchanges");
         assert!(c.offset_ns.abs() < 1_000_000_000, "{c:?}");
+    }
+
+    #[test]
+    fn a_forwarded_meta_keeps_only_the_advisors_keys_under_the_agents_node_name() {
+        let meta = NodeMeta {
+            node: "claimed".into(),
+            pid: 7,
+            rank: Some(0),
+            fields: vec![
+                ("comm_bytes".into(), "4916000".into()),
+                ("password".into(), "hunter2".into()),
+                ("world_size".into(), "x".repeat(MAX_META_VALUE + 1)),
+            ],
+        };
+        let Ok(Frame::NodeMeta(m)) = tag(Frame::NodeMeta(meta), "node-a") else {
+            panic!("a meta is a record an agent may send");
+        };
+        assert_eq!(m.node, "node-a");
+        assert_eq!(m.fields, vec![("comm_bytes".into(), "4916000".into())]);
     }
 
     #[tokio::test]

@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use stallscope_analysis::advisor::CommBound;
 use stallscope_analysis::category::Category;
 use stallscope_analysis::figures::Categories;
 use stallscope_analysis::report::{Activity, AdviceSection, Comparison, Report, SlowIteration};
@@ -439,10 +440,14 @@ fn advice(r: &Report, out: &mut String) {
         Some(AdviceSection::Advice(a)) => {
             let _ = writeln!(
                 out,
-                "<p>Measured on <b>{}</b>; cheapest within the budget: <b>{}</b>. Communication is {:?}-bound.</p>",
+                "<p>Measured on <b>{}</b>; cheapest within the budget: <b>{}</b>. {}</p>",
                 escape(&a.current),
                 escape(a.cheapest_within_budget.as_deref().unwrap_or("—")),
-                a.communication_bound
+                match a.communication_bound {
+                    CommBound::Latency => "Communication is latency-bound.",
+                    CommBound::Bandwidth => "Communication is bandwidth-bound.",
+                    CommBound::Unknown => "How communication is bound was not measured.",
+                }
             );
             out.push_str("<table>\n<tr><th>Instance</th><th>Nodes</th><th>Iteration</th><th>Samples/s</th><th>$/node-h</th><th>Pareto</th><th>Note</th></tr>\n");
             for p in a.instances.iter().take(12) {
@@ -477,6 +482,18 @@ fn advice(r: &Report, out: &mut String) {
                         } else {
                             format!("; not if {}", escape(&x.unless))
                         }
+                    );
+                }
+                out.push_str("</ul>\n");
+            }
+            if !a.not_advised.is_empty() {
+                out.push_str("<h3>Considered, not advised</h3>\n<ul>");
+                for x in &a.not_advised {
+                    let _ = writeln!(
+                        out,
+                        "<li>{} — no gain here: {}</li>",
+                        escape(&x.change),
+                        escape(&x.unless)
                     );
                 }
                 out.push_str("</ul>\n");

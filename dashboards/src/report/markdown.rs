@@ -324,6 +324,13 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
                     duration(x.gain_seconds)
                 );
             }
+            for x in &a.not_advised {
+                let _ = writeln!(
+                    out,
+                    "- considered, not advised: {} ({})",
+                    x.change, x.unless
+                );
+            }
             out.push('\n');
         }
     }

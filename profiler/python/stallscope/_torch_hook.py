@@ -53,6 +53,12 @@ _MAX_BUCKET_SIZES = 32
 # their median goes out as meta `comm_overlap_us` every 16 backwards.
 _first_bucket_ns = -1
 _overlaps = []
+# Each bucket's ready time in the current backward, ns after the first (ready order, at most
+# _MAX_BUCKET_SIZES), and those of the recent backwards: per bucket, their median goes out
+# with `comm_overlap_us` as `comm_bucket_ready_ms` (ms to 0.1, `:`-separated). The advisor
+# replays the buckets through a link in this order: one that waits for backward leaves it idle.
+_bucket_ready = []
+_readies = []
 # True while an outermost backward() runs; reentrant backward (checkpointing) runs on other
 # threads too, so this is process-wide rather than thread-local.
 _in_backward = False
@@ -423,6 +429,8 @@ def _relay_hook(state, bucket):
     try:
         if _bucket_count == 0:
             _first_bucket_ns = _last_bucket_ns
+        if len(_bucket_ready) < _MAX_BUCKET_SIZES:
+            _bucket_ready.append(_last_bucket_ns - _first_bucket_ns)
         buf = bucket.buffer()
         _comm_release.keep(buf)
         size = buf.numel() * buf.element_size()
@@ -575,6 +583,7 @@ def _reset_buckets():
     _bucket_bytes = 0
     _bucket_count = 0
     del _bucket_sizes[:]
+    del _bucket_ready[:]
 
 
 def _send_buckets():
@@ -589,12 +598,28 @@ def _send_buckets():
             stallscope.meta(comm_bytes=pair[0], comm_buckets=pair[1], comm_bucket_kb=sizes)
         if _bucket_count:
             _overlaps.append(max(0, _last_bucket_ns - _first_bucket_ns))
+            if _bucket_count <= _MAX_BUCKET_SIZES:
+                _readies.append(tuple(_bucket_ready))
             if len(_overlaps) >= 16:
                 spans = sorted(_overlaps)
                 del _overlaps[:]
-                stallscope.meta(comm_overlap_us=spans[len(spans) // 2] // 1000)
+                stallscope.meta(comm_overlap_us=spans[len(spans) // 2] // 1000,
+                                comm_bucket_ready_ms=_median_offsets(_readies))
     except Exception:
         pass
+
+
+def _median_offsets(offsets):
+    """Per bucket, the median offset (ms, to 0.1) over the recent backwards in ``offsets`` (a
+    list it empties) that had as many buckets as the latest; None without any, or where it
+    would not fit a meta value."""
+    latest = offsets[-1] if offsets else None
+    same = [r for r in offsets if len(r) == len(latest)] if latest else []
+    del offsets[:]
+    if not same:
+        return None
+    text = ":".join("%.1f" % (sorted(col)[len(col) // 2] / 1e6) for col in zip(*same))
+    return text if len(text) <= 256 else None
 
 
 # --- torch.distributed --------------------------------------------------------------------

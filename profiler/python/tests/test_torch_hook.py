@@ -228,6 +228,25 @@ ACCUMULATION = """
 # Two ranks that destroy their process group and free their DDP module right after the last
 # backward: a gloo thread still releasing the comm hook's callback or future then needs the GIL
 # that the main thread holds while it joins that thread (see stallscope._comm_release).
+BUCKETS = """
+    import torch
+    import torch.distributed as dist
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        layers = [torch.nn.Linear(512, 512) for _ in range(3)]
+        net = torch.nn.Sequential(*layers)
+        model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(17):
+            loss = model(torch.randn(8, 512)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        dist.destroy_process_group()
+"""
+
+
 DESTROY_RIGHT_AFTER_BACKWARD = """
     import torch
     import torch.distributed as dist
@@ -456,6 +475,25 @@ class TorchHookTest(unittest.TestCase):
         # ("b"), backward() returning ("b") and the step; the epoch's end is a wait too.
         epoch = "[]" + "[]bbS" * 5 + "[]"
         self.assertEqual(calls, epoch * 2)
+
+    def test_each_buckets_ready_time_is_sent_in_ready_order(self):
+        _, _, markers = self.run_script(BUCKETS)
+        metas = [m.fields for m in markers if m.event == "M"]
+        sizes = [m["comm_bucket_kb"].split(":") for m in metas if "comm_bucket_kb" in m]
+        readies = [m["comm_bucket_ready_ms"].split(":") for m in metas
+                   if "comm_bucket_ready_ms" in m]
+        # Three 1 MB layers in 1 MB buckets: several buckets, their sizes (again when DDP
+        # rebuilds its buckets after the first backward), and after 16 backwards each one's
+        # median ready time (ms after the first) beside the overlap span.
+        self.assertGreaterEqual(len(sizes[-1]), 3)
+        self.assertEqual(len(readies), 1)
+        offsets = [float(ms) for ms in readies[0]]
+        self.assertEqual(len(offsets), len(sizes[-1]))
+        self.assertEqual(offsets[0], 0.0)
+        self.assertEqual(offsets, sorted(offsets))
+        overlap_ms = [int(m["comm_overlap_us"]) / 1e3 for m in metas if "comm_overlap_us" in m]
+        self.assertEqual(len(overlap_ms), 1)
+        self.assertAlmostEqual(offsets[-1], overlap_ms[0], delta=0.15)
 
     def test_program_comm_hook_and_nested_steps_still_work(self):
         stdout, _, markers = self.run_script(USER_HOOK)
