@@ -84,7 +84,8 @@ pub struct Measured {
     pub ranks: u32,
     /// Nodes the ranks ran on (1 unless the profile says otherwise).
     pub nodes: u32,
-    /// Host names of the profiles' headers (each node's `stallscope run` names its host).
+    /// The nodes by name: a run profile's host (each node's `stallscope run` names its own),
+    /// or in a collector's job profile the agents' node names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
     /// Per-process batch, samples.
