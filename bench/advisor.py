@@ -44,6 +44,9 @@ SHAPES = {
     "net200": ("net", 200),
     "net400": ("net", 400),
     "net1000": ("net", 1000),
+    # net100 with the gradients compressed to FP16 (DDP's fp16_compress_hook): checks the
+    # compression advice's gain, predicted from a plain net100 profile.
+    "net100fp16": ("net", 100),
     "cpu1": ("cpu", 1),
     "cpu2": ("cpu", 2),
     "disk250": ("disk", 250),
@@ -60,6 +63,10 @@ DISK_IMAGES = 2048
 DISK_ARGS = ["--workers", "2", "--batch", "8", "--image-size", "64", "--width", "16",
              "--images", str(DISK_IMAGES)]
 BLKIO = "/sys/fs/cgroup/blkio"
+# Shapes whose training runs with extra flags.
+EXTRA_ARGS = {"net100fp16": ["--comm-hook", "fp16"]}
+# Advice whose gain is checked: (profiled on, advice kind, the shape that follows it).
+DEFAULT_ADVICE = "net100:compression:net100fp16"
 
 
 def catalog_csv():
@@ -90,7 +97,7 @@ def run_net(args, shape, out, port):
                        WORLD_SIZE="2", MASTER_ADDR=f"10.77.{net}.1", MASTER_PORT=str(port))
             cmd = ["ip", "netns", "exec", ns, args.stallscope, "run", "-q", "-o",
                    f"{out}.node{node}.stallscope", "--", args.python, EXAMPLE, "--iters",
-                   str(args.iters), "--data-dir", DATA] + NET_ARGS
+                   str(args.iters), "--data-dir", DATA] + NET_ARGS + EXTRA_ARGS.get(shape, [])
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
         for p in procs:
@@ -174,6 +181,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--pairs", default=DEFAULT_PAIRS)
+    ap.add_argument("--advice", default=DEFAULT_ADVICE,
+                    help="A:KIND:B,...: the gain of advice KIND predicted on A, against running B "
+                         "(A with the advice followed); empty for none")
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="keep the profiles (their folder is printed)")
@@ -182,14 +192,15 @@ def main():
                          "(with another --stallscope, the same profiles predicted by another build)")
     args = ap.parse_args()
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
-    shapes = sorted({s for p in pairs for s in p})
+    checks = [tuple(c.split(":")) for c in args.advice.split(",") if c]
+    shapes = sorted({s for p in pairs for s in p} | {s for c in checks for s in (c[0], c[2])})
     if args.from_dir:
-        run(args, pairs, shapes, args.from_dir)
+        run(args, pairs, checks, shapes, args.from_dir)
         return
     prepare_data(args.python)
     work = tempfile.mkdtemp(prefix="stallscope-advisor-")
     try:
-        run(args, pairs, shapes, work)
+        run(args, pairs, checks, shapes, work)
     finally:
         if args.keep:
             print(f"# profiles kept in {work}", file=sys.stderr)
@@ -197,8 +208,8 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
 
 
-def run(args, pairs, shapes, work):
-    """Measures every shape, predicts each pair, prints (and writes) the table."""
+def run(args, pairs, checks, shapes, work):
+    """Measures every shape, predicts each pair and advice, prints (and writes) the tables."""
     catalog = os.path.join(work, "shapes.csv")
     open(catalog, "w").write(catalog_csv())
     load = os.getloadavg()[0]
@@ -235,6 +246,20 @@ def run(args, pairs, shapes, work):
                      f"{r['predicted']:.3f}{' *' if r['uncertain'] else ''} | {r['measured_min']:.3f} / {r['measured_median']:.3f}"
                      f" / {r['measured_max']:.3f} | {r['error'] * 100:+.1f}% | "
                      f"{r['median_iteration']:.3f} |")
+    if checks:
+        lines += ["", "| profiled on | advice | mean there (s) | predicted gain (s) | predicted mean "
+                  "with it (s) | measured on | measured mean: min / median / max (s) | error |",
+                  "|---|---|---|---|---|---|---|---|"]
+    for a, kind, b in checks:
+        there = [r["measured"]["iteration_seconds"] for r in reports[a]]
+        gains = [next((x["gain_seconds"] for x in r["communication"] + r["data"]
+                       if x["kind"] == kind), 0.0) for r in reports[a]]
+        pred = statistics.median(t - g for t, g in zip(there, gains))
+        meas = [r["measured"]["iteration_seconds"] for r in reports[b]]
+        med = statistics.median(meas)
+        lines.append(f"| {a} | {kind} | {statistics.median(there):.3f} | "
+                     f"{statistics.median(gains):.3f} | {pred:.3f} | {b} | {min(meas):.3f} / "
+                     f"{med:.3f} / {max(meas):.3f} | {(pred - med) / med * 100:+.1f}% |")
     text = "\n".join(lines)
     print(text)
     if args.markdown:

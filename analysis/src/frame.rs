@@ -294,6 +294,7 @@ impl NodeMeta {
         "comm_bucket_ready_ms",
         "comm_buckets",
         "comm_bytes",
+        "comm_hook",
         "comm_overlap_us",
         "device",
         "local_world_size",

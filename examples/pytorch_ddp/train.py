@@ -60,6 +60,12 @@ def parse_args(argv=None):
         help="do each sample's CPU work on a helper thread of the loader worker, as decoders with "
         "thread pools do (the worker's main thread waits asleep)",
     )
+    p.add_argument(
+        "--comm-hook",
+        default="none",
+        choices=["none", "fp16"],
+        help="DDP communication hook: fp16 compresses the gradients to half their bytes",
+    )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
@@ -291,6 +297,10 @@ def main(argv=None):
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
+        if args.comm_hook == "fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
 
     done, epoch = 0, 0

@@ -100,6 +100,8 @@ fn a_four_times_faster_link_is_predicted_and_measured_faster() {
             "12",
             "--pairs",
             "net50:net200",
+            "--advice",
+            "",
             "--json",
         ])
         .arg(&json)

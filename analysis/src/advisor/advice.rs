@@ -65,15 +65,35 @@ fn push(out: &mut Vec<Advice>, m: &Measured, kind: &str, change: String, gain: f
     });
 }
 
-/// The communication advice for the job as measured on `cur`.
-pub fn communication(m: &Measured, cur: &Instance) -> (CommBound, Vec<Advice>) {
+/// The measured link as the network model calibrates it (`network::network`): the buckets
+/// (on the wire), the achieved rate in bytes/s, and the ranks of the ring. `None` on one node
+/// or without the gradient bytes or the link's nominal rate.
+fn calibrated_link(m: &Measured, cur: &Instance) -> Option<(Buckets, f64, u32)> {
+    let (buckets, gbps) = (Buckets::of(m)?, cur.network_gbps?);
+    if m.nodes <= 1 {
+        return None;
+    }
+    let w = m.ranks.max(2);
+    let rate = gbps * 1e9 / 8.0;
+    let e = buckets.efficiency(w, rate, m.breakdown.network);
+    let share = if e.hidden {
+        e.share.max(DEFAULT_LINK_EFFICIENCY)
+    } else {
+        e.share
+    };
+    Some((buckets, share * rate, w))
+}
+
+/// The communication advice for the job as measured on `cur`, and what was considered and
+/// not advised.
+pub fn communication(m: &Measured, cur: &Instance) -> (CommBound, Vec<Advice>, Vec<Advice>) {
     let b = &m.breakdown;
     let exposed = b.network + b.interconnect;
     let link = cur.network_gbps.unwrap_or(10.0) * 1e9 / 8.0;
     let bound = comm_bound(m, link);
-    let mut out = Vec::new();
+    let (mut out, mut not) = (Vec::new(), Vec::new());
     if exposed <= 0.02 * m.iteration_seconds {
-        return (bound, out);
+        return (bound, out, not);
     }
     let k = 4.0;
     push(
@@ -86,7 +106,7 @@ pub fn communication(m: &Measured, cur: &Instance) -> (CommBound, Vec<Advice>) {
     );
     let (Some(bytes), Some(colls)) = (m.comm_bytes_per_iteration, m.collectives_per_iteration)
     else {
-        return (bound, out);
+        return (bound, out, not);
     };
     let w = m.ranks.max(2) as f64;
     if bound == CommBound::Latency {
@@ -99,16 +119,34 @@ pub fn communication(m: &Measured, cur: &Instance) -> (CommBound, Vec<Advice>) {
             saved.min(exposed),
             "the model has a single bucket already",
         );
-        return (bound, out);
+        return (bound, out, not);
     }
-    push(
-        &mut out,
-        m,
-        "compression",
-        "compress gradients to FP16/BF16 (DDP comm hook fp16_compress_hook / bf16_compress_hook): half the bytes".into(),
-        b.network * 0.5,
-        "the gradients are FP16 already, or the job is compute-bound",
-    );
+    let compression = "compress gradients to FP16/BF16 (DDP comm hook fp16_compress_hook / bf16_compress_hook): half the bytes";
+    if let Some(hook) = m.comm_hook.as_deref().filter(|_| m.compressed()) {
+        not.push(Advice {
+            kind: "compression".into(),
+            change: compression.into(),
+            gain_seconds: 0.0,
+            gain_fraction: 0.0,
+            unless: format!("the program's comm hook {hook} already sends FP16/BF16"),
+        });
+    } else {
+        // Half the bytes through the same buckets and link: the part hidden behind backward
+        // stays hidden, so the exposed time falls by more than half where the link was busy
+        // throughout.
+        let gain = match calibrated_link(m, cur) {
+            Some((buckets, rate, w)) => b.network - buckets.exposed(w, 2.0 * rate, 1.0),
+            None => b.network * 0.5,
+        };
+        push(
+            &mut out,
+            m,
+            "compression",
+            compression.into(),
+            gain,
+            "the gradients are FP16 already, or the job is compute-bound",
+        );
+    }
     if cur.network_gbps.is_some_and(|g| g <= 25.0) && b.network > 0.2 * m.iteration_seconds {
         let (gain, how) = p3_gain(m);
         push(
@@ -131,7 +169,7 @@ pub fn communication(m: &Measured, cur: &Instance) -> (CommBound, Vec<Advice>) {
             "one rank per node, or NCCL already does a tree/hierarchy",
         );
     }
-    (bound, out)
+    (bound, out, not)
 }
 
 /// A parameter server in place of the ring, reckoned per worker link (BytePS's analysis):
@@ -148,27 +186,19 @@ pub fn parameter_server(
     catalog: &[Instance],
 ) -> (Vec<Advice>, Vec<Advice>) {
     let (mut advised, mut not) = (Vec::new(), Vec::new());
-    let network = m.breakdown.network;
-    let (Some(buckets), Some(gbps)) = (Buckets::of(m), cur.network_gbps) else {
+    let Some((buckets, rate, w)) = calibrated_link(m, cur) else {
         return (advised, not);
     };
-    if m.nodes <= 1 || network <= 0.02 * m.iteration_seconds {
+    let gbps = cur.network_gbps.unwrap_or_default();
+    if m.breakdown.network <= 0.02 * m.iteration_seconds {
         return (advised, not);
     }
-    let w = m.ranks.max(2);
     // One server machine per worker machine (BytePS's sizing), each with the workers' network.
     let servers = m.nodes;
-    let rate = gbps * 1e9 / 8.0;
-    let share = buckets.efficiency(w, rate, network);
-    let share = if share.hidden {
-        share.share.max(DEFAULT_LINK_EFFICIENCY)
-    } else {
-        share.share
-    };
-    let ring = buckets.exposed(w, share * rate, 1.0);
+    let ring = buckets.exposed(w, rate, 1.0);
     let ring_bytes = 2.0 * (w as f64 - 1.0) / w as f64;
     // Dedicated: each worker's link carries B each way against the ring's 2(W−1)/W·B.
-    let dedicated = buckets.exposed(w, share * rate * ring_bytes, 1.0);
+    let dedicated = buckets.exposed(w, rate * ring_bytes, 1.0);
     let gain = ring - dedicated;
     let server = catalog
         .iter()

@@ -115,6 +115,10 @@ pub struct Measured {
     /// median over recent backwards, in the order of `bucket_bytes`), when the hook sent them.
     #[serde(default)]
     pub bucket_ready_seconds: Option<Vec<f64>>,
+    /// The DDP communication hook the program chose, by name (`fp16_compress_hook`,
+    /// `CommHookType.FP16_COMPRESS`, …); `None`: DDP's own all-reduce.
+    #[serde(default)]
+    pub comm_hook: Option<String>,
     /// torch.distributed backend (`gloo`, `nccl`).
     pub backend: Option<String>,
     /// CPU seconds each rank's own process (not its loaders) used per iteration, when
@@ -261,6 +265,18 @@ pub fn measure(frames: &[Frame], warmup: u32) -> Measured {
         m.gpu_bound = gpu_bound(frames);
     }
     m
+}
+
+impl Measured {
+    /// Whether the program's comm hook sends the gradients as FP16/BF16 (PyTorch's
+    /// `fp16_compress_hook`, `bf16_compress_hook`, their wrappers and the built-in
+    /// `FP16_COMPRESS`): half the buckets' bytes cross the link.
+    pub fn compressed(&self) -> bool {
+        self.comm_hook.as_deref().is_some_and(|h| {
+            let h = h.to_ascii_lowercase();
+            h.contains("fp16") || h.contains("bf16")
+        })
+    }
 }
 
 /// One job measured from several run profiles (one per node, each `stallscope run -o`):
@@ -419,6 +435,7 @@ fn take_meta(m: &mut Measured, k: &str, v: &str) {
         "comm_bucket_ready_ms" => m.bucket_ready_seconds = offsets(v),
         "comm_overlap_us" => m.comm_overlap_seconds = v.parse::<f64>().ok().map(|us| us / 1e6),
         "backend" => m.backend = Some(v.to_string()),
+        "comm_hook" => m.comm_hook = Some(v.to_string()),
         "world_size" => {
             if let Ok(w) = v.parse::<u32>() {
                 m.ranks = m.ranks.max(w);

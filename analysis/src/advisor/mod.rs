@@ -109,9 +109,11 @@ pub fn advise(
         .filter_map(|p| cost(p).map(|c| (c, p)))
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, p)| label(p));
-    let (communication_bound, mut communication) = advice::communication(m, current);
-    let (server, not_advised) = advice::parameter_server(m, current, catalog);
+    let (communication_bound, mut communication, mut not_advised) =
+        advice::communication(m, current);
+    let (server, not_server) = advice::parameter_server(m, current, catalog);
     communication.extend(server);
+    not_advised.extend(not_server);
     let mut data = advice::data(m, current);
     communication.sort_by(|a, b| b.gain_seconds.total_cmp(&a.gain_seconds));
     data.sort_by(|a, b| b.gain_seconds.total_cmp(&a.gain_seconds));

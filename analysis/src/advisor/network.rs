@@ -43,13 +43,17 @@ impl Buckets {
     /// first-to-last span in proportion to the bytes backward made before each bucket.
     pub fn of(m: &Measured) -> Option<Buckets> {
         let total = m.comm_bytes_per_iteration.filter(|b| *b > 0.0)?;
-        let bytes = match &m.bucket_bytes {
+        let mut bytes = match &m.bucket_bytes {
             Some(sizes) if !sizes.is_empty() => sizes.clone(),
             _ => {
                 let k = m.collectives_per_iteration.unwrap_or(1.0).round().max(1.0);
                 vec![total / k; k as usize]
             }
         };
+        if m.compressed() {
+            // The hook measured the buckets as DDP holds them (FP32); half of that is sent.
+            bytes.iter_mut().for_each(|b| *b /= 2.0);
+        }
         if let Some(ready) = m
             .bucket_ready_seconds
             .as_ref()
@@ -211,6 +215,11 @@ pub(super) fn network(
     };
     if m.nodes > 1 && nodes != m.nodes {
         notes.extrapolate(format!("{nodes} nodes; measured on {}", m.nodes));
+    }
+    if let Some(hook) = m.comm_hook.as_deref().filter(|_| m.compressed()) {
+        notes.assume(format!(
+            "network: the program's comm hook {hook} sends half the buckets' bytes"
+        ));
     }
     notes.assume(format!(
         "network: ring all-reduce of {:.0} KiB in {} buckets served in the order backward made them ({}), α = {:.0} µs, at {:.0}% of the nominal rate ({source})",

@@ -608,3 +608,46 @@ fn a_collectors_job_profile_is_measured_from_what_its_agents_shipped() {
     assert_eq!(m.comm_bytes_per_iteration, Some(4.916e6));
     assert_eq!(m.bucket_ready_seconds, Some(vec![0.0, 0.0368]));
 }
+
+/// Compression halves the bytes through the same buckets and link: where the link was busy
+/// from the first bucket on, the part hidden behind backward stays hidden and the exposed
+/// time falls by more than half. A program already compressing is told so instead.
+#[test]
+fn compression_gains_what_half_the_bytes_leave_exposed_and_not_twice() {
+    let cat = catalog();
+    let m = Measured {
+        bucket_bytes: Some(vec![2.5e6, 2.5e6]),
+        bucket_ready_seconds: Some(vec![0.0, 0.1]),
+        comm_overlap_seconds: Some(0.1),
+        ..network_bound()
+    };
+    let r = advise(&m, &cat[0], &cat, &gpus(), &Request::default());
+    let gain = |r: &AdviceReport| {
+        r.communication
+            .iter()
+            .find(|a| a.kind == "compression")
+            .map(|a| a.gain_seconds)
+    };
+    // 5 MB sent from the first bucket on: 0.1 + 0.4 s, so 10 MB/s; half the bytes take
+    // 0.25 s, 0.15 s of it after backward: 0.25 s saved, not 0.2.
+    let g = gain(&r).expect("advised");
+    assert!((g - 0.25).abs() < 0.002, "{g}");
+    let compressed = Measured {
+        comm_hook: Some("fp16_compress_hook".into()),
+        ..m
+    };
+    let r = advise(&compressed, &cat[0], &cat, &gpus(), &Request::default());
+    assert_eq!(gain(&r), None);
+    let not = r
+        .not_advised
+        .iter()
+        .find(|a| a.kind == "compression")
+        .unwrap();
+    assert!(not.unless.contains("fp16_compress_hook"), "{}", not.unless);
+    // The model knows half the bytes crossed the link.
+    let slow = find(&r, "slow");
+    assert!(slow
+        .assumptions
+        .iter()
+        .any(|a| a.contains("sends half the buckets' bytes")));
+}

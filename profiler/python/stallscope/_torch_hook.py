@@ -525,11 +525,13 @@ def _patch_ddp(torch):
 
 
 def _name_hook(module, name):
-    """DDP's usage logger names the hook the program chose, not the relay."""
+    """DDP's usage logger names the hook the program chose, not the relay; the advisor gets
+    its name as meta `comm_hook` (an FP16/BF16 compression hook halves the bytes on the wire)."""
     try:
         module.logger._set_comm_hook_name(name)
     except Exception:
         pass
+    stallscope.meta(comm_hook=name)
 
 
 def _builtin_python_hook(dist, comm_hook_type):

@@ -503,6 +503,9 @@ class TorchHookTest(unittest.TestCase):
         self.assertEqual([m.iter for m in steps], [0, 1, 2])  # one per step, not per super()
         main = [m for m in markers if m.pid == steps[0].pid]
         self.assertEqual(len(self.assert_pairs(main, "comm")), 3)
+        # The program's hook is named for the advisor (once: the second registration failed).
+        hooks = [m.fields["comm_hook"] for m in main if m.event == "M" and "comm_hook" in m.fields]
+        self.assertEqual(hooks, ["counting_hook"])
         # A spawned loader worker imports torch afresh and is instrumented too.
         loader = [m for m in markers if m.event == "M" and m.fields.get("role") == "loader"]
         self.assertEqual([m.fields["parent"] for m in loader], [str(steps[0].pid)])
