@@ -38,6 +38,14 @@ pub struct RunHeader {
     pub cpus: u32,
 }
 
+impl RunHeader {
+    /// Whether a collector wrote it (`stallscope collector`): the profile is a job's, its
+    /// host the collector's and its ranks on the agents' nodes.
+    pub fn is_collectors(&self) -> bool {
+        self.command.get(1).is_some_and(|c| c == "collector")
+    }
+}
+
 /// What role a process plays in the job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Role {

@@ -68,8 +68,9 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
     let mut cpu_max: HashMap<u32, u64> = HashMap::new(); // pid → ns
     let mut read_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
     let mut read_max: HashMap<u32, u64> = HashMap::new(); // pid → bytes
-                                                          // A collector's job profile has no `Breakdown` of its own: its ranks' iterations are the
-                                                          // ones their agents shipped, read only where the profile has no `Breakdown`.
+
+    // A collector's job profile has no `Breakdown` of its own: its ranks' iterations are the
+    // ones their agents shipped, read only where the profile has no `Breakdown`.
     let has_breakdowns = frames.iter().any(|f| matches!(f, Frame::Breakdown(_)));
     for frame in frames {
         let breakdown = match frame {

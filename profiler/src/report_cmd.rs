@@ -137,7 +137,7 @@ fn kind_of(frames: &[Frame]) -> &'static str {
     for f in frames {
         match f {
             Frame::Experiment(_) => return "experiment",
-            Frame::Header(h) if h.command.get(1).is_some_and(|c| c == "collector") => return "job",
+            Frame::Header(h) if h.is_collectors() => return "job",
             Frame::Header(_) => return "run",
             _ => {}
         }

@@ -382,9 +382,9 @@ fn read_meta(frames: &[Frame], m: &mut Measured) {
     let mut nodes: std::collections::HashSet<String> = Default::default();
     // A job profile's header is the collector's: its nodes are the agents' that shipped
     // iterations.
-    let job = frames.iter().any(
-        |f| matches!(f, Frame::Header(h) if h.command.get(1).is_some_and(|c| c == "collector")),
-    );
+    let job = frames
+        .iter()
+        .any(|f| matches!(f, Frame::Header(h) if h.is_collectors()));
     for frame in frames {
         match frame {
             Frame::Header(h) if !job => {

@@ -212,7 +212,7 @@ impl ReportBuilder {
         match frame {
             // The first header is the run's (a second one is a profile appended to).
             Frame::Header(h) if self.header.is_none() => {
-                self.is_collector = h.command.get(1).is_some_and(|c| c == "collector");
+                self.is_collector = h.is_collectors();
                 self.warmup = u64::from(h.warmup_iters);
                 self.local_stragglers.first_iter = self.warmup;
                 if h.started_mono_ns > 0 && self.axis.is_none() {

@@ -38,7 +38,7 @@ pub fn join_runs(profiles: &[(String, Vec<Frame>)]) -> Result<Vec<Frame>, String
                 _ => None,
             })
             .ok_or_else(|| format!("{name} has no run header: it cannot be joined"))?;
-        if h.command.get(1).is_some_and(|c| c == "collector") {
+        if h.is_collectors() {
             return Err(format!(
                 "{name} is already a job profile (a collector's): report it alone"
             ));

@@ -69,7 +69,7 @@ impl LiveModel {
                 if self.view.name.is_empty() {
                     self.view.name = job_name(&h.command);
                 }
-                let is_collector = h.command.get(1).is_some_and(|c| c == "collector");
+                let is_collector = h.is_collectors();
                 if !is_collector {
                     let node = if h.host.is_empty() { LOCAL } else { &h.host };
                     self.local_node = Some(node.to_string());
