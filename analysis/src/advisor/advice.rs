@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog::Instance;
 use super::measured::Measured;
-use super::model::{ranks_per_node, ALPHA_SECONDS, DEFAULT_LINK_EFFICIENCY};
+use super::model::{ranks_per_node, ALPHA_SECONDS};
 use super::network::Buckets;
 
 /// One piece of advice.
@@ -75,12 +75,7 @@ fn calibrated_link(m: &Measured, cur: &Instance) -> Option<(Buckets, f64, u32)> 
     }
     let w = m.ranks.max(2);
     let rate = gbps * 1e9 / 8.0;
-    let e = buckets.efficiency(w, rate, m.breakdown.network);
-    let share = if e.hidden {
-        e.share.max(DEFAULT_LINK_EFFICIENCY)
-    } else {
-        e.share
-    };
+    let share = buckets.efficiency(w, rate, m.breakdown.network).taken();
     Some((buckets, share * rate, w))
 }
 

@@ -147,6 +147,18 @@ pub struct Efficiency {
     pub hidden: bool,
 }
 
+impl Efficiency {
+    /// The share the model takes: as measured, or for hidden communication the larger of its
+    /// lower bound and [`DEFAULT_LINK_EFFICIENCY`].
+    pub fn taken(&self) -> f64 {
+        if self.hidden {
+            self.share.max(DEFAULT_LINK_EFFICIENCY)
+        } else {
+            self.share
+        }
+    }
+}
+
 /// Exposed communication over the network, s per iteration, on `nodes` of `new`; backward's
 /// bucket times scale with compute (`compute_ratio`).
 pub(super) fn network(
@@ -184,7 +196,7 @@ pub(super) fn network(
         Some(cur_gbps) if m.nodes > 1 => {
             let e = buckets.efficiency(m.ranks, cur_gbps * 1e9 / 8.0, measured);
             if e.hidden {
-                let share = e.share.max(DEFAULT_LINK_EFFICIENCY);
+                let share = e.taken();
                 notes.assume(format!(
                     "network: the measured all-reduce was hidden behind backward, so its rate is known only to be at least {:.0}% of nominal; {:.0}% taken",
                     e.share * 100.0,
