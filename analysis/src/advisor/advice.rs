@@ -272,7 +272,8 @@ fn p3_gain(m: &Measured) -> (f64, String) {
         format!(
             "the forward waits for the first layers' bucket, {:.0}% of the {:.1} MB; the rest can hide under a forward of about {:.0} ms",
             first_needed * 100.0,
-            total / 1e6,
+            // On the wire: half the buckets' FP32 bytes where the program compresses.
+            total / 1e6 / if m.compressed() { 2.0 } else { 1.0 },
             forward * 1e3
         ),
     )
