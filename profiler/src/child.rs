@@ -79,7 +79,14 @@ impl Job {
             .spawn(move || {
                 for sig in signals.forever() {
                     // SAFETY: sending a signal to a process group we created.
-                    unsafe { libc::kill(-pgid, sig) };
+                    let delivered = unsafe { libc::kill(-pgid, sig) } == 0;
+                    if !delivered {
+                        // The command is gone: the signal is for stallscope itself, which
+                        // must not outlive it by ignoring it (issue 30: a recorder stuck on
+                        // a bad input pinned a core and ignored SIGTERM). The profile keeps
+                        // what was flushed, and reads up to its last whole frame.
+                        let _ = signal_hook::low_level::emulate_default_handler(sig);
+                    }
                 }
             })?;
         Ok(Job {

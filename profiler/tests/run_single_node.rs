@@ -273,6 +273,43 @@ fn iterations_can_come_from_the_output() {
     assert!((0.08..0.5).contains(&median), "{median}");
 }
 
+/// Issue 30, item 1: `--iter-regex` capturing a token counter as the iteration number (a
+/// jump from 2 to 10^14) used to hang `stallscope run` for ever, pinning a core, after the
+/// command ended. It ends with the command, and the iterations either side are counted.
+#[test]
+fn a_token_counter_taken_for_the_iteration_ends_with_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    let mut child = stallscope()
+        .args(["run", "-q", "--no-auto", "-o"])
+        .arg(dir.path().join("p.stallscope"))
+        .arg("--summary-json")
+        .arg(&json)
+        .args(["--iter-regex", r"tokens=(?P<iter>\d+)", "--"])
+        .args([
+            "sh",
+            "-c",
+            "for t in 0 1 2 100000000000000 100000000000001 100000000000002; do \
+             echo tokens=$t; sleep 0.1; done",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ended = wait_for(Duration::from_secs(60), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    if !ended {
+        kill_tree(child.id());
+        let _ = child.wait();
+    }
+    assert!(ended, "stallscope did not end with its command");
+    assert!(child.wait().unwrap().success());
+    let s = read_json(&json);
+    // Iterations 0–2 and the two after the jump; one warm-up left out.
+    assert_eq!(s["job"]["iterations"], 4, "{s:#}");
+}
+
 /// Issue 17, item 13: under `--iter-regex` the training's output goes through a forwarder
 /// that outlives stallscope. Killed mid-run (SIGKILL, no clean-up), stallscope takes nothing
 /// of the training with it: every line still reaches the output, and the training finishes.

@@ -251,7 +251,13 @@ impl NodeTimeline {
                 .flatten();
             while last.is_some_and(|l| iter <= l) {
                 let Some((start, end)) = marks.iteration(iter) else {
-                    iter += 1; // a lost step: this iteration's bounds are unknown
+                    // A lost step: this iteration's bounds are unknown. Go straight to the next
+                    // step the loop sent rather than through every number in between (a step
+                    // of iteration 10^15 would take days, one number at a time).
+                    match marks.steps.range(iter + 1..).next() {
+                        Some((&next, _)) => iter = next,
+                        None => break,
+                    }
                     continue;
                 };
                 let seen = Seen {
