@@ -37,13 +37,13 @@ pub struct AdviseArgs {
     #[arg(long, value_name = "N")]
     pub measured_nodes: Option<u32>,
     /// Samples to train on, over all ranks.
-    #[arg(long, value_name = "N", conflicts_with = "iterations")]
+    #[arg(long, value_name = "N", conflicts_with = "iterations", value_parser = crate::cli::positive_number)]
     pub train_samples: Option<f64>,
     /// Iterations to train.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::cli::positive_number)]
     pub iterations: Option<f64>,
     /// Longest acceptable time to train, hours.
-    #[arg(long, value_name = "H")]
+    #[arg(long, value_name = "H", value_parser = crate::cli::positive_number)]
     pub budget_hours: Option<f64>,
     /// Price at spot rates (rows without a spot price are left out).
     #[arg(long)]

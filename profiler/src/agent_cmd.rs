@@ -131,6 +131,9 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     if let Some(what) = &samplers.gpu_described {
         eprintln!("stallscope agent: GPU sources: {what}");
     }
+    if let Some(why) = &samplers.gpu_missing {
+        eprintln!("stallscope agent: {why}; no GPU sources");
+    }
 
     finish_on_signal(tx.clone())?;
     let summary = {

@@ -246,12 +246,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub roots: RootArgs,
     /// The training command and its arguments.
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
+    #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
@@ -312,12 +307,7 @@ pub struct ExperimentArgs {
     #[arg(short, long)]
     pub quiet: bool,
     /// The training command and its arguments (started once per process, without a launcher).
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
+    #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
@@ -339,12 +329,7 @@ pub struct LaunchArgs {
     #[arg(long)]
     pub master_port: Option<u16>,
     /// The command each process runs.
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
+    #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
@@ -394,8 +379,8 @@ pub struct FeedArgs {
     /// Stop after N messages.
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
-    /// Give up when the feed says nothing for this long, s.
-    #[arg(long, default_value_t = 30.0)]
+    /// Give up when the feed says nothing for this long, s (at most a day).
+    #[arg(long, default_value_t = 30.0, value_parser = seconds_up_to_a_day)]
     pub timeout: f64,
 }
 
@@ -423,5 +408,58 @@ impl TlsClientArgs {
             self.tls_name.as_deref(),
             addr,
         )?))
+    }
+}
+
+/// A number of seconds given on the command line: finite, above 0, at most a day (86,400 s).
+/// `inf` or `1e300` used to panic where the value became a `Duration`.
+pub fn seconds_up_to_a_day(text: &str) -> Result<f64, String> {
+    number_within(text, 0.0, 86_400.0, "seconds")
+}
+
+/// Redraws per second: finite, above 0, at most 60.
+pub fn frames_per_second(text: &str) -> Result<f64, String> {
+    number_within(text, 0.0, 60.0, "redraws per second")
+}
+
+/// A count or a duration that must be a finite number above 0 (`--train-samples`,
+/// `--iterations`, `--budget-hours`).
+pub fn positive_number(text: &str) -> Result<f64, String> {
+    number_within(text, 0.0, f64::MAX, "a positive number")
+}
+
+/// `text` as a finite number in `(above, at_most]`, or an error saying what is expected.
+fn number_within(text: &str, above: f64, at_most: f64, what: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if value.is_finite() && value > above && value <= at_most {
+        Ok(value)
+    } else if at_most == f64::MAX {
+        Err(format!("{text} is not {what}: a finite number above {above}"))
+    } else {
+        Err(format!(
+            "{text} is out of range: {what} must be above {above} and at most {at_most}"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_that_would_panic_as_durations_are_refused_with_a_reason() {
+        for bad in ["inf", "1e300", "nan", "-1", "0", "NaN", "x"] {
+            let err = seconds_up_to_a_day(bad).unwrap_err();
+            assert!(!err.is_empty(), "{bad}");
+            assert!(frames_per_second(bad).is_err(), "{bad}");
+            assert!(positive_number(bad).is_err(), "{bad}");
+        }
+        assert_eq!(seconds_up_to_a_day("2.5"), Ok(2.5));
+        assert_eq!(frames_per_second("4"), Ok(4.0));
+        assert!(frames_per_second("61").unwrap_err().contains("at most 60"));
+        assert_eq!(positive_number("1e6"), Ok(1e6));
     }
 }

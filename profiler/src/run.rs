@@ -246,6 +246,9 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         recorder.loops.clone(),
         &inbox,
     );
+    if let Some(why) = samplers.gpu_missing.as_ref().filter(|_| !args.quiet) {
+        eprintln!("stallscope: {why}; no GPU sources");
+    }
     let rejected = Arc::new(AtomicU64::new(0));
     let recorder_thread = {
         let rejected = rejected.clone();

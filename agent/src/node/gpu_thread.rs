@@ -6,21 +6,16 @@ use crate::sampler::{self, Pids, SamplerConfig, SamplerEvent, SamplerHandle, Sha
 use crate::sink::Sink;
 
 /// Starts the NVML thread at the CPU sampler's rate, following the pids it publishes.
-/// Without an NVIDIA driver, says so once and returns `None`: the run goes on without GPU
-/// sources. With the thread comes what it reads ("NVML: 1 GPU(s): 0 NVIDIA H100 80GB HBM3").
+/// With the thread comes what it reads ("NVML: 1 GPU(s): 0 NVIDIA H100 80GB HBM3"). Without
+/// an NVIDIA driver, the reason, for the caller to say or not: the run goes on without GPU
+/// sources (a CPU machine's `run -q` says nothing of it; `doctor` and the agent do).
 pub fn spawn_gpu(
     config: &SamplerConfig,
     pids: SharedPids,
     sink: impl Sink<SamplerEvent>,
-) -> Option<(SamplerHandle, String)> {
-    let backend = match NvmlBackend::open() {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("stallscope: {e}; no GPU sources");
-            return None;
-        }
-    };
-    Some(spawn_backend(config, pids, Box::new(backend), sink))
+) -> Result<(SamplerHandle, String), String> {
+    let backend = NvmlBackend::open().map_err(|e| e.to_string())?;
+    Ok(spawn_backend(config, pids, Box::new(backend), sink))
 }
 
 /// Starts the GPU sources of `backend` on a sampler of their own, as [`spawn_gpu`] does for

@@ -147,6 +147,9 @@ pub struct Samplers {
     gpu: Option<SamplerHandle>,
     /// What the NVML thread reads, when it runs.
     pub gpu_described: Option<String>,
+    /// Why there is no NVML thread, when NVML was asked for and did not load ("no NVIDIA
+    /// driver found (…)"): for the caller to say, or not under `run -q`.
+    pub gpu_missing: Option<String>,
 }
 
 impl Samplers {
@@ -176,20 +179,25 @@ impl Samplers {
             inbox.clone(),
         );
         let spawned = match inputs.gpu {
-            GpuInput::Nvml => gpu_thread::spawn_gpu(&config, pids, inbox.clone()),
-            GpuInput::Backend(b) => {
-                Some(gpu_thread::spawn_backend(&config, pids, b, inbox.clone()))
-            }
+            GpuInput::Nvml => Some(gpu_thread::spawn_gpu(&config, pids, inbox.clone())),
+            GpuInput::Backend(b) => Some(Ok(gpu_thread::spawn_backend(
+                &config,
+                pids,
+                b,
+                inbox.clone(),
+            ))),
             GpuInput::None => None,
         };
-        let (gpu, gpu_described) = match spawned {
-            Some((h, what)) => (Some(h), Some(what)),
-            None => (None, None),
+        let (gpu, gpu_described, gpu_missing) = match spawned {
+            Some(Ok((h, what))) => (Some(h), Some(what), None),
+            Some(Err(why)) => (None, None, Some(why)),
+            None => (None, None, None),
         };
         Samplers {
             cpu,
             gpu,
             gpu_described,
+            gpu_missing,
         }
     }
 

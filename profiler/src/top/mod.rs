@@ -45,8 +45,8 @@ pub struct TopArgs {
     /// With --collector: TLS to a collector started with --tls-cert.
     #[command(flatten)]
     pub tls: crate::cli::TlsClientArgs,
-    /// Redraws per second at most.
-    #[arg(long, default_value_t = 4.0)]
+    /// Redraws per second at most (above 0, at most 60).
+    #[arg(long, default_value_t = 4.0, value_parser = crate::cli::frames_per_second)]
     pub fps: f64,
 }
 
