@@ -422,10 +422,10 @@ pub fn frames_per_second(text: &str) -> Result<f64, String> {
     number_within(text, 0.0, 60.0, "redraws per second")
 }
 
-/// A count or a duration that must be a finite number above 0 (`--train-samples`,
-/// `--iterations`, `--budget-hours`).
+/// A count or a duration that must be a number above 0 and at most 10^15 (`--train-samples`,
+/// `--iterations`, `--budget-hours`): larger ones only overflow the costs to infinity.
 pub fn positive_number(text: &str) -> Result<f64, String> {
-    number_within(text, 0.0, f64::MAX, "a positive number")
+    number_within(text, 0.0, 1e15, "the number")
 }
 
 /// `text` as a finite number in `(above, at_most]`, or an error saying what is expected.
@@ -436,8 +436,6 @@ fn number_within(text: &str, above: f64, at_most: f64, what: &str) -> Result<f64
         .map_err(|_| format!("{text:?} is not a number"))?;
     if value.is_finite() && value > above && value <= at_most {
         Ok(value)
-    } else if at_most == f64::MAX {
-        Err(format!("{text} is not {what}: a finite number above {above}"))
     } else {
         Err(format!(
             "{text} is out of range: {what} must be above {above} and at most {at_most}"
