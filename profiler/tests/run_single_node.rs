@@ -384,3 +384,27 @@ fn a_bad_regex_is_refused_before_anything_runs() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a valid regular expression"));
     let _ = Command::new("true");
 }
+
+/// Issue 30: an unknown option before the command is named as such (it was run as the
+/// command: "cannot run \"--no-such-flag\""), and numbers that became durations are refused
+/// instead of panicking (`feed --timeout inf`, `top --fps nan`).
+#[test]
+fn bad_options_are_named_and_refused_before_anything_runs() {
+    let cases: [&[&str]; 4] = [
+        &["run", "-q", "--no-such-flag", "--", "true"],
+        &["feed", "--timeout", "inf"],
+        &["feed", "--timeout", "1e300"],
+        &["top", "p.stallscope", "--fps", "nan"],
+    ];
+    for args in cases {
+        let out = stallscope().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("cannot run"), "{args:?}: {stderr}");
+        let named = args
+            .iter()
+            .find(|a| a.starts_with("--no") || **a == "inf" || **a == "1e300" || **a == "nan");
+        assert!(stderr.contains(named.unwrap()), "{args:?}: {stderr}");
+    }
+}
