@@ -27,9 +27,44 @@ impl Rendered {
     }
 }
 
-/// A table cell: no pipes or line breaks.
+/// Text from outside the report's own words (a script's or node's name, a path, a message)
+/// as Markdown prose: `&`, `<` and `>` as entities, so a name like `<img onerror=…>` reads as
+/// itself instead of becoming live HTML where the Markdown is rendered.
+fn text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// `s` as one code span: fenced by one more backtick than its longest run of backticks, and
+/// padded when it begins or ends with one (CommonMark), so a backtick in an argument cannot
+/// end the span early. Nothing inside a code span is read as HTML.
+fn code(s: &str) -> String {
+    let s = s.replace('\n', " ");
+    let longest = s
+        .split(|c| c != '`')
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    let fence = "`".repeat(longest + 1);
+    let pad = if s.starts_with('`') || s.ends_with('`') || s.is_empty() {
+        " "
+    } else {
+        ""
+    };
+    format!("{fence}{pad}{s}{pad}{fence}")
+}
+
+/// A table cell: prose ([`text`]) with no pipes or line breaks.
 fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace('\n', " ")
+    text(s).replace('|', "\\|").replace('\n', " ")
 }
 
 fn table(out: &mut String, head: &[&str], rows: impl IntoIterator<Item = Vec<String>>) {
@@ -48,11 +83,11 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     let mut files = Vec::new();
     let v = &r.verdict;
     let c = &v.confidence;
-    let _ = writeln!(out, "# stallscope report: {}\n", r.name);
+    let _ = writeln!(out, "# stallscope report: {}\n", text(&r.name));
     let _ = writeln!(
         out,
-        "`{}` · {} rank(s) · run {}{}\n",
-        r.summary.command.join(" "),
+        "{} · {} rank(s) · run {}{}\n",
+        code(&r.summary.command.join(" ")),
         r.breakdown.ranks.len(),
         duration(r.run_seconds),
         r.summary
@@ -62,14 +97,15 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     if !r.problems.is_empty() {
         out.push_str("> **Read this first:**\n");
         for p in &r.problems {
-            let _ = writeln!(out, "> - {p}");
+            let _ = writeln!(out, "> - {}", text(p));
         }
         out.push('\n');
     }
     let _ = writeln!(
         out,
         "## Verdict\n\n**{}**\n\n**Change:** {}\n",
-        v.sentence, v.suggestion
+        text(&v.sentence),
+        text(&v.suggestion)
     );
     if v.max_gain_seconds > 0.0 {
         let _ = writeln!(
@@ -78,7 +114,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
             duration(v.max_gain_seconds),
             v.max_speedup,
             duration(v.median_iteration_seconds),
-            v.bound_explained
+            text(&v.bound_explained)
         );
     }
     let _ = writeln!(
@@ -94,7 +130,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
         if c.complete { "complete" } else { "cut short" }
     );
     for why in &c.reasons {
-        let _ = writeln!(out, "- {why}");
+        let _ = writeln!(out, "- {}", text(why));
     }
     if !c.reasons.is_empty() {
         out.push('\n');
@@ -169,7 +205,11 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     }
 
     let o = &r.outside;
-    let _ = writeln!(out, "## Time outside iterations\n\n{}\n", o.sentence);
+    let _ = writeln!(
+        out,
+        "## Time outside iterations\n\n{}\n",
+        text(&o.sentence)
+    );
     table(
         &mut out,
         &[
@@ -296,7 +336,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     match &r.advice {
         None => out.push_str("The advisor was not run for this report.\n\n"),
         Some(AdviceSection::Unavailable(why)) => {
-            let _ = writeln!(out, "No advice: {why}\n");
+            let _ = writeln!(out, "No advice: {}\n", text(why));
         }
         Some(AdviceSection::Advice(a)) => {
             table(
@@ -320,7 +360,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
                 let _ = writeln!(
                     out,
                     "- {} (up to {} per iteration)",
-                    x.change,
+                    text(&x.change),
                     duration(x.gain_seconds)
                 );
             }
@@ -328,7 +368,8 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
                 let _ = writeln!(
                     out,
                     "- considered, not advised: {} ({})",
-                    x.change, x.unless
+                    text(&x.change),
+                    text(&x.unless)
                 );
             }
             out.push('\n');
@@ -362,7 +403,8 @@ pub fn markdown_comparison(c: &Comparison, stem: &str) -> Rendered {
     let _ = writeln!(
         out,
         "# stallscope: {} before and after\n\n**{}**\n",
-        c.after.name, c.sentence
+        text(&c.after.name),
+        text(&c.sentence)
     );
     let name = format!("{stem}-compare.svg");
     let _ = writeln!(out, "![Per category, before and after]({name})\n");

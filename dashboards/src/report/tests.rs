@@ -119,3 +119,28 @@ fn the_resources_name_each_nodes_gpus() {
         "no GPU seen: a dash"
     );
 }
+
+/// Issue 30, item 8: a script named like an HTML tag stays text, and a backtick in an
+/// argument stays inside the command's code span.
+#[test]
+fn markdown_keeps_names_and_arguments_from_outside_as_text() {
+    let mut r = report(false);
+    r.name = "<img src=x onerror=alert(1)>.py".into();
+    r.summary.command = vec![
+        "python3".into(),
+        "<img src=x onerror=alert(1)>.py".into(),
+        "--tag=`rm -rf`".into(),
+    ];
+    r.problems = vec!["node <b>a</b> & b".into()];
+    let md = markdown(&r, "x").text;
+    // One code span around the whole command, fenced by two backticks (the argument has a
+    // run of one) and padded (it ends with one); inside a code span nothing is HTML.
+    let command = "`` python3 <img src=x onerror=alert(1)>.py --tag=`rm -rf` ``";
+    let line = md.lines().find(|l| l.contains("rank(s)")).unwrap();
+    assert!(line.starts_with(command), "{line}");
+    let outside_code = md.replace(command, "");
+    assert!(!outside_code.contains("<img"), "{md}");
+    assert!(!outside_code.contains("<b>"), "{md}");
+    assert!(md.contains("# stallscope report: &lt;img src=x onerror=alert(1)&gt;.py"));
+    assert!(md.contains("node &lt;b&gt;a&lt;/b&gt; &amp; b"), "{md}");
+}
