@@ -94,7 +94,8 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("cannot set the mode of {}", socket.display()))?;
 
-    let pydir = python_dir(shared)?;
+    stallscope_agent::node::sweep::sweep_leftovers();
+    let (pydir, _pydir_claim) = python_dir(shared)?;
     let pythonpath = python_env::install_shared(pydir.path()).ok();
     eprintln!(
         "stallscope agent: node {node}, markers on {}, shipping to {}{}",
@@ -150,13 +151,21 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
 
 /// Where the agent writes the marker package and hook for its users: `python/` in its runtime
 /// directory (readable by every user for a root agent), removed when the agent ends.
-fn python_dir(shared: bool) -> anyhow::Result<tempfile::TempDir> {
+/// Claimed while the agent lives, so a later agent or run sweeps it if this one is killed.
+fn python_dir(
+    shared: bool,
+) -> anyhow::Result<(
+    tempfile::TempDir,
+    Option<stallscope_agent::node::sweep::Claim>,
+)> {
     let runtime = stallscope_agent::node::runtime_dir(shared)
         .context("cannot set up the agent's runtime directory")?;
-    tempfile::Builder::new()
+    let dir = tempfile::Builder::new()
         .prefix("python-")
         .tempdir_in(runtime)
-        .context("cannot create the agent's Python directory")
+        .context("cannot create the agent's Python directory")?;
+    let claim = stallscope_agent::node::sweep::claim(dir.path()).ok();
+    Ok((dir, claim))
 }
 
 /// What a user does to have a training send its markers to this agent with no code change,

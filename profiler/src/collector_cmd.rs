@@ -238,6 +238,7 @@ pub(crate) fn raise_nofile_limit() -> u64 {
 
 /// Runs the collector until SIGINT or SIGTERM; exit code 0.
 pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
+    stallscope_agent::node::sweep::sweep_leftovers();
     let token = match &args.token_file {
         Some(p) => Some(crate::agent_cmd::read_token(p)?),
         None => None,

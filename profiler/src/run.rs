@@ -18,6 +18,7 @@ use stallscope_agent::clock::monotonic_ns;
 use stallscope_agent::markers::MarkerListener;
 use stallscope_agent::node::feed::{self, FeedHub};
 use stallscope_agent::node::recorder::{Event, Inbox, Recorder};
+use stallscope_agent::node::sweep;
 use stallscope_agent::node::{agent_candidates, check_rate, NodeInputs, Samplers};
 use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
@@ -119,22 +120,39 @@ fn training_command(args: &RunArgs, socket: &Path, dir: &Path) -> Command {
     command
 }
 
-/// The directory for the run's socket and Python files, removed when the run ends.
-fn run_dir() -> anyhow::Result<tempfile::TempDir> {
-    tempfile::Builder::new()
+/// The directory for the run's socket and Python files, removed when the run ends, and
+/// claimed while it runs so that a later run sweeps it if this one is killed
+/// (`agent::node::sweep`).
+struct RunDir {
+    dir: tempfile::TempDir,
+    _claim: Option<sweep::Claim>,
+}
+
+impl RunDir {
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn run_dir() -> anyhow::Result<RunDir> {
+    let dir = tempfile::Builder::new()
         .prefix("stallscope-")
         .tempdir()
-        .context("cannot create the run directory")
+        .context("cannot create the run directory")?;
+    let claim = sweep::claim(dir.path()).ok();
+    Ok(RunDir { dir, _claim: claim })
 }
 
 /// Runs the command under stallscope and returns the exit code to leave with (unless the
 /// command died of a signal, in which case stallscope dies of the same signal).
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     check_rate(args.rate).map_err(anyhow::Error::msg)?;
+    sweep::sweep_leftovers();
     if let Some(socket) = answering_agent() {
         return join_agent(&args, &socket);
     }
     let recorded = record(&args, &[])?;
+    sweep::sweep_leftovers();
     eprint!("{}", render_text(&recorded.summary));
     if let Some(path) = &args.summary_json {
         write_json(path, &recorded.summary)?;

@@ -170,29 +170,56 @@ pub fn open(hub: Arc<FeedHub>, name: &str) -> Option<FeedSocket> {
     }
 }
 
-/// The newest feed socket (`*.feed`) in this user's feed directory.
+/// The newest live feed socket (`*.feed`) in this user's feed directory: newest first, a
+/// socket nothing listens on any more (its run or collector was killed) is removed and the
+/// next one tried, so `top` and `feed` never attach to a dead run's leftover.
 pub fn newest_feed() -> std::io::Result<PathBuf> {
     let dir = super::feed_dir()?;
-    std::fs::read_dir(&dir)?
+    newest_live_feed(&dir)
+}
+
+fn newest_live_feed(dir: &Path) -> std::io::Result<PathBuf> {
+    let mut feeds: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)?
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "feed"))
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .max()
-        .map(|(_, p)| p)
-        .ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                format!(
-                    "no live feed in {}: is a `stallscope run`, agent or collector running as this user?",
-                    dir.display()
-                ),
-            )
-        })
+        .collect();
+    feeds.sort();
+    while let Some((_, path)) = feeds.pop() {
+        if !super::sweep::is_dead_socket(&path) {
+            return Ok(path);
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        format!(
+            "no live feed in {}: is a `stallscope run`, agent or collector running as this user?",
+            dir.display()
+        ),
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 30, item 11: a killed run's socket is newer than the live agent's; the live one
+    /// is chosen, and the dead one removed.
+    #[test]
+    fn the_newest_live_feed_is_chosen_over_a_newer_dead_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Arc::new(FeedHub::default());
+        let live = serve(hub, &dir.path().join("agent.feed")).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let dead = dir.path().join("run-1.feed");
+        drop(UnixListener::bind(&dead).unwrap());
+        assert_eq!(newest_live_feed(dir.path()).unwrap(), live.path());
+        assert!(!dead.exists(), "the dead socket is swept");
+        drop(live);
+        let err = newest_live_feed(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("no live feed"), "{err}");
+    }
     use stallscope_analysis::view::{JobView, ViewUpdate};
 
     #[test]

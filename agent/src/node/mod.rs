@@ -9,6 +9,7 @@ pub mod feed_client;
 pub mod gpu_thread;
 pub mod recorder;
 pub mod report;
+pub mod sweep;
 
 #[cfg(test)]
 mod tests;

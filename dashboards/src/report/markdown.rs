@@ -48,11 +48,7 @@ fn text(s: &str) -> String {
 /// end the span early. Nothing inside a code span is read as HTML.
 fn code(s: &str) -> String {
     let s = s.replace('\n', " ");
-    let longest = s
-        .split(|c| c != '`')
-        .map(str::len)
-        .max()
-        .unwrap_or(0);
+    let longest = s.split(|c| c != '`').map(str::len).max().unwrap_or(0);
     let fence = "`".repeat(longest + 1);
     let pad = if s.starts_with('`') || s.ends_with('`') || s.is_empty() {
         " "
@@ -205,11 +201,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     }
 
     let o = &r.outside;
-    let _ = writeln!(
-        out,
-        "## Time outside iterations\n\n{}\n",
-        text(&o.sentence)
-    );
+    let _ = writeln!(out, "## Time outside iterations\n\n{}\n", text(&o.sentence));
     table(
         &mut out,
         &[
