@@ -18,6 +18,7 @@ pub mod compare;
 pub mod join;
 #[doc(hidden)]
 pub mod sample;
+mod stragglers;
 
 pub use builder::ReportBuilder;
 pub use compare::{compare, Comparison};

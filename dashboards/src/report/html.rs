@@ -300,8 +300,8 @@ fn stragglers(r: &Report, out: &mut String) {
     }
     let _ = writeln!(
         out,
-        "<p>In {} window(s) of iterations one rank arrived last at the collectives and the others waited.</p>",
-        s.total_windows
+        "<p>{}</p>",
+        escape(&s.sentence().unwrap_or_default())
     );
     out.push_str(
         "<table>\n<tr><th>Rank</th><th>Node</th><th>Windows</th><th>Held the others</th></tr>\n",
@@ -317,8 +317,13 @@ fn stragglers(r: &Report, out: &mut String) {
             duration(x.held_seconds)
         );
     }
-    out.push_str("</table>\n<h3>Windows, most held first</h3>\n<table>\n<tr><th>Iterations</th><th>At</th><th>Straggler</th><th>Node</th><th>Held</th><th>Others waiting</th><th>What it was doing</th></tr>\n");
-    for w in &s.windows {
+    let heading = if s.persistent().is_some() {
+        "Windows, most held first"
+    } else {
+        "The windows that held the others longest"
+    };
+    let _ = writeln!(out, "</table>\n<h3>{heading}</h3>\n<table>\n<tr><th>Iterations</th><th>At</th><th>Straggler</th><th>Node</th><th>Held</th><th>Others waiting</th><th>What it was doing</th></tr>");
+    for w in s.shown_windows() {
         let _ = writeln!(
             out,
             "<tr data-straggler=\"{}\"><td>{}–{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",

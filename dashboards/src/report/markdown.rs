@@ -255,8 +255,8 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     } else {
         let _ = writeln!(
             out,
-            "In {} window(s) of iterations one rank arrived last at the collectives and the others waited.\n",
-            r.stragglers.total_windows
+            "{}\n",
+            text(&r.stragglers.sentence().unwrap_or_default())
         );
         table(
             &mut out,
@@ -281,7 +281,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
                 "others waiting",
                 "what it was doing",
             ],
-            r.stragglers.windows.iter().take(10).map(|w| {
+            r.stragglers.shown_windows().iter().take(10).map(|w| {
                 vec![
                     format!("{}–{}", w.first_iter, w.last_iter),
                     w.rank.to_string(),
