@@ -82,7 +82,7 @@ fn suggestion(c: Category, input: &FindingInput, straggler: Option<u32>) -> Stri
             Some(r) => format!("look at rank {r}: it arrives last at the collectives — balance its data or work, or check its device and data loading"),
             None => "find the slowest rank and balance its data or work".into(),
         },
-        Category::Other => "mark the unexplained work with stallscope.phase(...) or check that markers arrive (see `markers:` above)".into(),
+        Category::Other => "mark the unexplained work with stallscope.phase(...) or check that markers arrive (`stallscope summary` counts any lost on its `markers:` line)".into(),
         Category::Compute => String::new(),
     }
 }

@@ -126,6 +126,9 @@ mod tests {
         assert!(said.contains("in 20 of 23 window(s)"), "{said}");
         assert_eq!(s.shown_windows().len(), 23);
         assert!(windows(&[]).sentence().is_none());
-        assert!(windows(&[1]).persistent().is_none(), "one window is no pattern");
+        assert!(
+            windows(&[1]).persistent().is_none(),
+            "one window is no pattern"
+        );
     }
 }

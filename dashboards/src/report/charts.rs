@@ -66,8 +66,46 @@ fn seconds_label(s: f64) -> String {
     }
 }
 
+/// s, the iteration time a chart's axis is scaled to: the highest 95th percentile of a rank's
+/// counted iterations (warm-up left out), else the median column's 95th percentile. A column
+/// holding only the start-up iteration (688 ms among 1 ms ones) has that as its 95th
+/// percentile: scaled to it, every ordinary step was a flat line at the bottom.
+fn typical_p95(r: &Report) -> f64 {
+    let ranks = r
+        .breakdown
+        .ranks
+        .iter()
+        .map(|x| x.p95_seconds)
+        .filter(|p| p.is_finite() && *p > 0.0)
+        .fold(0.0, f64::max);
+    if ranks > 0.0 {
+        return ranks;
+    }
+    let mut cols: Vec<f64> = r.timeline.columns.iter().map(|c| c.p95_seconds).collect();
+    cols.sort_by(f64::total_cmp);
+    cols.get(cols.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// An axis's top, s: up to `highest`, but never past 5× the typical 95th percentile (what
+/// is above is marked at the top instead), with 10% headroom.
+fn clipped_top(r: &Report, highest: f64) -> f64 {
+    let typical = typical_p95(r);
+    let top = if typical > 0.0 {
+        highest.min(5.0 * typical).max(typical)
+    } else {
+        highest
+    };
+    if top > 0.0 {
+        top * 1.1
+    } else {
+        1.0
+    }
+}
+
 /// Every iteration's mean parts per column, stacked, over the run; the slowest iteration of
-/// each column where it stands out (3× the column's median) marked with a triangle.
+/// each column where it stands out (3× the column's median) marked with a triangle. The axis
+/// stops at 5× the typical 95th percentile, as the iteration-time chart's does: a column
+/// above it (the start-up iteration) is cut there and marked with a triangle.
 pub fn timeline(r: &Report) -> Option<String> {
     let cols = &r.timeline.columns;
     if cols.is_empty() {
@@ -77,12 +115,11 @@ pub fn timeline(r: &Report) -> Option<String> {
     let x_max = r
         .run_seconds
         .max(cols.last().map_or(0.0, |c| c.start_seconds + width));
-    let y_max = cols
+    let highest = cols
         .iter()
         .map(|c| c.mean.get(Category::Compute).seconds.max(0.0) + stall_sum(c))
-        .fold(0.0, f64::max)
-        * 1.15;
-    let y_max = if y_max > 0.0 { y_max } else { 1.0 };
+        .fold(0.0, f64::max);
+    let y_max = clipped_top(r, highest);
     Some(svg(WIDTH, 300, |root| {
         let mut chart = ChartBuilder::on(root)
             .margin(10)
@@ -111,16 +148,19 @@ pub fn timeline(r: &Report) -> Option<String> {
                 if h <= 0.0 {
                     continue;
                 }
-                chart.draw_series(std::iter::once(Rectangle::new(
-                    [(left, base), (end, base + h)],
-                    colour(cat).filled(),
-                )))?;
+                if base < y_max {
+                    chart.draw_series(std::iter::once(Rectangle::new(
+                        [(left, base), (end, (base + h).min(y_max))],
+                        colour(cat).filled(),
+                    )))?;
+                }
                 base += h;
             }
         }
         let spikes = cols.iter().filter_map(|c| {
             let s = c.slowest.as_ref()?;
-            (s.seconds >= 3.0 * c.p50_seconds && c.p50_seconds > 0.0)
+            let cut = c.mean.get(Category::Compute).seconds + stall_sum(c) > y_max;
+            (cut || (s.seconds >= 3.0 * c.p50_seconds && c.p50_seconds > 0.0))
                 .then_some((c.start_seconds + width / 2.0, s.seconds))
         });
         chart.draw_series(
@@ -139,8 +179,9 @@ fn stall_sum(c: &stallscope_analysis::report::TimelineColumn) -> f64 {
 }
 
 /// Iteration time over the run: median, 95th percentile and slowest per column. The axis
-/// reaches 5× the highest 95th percentile; a slowest iteration above it (a checkpoint) is a
-/// triangle at the top, so ordinary steps keep their resolution.
+/// reaches 5× the highest 95th percentile of a rank's counted iterations ([`typical_p95`]); a
+/// slowest iteration above it (a checkpoint, the start-up) is a triangle at the top, so
+/// ordinary steps keep their resolution.
 pub fn iteration_time(r: &Report) -> Option<String> {
     let cols = &r.timeline.columns;
     if cols.is_empty() {
@@ -150,7 +191,6 @@ pub fn iteration_time(r: &Report) -> Option<String> {
     let x_max = r
         .run_seconds
         .max(cols.last().map_or(0.0, |c| c.start_seconds + width));
-    let p95_max = cols.iter().map(|c| c.p95_seconds).fold(0.0, f64::max);
     let hi = cols
         .iter()
         .map(|c| c.slowest.as_ref().map_or(c.p95_seconds, |s| s.seconds))
@@ -158,7 +198,7 @@ pub fn iteration_time(r: &Report) -> Option<String> {
     if hi <= 0.0 {
         return None;
     }
-    let y_max = hi.min(5.0 * p95_max).max(p95_max) * 1.1;
+    let y_max = clipped_top(r, hi);
     Some(svg(WIDTH, 240, |root| {
         let mut chart = ChartBuilder::on(root)
             .margin(10)
@@ -187,11 +227,11 @@ pub fn iteration_time(r: &Report) -> Option<String> {
                 .map(|(x, _)| TriangleMarker::new((x, y_max * 0.97), 5, rgb("#7F7F7F").filled())),
         )?;
         chart.draw_series(LineSeries::new(
-            cols.iter().map(|c| (mid(c), c.p95_seconds)),
+            cols.iter().map(|c| (mid(c), c.p95_seconds.min(y_max))),
             rgb("#D55E00").stroke_width(2),
         ))?;
         chart.draw_series(LineSeries::new(
-            cols.iter().map(|c| (mid(c), c.p50_seconds)),
+            cols.iter().map(|c| (mid(c), c.p50_seconds.min(y_max))),
             BLACK.stroke_width(2),
         ))?;
         Ok(())
@@ -426,4 +466,37 @@ pub fn comparison(c: &Comparison) -> String {
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stallscope_analysis::report::{RankRow, TimelineColumn};
+
+    /// Issue 30: the start-up iteration (688 ms) among 1 ms ones set both charts' axes to
+    /// 700 ms. They now stop at 5× the ranks' 95th percentile of counted iterations.
+    #[test]
+    fn the_start_up_iteration_does_not_set_the_axis() {
+        let mut r = Report::default();
+        r.breakdown.ranks.push(RankRow {
+            p95_seconds: 0.0012,
+            ..RankRow::default()
+        });
+        r.timeline.column_seconds = 1.0;
+        for (k, p95) in [0.688, 0.0012, 0.0011, 0.0012].into_iter().enumerate() {
+            r.timeline.columns.push(TimelineColumn {
+                start_seconds: k as f64,
+                p50_seconds: p95,
+                p95_seconds: p95,
+                ..TimelineColumn::default()
+            });
+        }
+        let top = clipped_top(&r, 0.688);
+        assert!((top - 5.0 * 0.0012 * 1.1).abs() < 1e-9, "{top}");
+        // Without ranks' figures the median column decides, not the start-up column.
+        r.breakdown.ranks.clear();
+        assert!(clipped_top(&r, 0.688) < 0.01);
+        // A run that is all slow keeps its axis.
+        assert!((clipped_top(&r, 0.0012) - 0.0012 * 1.1).abs() < 1e-9);
+    }
 }

@@ -298,11 +298,7 @@ fn stragglers(r: &Report, out: &mut String) {
         out.push_str("<p>No rank held the others up (a single rank, or none was slower by more than the noise).</p>\n</section>\n");
         return;
     }
-    let _ = writeln!(
-        out,
-        "<p>{}</p>",
-        escape(&s.sentence().unwrap_or_default())
-    );
+    let _ = writeln!(out, "<p>{}</p>", escape(&s.sentence().unwrap_or_default()));
     out.push_str(
         "<table>\n<tr><th>Rank</th><th>Node</th><th>Windows</th><th>Held the others</th></tr>\n",
     );
