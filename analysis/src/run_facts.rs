@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::category::{Category, Split};
+use crate::category::Split;
+use crate::critical::CriticalPath;
 use crate::frame::{Frame, Role};
 use crate::marker::MarkerEvent;
 use crate::secs;
@@ -61,7 +62,10 @@ impl RunFacts {
 pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
     let mut facts = RunFacts::default();
     let mut walls: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-    let mut critical: BTreeMap<u64, Split> = BTreeMap::new();
+    // The one critical-path rule (`crate::critical`): the rank that waited least, ties to
+    // the one that finished last. The rank count is not known until the end, so iterations
+    // are taken as they stand (all ranks have long reported one 4,096 iterations back).
+    let mut critical = CriticalPath::default();
     let mut ranks: HashSet<u32> = HashSet::new();
     let mut loaders: HashSet<u32> = HashSet::new();
     let mut cpu_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
@@ -83,14 +87,7 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
             facts.iterations_total = facts.iterations_total.max(b.iter + 1);
             if b.iter >= warmup as u64 {
                 walls.entry(b.iter).or_default().push(secs(b.wall_ns()));
-                let waited = |s: &Split| s.get(Category::PeerWait);
-                match critical.get_mut(&b.iter) {
-                    Some(c) if waited(c) <= waited(&b.split) => {}
-                    Some(c) => *c = b.split,
-                    None => {
-                        critical.insert(b.iter, b.split);
-                    }
-                }
+                critical.add(b.iter, b.end_ns, &b.split, usize::MAX);
             }
             continue;
         }
@@ -139,9 +136,7 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
         }
     }
     facts.ranks = ranks.len() as u32;
-    for split in critical.values() {
-        facts.critical_path.add_split(split);
-    }
+    facts.critical_path = critical.totals().0;
     facts.iteration_seconds = walls
         .values()
         .map(|w| w.iter().sum::<f64>() / w.len() as f64)
@@ -161,4 +156,49 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
         }
     }
     facts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attribution::{Coverage, IterationBreakdown};
+    use crate::category::Category;
+
+    fn breakdown(rank: u32, iter: u64, end_ns: u64, part: Category) -> Frame {
+        let mut split = Split::default();
+        split.add(Category::Compute, 60);
+        split.add(part, 40);
+        Frame::Breakdown(IterationBreakdown {
+            rank,
+            pid: 100 + rank,
+            iter,
+            start_ns: end_ns - 100,
+            end_ns,
+            split,
+            evidence: Vec::new(),
+            coverage: Coverage::default(),
+        })
+    }
+
+    /// Issue 30: the experiment read the critical path by a rule of its own that broke ties
+    /// the other way (the first rank read, where the summary takes the one that finished
+    /// last). With no peer wait on either rank, the rank that finished last held the
+    /// iteration up, as the summary and the report say.
+    #[test]
+    fn the_critical_path_breaks_ties_as_the_summary_does() {
+        let frames: Vec<Frame> = (0..4)
+            .flat_map(|iter| {
+                let end = 1_000 * (iter + 1);
+                [
+                    breakdown(0, iter, end, Category::Other),
+                    breakdown(1, iter, end + 5, Category::DataPrep),
+                ]
+            })
+            .collect();
+        let facts = run_facts(&frames, 1);
+        assert_eq!(facts.critical_path.get(Category::DataPrep), 3 * 40);
+        assert_eq!(facts.critical_path.get(Category::Other), 0);
+        assert_eq!(facts.ranks, 2);
+        assert_eq!(facts.iteration_seconds.len(), 3);
+    }
 }

@@ -38,17 +38,14 @@ const LONG_LISTED: usize = 20;
 /// Straggler windows listed one by one.
 const STRAGGLER_ROWS: usize = 100;
 
-/// Counted iterations awaiting their last rank for the critical path; beyond, the oldest is
-/// taken as it stands.
-const CRITICAL_PENDING: usize = 4096;
+/// Counted iterations awaiting their last rank for the straggler windows; beyond, the oldest
+/// is taken as it stands (as the critical path's, [`crate::critical::PENDING`]).
+const ARRIVALS_PENDING: usize = crate::critical::PENDING;
 
-/// A counted iteration some ranks have finished.
+/// A counted iteration some ranks have finished: their waits, for the straggler windows of
+/// ranks on one node. (The critical path is the journal's: [`crate::critical`], the one rule.)
 #[derive(Debug, Default)]
 struct PendingIteration {
-    /// ns, when the rank that held it up so far finished it.
-    last_end_ns: Nanos,
-    /// That rank's parts.
-    last_split: Split,
     /// Per rank that finished it: (rank, peer_wait ns, wall ns).
     waits: Vec<(u32, u64, u64)>,
 }
@@ -136,9 +133,11 @@ pub struct ReportBuilder {
     rank_cols: BTreeMap<u32, Columns<RankColumn>>,
     node_cols: BTreeMap<String, Columns<ResourceColumn>>,
     ranks: BTreeMap<u32, RankTrack>,
-    critical_pending: BTreeMap<u64, PendingIteration>,
+    arrivals_pending: BTreeMap<u64, PendingIteration>,
     /// Straggler windows of ranks that share a node (a run profile), from their waits.
     local_stragglers: StragglerWindows,
+    /// The critical path, read from the journal's summary at the end: ns per category and
+    /// the iterations on it.
     critical: Split,
     critical_iterations: u64,
     clocks: HashMap<String, NodeClock>,
@@ -169,7 +168,7 @@ impl ReportBuilder {
             rank_cols: BTreeMap::new(),
             node_cols: BTreeMap::new(),
             ranks: BTreeMap::new(),
-            critical_pending: BTreeMap::new(),
+            arrivals_pending: BTreeMap::new(),
             local_stragglers: StragglerWindows::default(),
             critical: Split::default(),
             critical_iterations: 0,
@@ -342,43 +341,32 @@ impl ReportBuilder {
                     end_ns: p.end_ns,
                     split: p.split,
                 });
-                self.critical_step(p.iter, rank, p.end_ns, &p.split);
+                self.arrival_step(p.iter, rank, &p.split);
             }
         }
     }
 
-    /// The critical path: per iteration, the parts of the rank that held it up; and
-    /// the ranks' waits, for the straggler windows of ranks on one node.
-    fn critical_step(&mut self, iter: u64, rank: u32, end_ns: Nanos, split: &Split) {
+    /// The ranks' waits in each counted iteration, for the straggler windows of ranks on one
+    /// node; an iteration is closed once every rank known finished it.
+    fn arrival_step(&mut self, iter: u64, rank: u32, split: &Split) {
         let ranks = self.ranks.len();
-        let e = self.critical_pending.entry(iter).or_default();
-        let wait = split.get(Category::PeerWait);
-        // The rank that held the iteration up waited least for its peers (ties: it finished
-        // last), as the summary's critical path ([`crate::critical`]) takes it.
-        let holds = e.waits.is_empty()
-            || wait < e.last_split.get(Category::PeerWait)
-            || (wait == e.last_split.get(Category::PeerWait) && end_ns >= e.last_end_ns);
-        e.waits.push((rank, wait, split.total()));
-        if holds {
-            e.last_end_ns = end_ns;
-            e.last_split = *split;
-        }
+        let e = self.arrivals_pending.entry(iter).or_default();
+        e.waits
+            .push((rank, split.get(Category::PeerWait), split.total()));
         if e.waits.len() >= ranks {
-            let done = self.critical_pending.remove(&iter).unwrap_or_default();
+            let done = self.arrivals_pending.remove(&iter).unwrap_or_default();
             self.close_iteration(iter, done);
         }
-        while self.critical_pending.len() > CRITICAL_PENDING {
-            if let Some((iter, done)) = self.critical_pending.pop_first() {
+        while self.arrivals_pending.len() > ARRIVALS_PENDING {
+            if let Some((iter, done)) = self.arrivals_pending.pop_first() {
                 self.close_iteration(iter, done);
             }
         }
     }
 
-    /// Takes an iteration all ranks (or all that will) have finished into the critical path
-    /// and the straggler windows.
+    /// Takes an iteration all ranks (or all that will) have finished into the straggler
+    /// windows.
     fn close_iteration(&mut self, iter: u64, done: PendingIteration) {
-        self.critical.add_split(&done.last_split);
-        self.critical_iterations += 1;
         if let Some(arrivals) = done.arrivals() {
             self.local_stragglers.add(iter, &arrivals);
         }
@@ -389,9 +377,11 @@ impl ReportBuilder {
         self.journal.attribute(u64::MAX, true);
         let u = self.journal.take_update();
         self.fold(u);
-        for (iter, done) in std::mem::take(&mut self.critical_pending) {
+        for (iter, done) in std::mem::take(&mut self.arrivals_pending) {
             self.close_iteration(iter, done);
         }
+        (self.critical, self.critical_iterations) =
+            self.journal.timeline().summary.totals.critical.totals();
         let axis = self.axis.unwrap_or(Axis::new(0));
         let view = self.journal.view().clone();
         let summary = view.summary.clone();
