@@ -77,6 +77,20 @@ fn table(out: &mut String, head: &[&str], rows: impl IntoIterator<Item = Vec<Str
 pub fn markdown(r: &Report, stem: &str) -> Rendered {
     let mut out = String::new();
     let mut files = Vec::new();
+    header_and_verdict(r, &mut out);
+    breakdown(r, &mut out);
+    every_iteration(r, &mut out, stem, &mut files);
+    outside(r, &mut out);
+    stragglers(r, &mut out);
+    resources(r, &mut out, stem, &mut files);
+    experiment(r, &mut out, stem, &mut files);
+    advice(r, &mut out);
+    profiles(r, &mut out);
+    Rendered { text: out, files }
+}
+
+/// The title, the command, what to read first, the verdict and how sure it is.
+fn header_and_verdict(r: &Report, out: &mut String) {
     let v = &r.verdict;
     let c = &v.confidence;
     let _ = writeln!(out, "# stallscope report: {}\n", text(&r.name));
@@ -131,7 +145,10 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     if !c.reasons.is_empty() {
         out.push('\n');
     }
+}
 
+/// Where the iterations' time went: the job, its critical path, nodes and ranks.
+fn breakdown(r: &Report, out: &mut String) {
     out.push_str("## Where the iterations' time went\n\n");
     let b = &r.breakdown;
     let mut rows = vec![
@@ -151,9 +168,9 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
             .iter()
             .map(|n| vec![format!("node {}", n.node), String::new(), shares(&n.parts)]),
     );
-    table(&mut out, &["scope", "iterations", "shares"], rows);
+    table(out, &["scope", "iterations", "shares"], rows);
     table(
-        &mut out,
+        out,
         &[
             "rank",
             "node",
@@ -177,7 +194,10 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
             ]
         }),
     );
+}
 
+/// Every iteration over the run, as charts written beside the document.
+fn every_iteration(r: &Report, out: &mut String, stem: &str, files: &mut Vec<(String, String)>) {
     out.push_str("## Every iteration over the run\n\n");
     if let Some(svg) = charts::timeline(r) {
         let name = format!("{stem}-timeline.svg");
@@ -199,11 +219,14 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
         let _ = writeln!(out, "![Iteration time: median, p95, slowest]({name})\n");
         files.push((name, svg));
     }
+}
 
+/// Time outside the counted iterations: start-up, warm-up, long iterations, teardown.
+fn outside(r: &Report, out: &mut String) {
     let o = &r.outside;
     let _ = writeln!(out, "## Time outside iterations\n\n{}\n", text(&o.sentence));
     table(
-        &mut out,
+        out,
         &[
             "rank",
             "before the loop",
@@ -227,7 +250,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     );
     if !o.long_iterations.is_empty() {
         table(
-            &mut out,
+            out,
             &[
                 "rank",
                 "iteration",
@@ -248,7 +271,10 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
             }),
         );
     }
+}
 
+/// The straggler windows: the verdict, the ranks, a few windows or all of them.
+fn stragglers(r: &Report, out: &mut String) {
     out.push_str("## Stragglers\n\n");
     if r.stragglers.total_windows == 0 {
         out.push_str("No rank held the others up.\n\n");
@@ -259,7 +285,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
             text(&r.stragglers.sentence().unwrap_or_default())
         );
         table(
-            &mut out,
+            out,
             &["rank", "node", "windows", "held the others"],
             r.stragglers.by_rank.iter().map(|x| {
                 vec![
@@ -272,7 +298,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
         );
         out.push_str("The windows that held the others longest:\n\n");
         table(
-            &mut out,
+            out,
             &[
                 "iterations",
                 "straggler",
@@ -293,7 +319,10 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
             }),
         );
     }
+}
 
+/// The node resources, as charts written beside the document.
+fn resources(r: &Report, out: &mut String, stem: &str, files: &mut Vec<(String, String)>) {
     out.push_str("## Resources\n\n");
     for (p, svg) in charts::resources(r) {
         let name = format!("{stem}-{}.svg", p.slug());
@@ -303,11 +332,14 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     if r.resources.iter().all(|n| n.columns.is_empty()) {
         out.push_str("No resource readings in the profile.\n\n");
     }
+}
 
+/// Stalls by difference, for an experiment's report.
+fn experiment(r: &Report, out: &mut String, stem: &str, files: &mut Vec<(String, String)>) {
     if let Some(e) = &r.experiment {
         out.push_str("## Stalls by difference\n\n");
         table(
-            &mut out,
+            out,
             &["category", "online", "by difference"],
             e.agreement.iter().map(|a| {
                 vec![
@@ -323,7 +355,10 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
             files.push((name, svg));
         }
     }
+}
 
+/// The advisor's instances and communication advice.
+fn advice(r: &Report, out: &mut String) {
     out.push_str("## Instance choice and communication\n\n");
     match &r.advice {
         None => out.push_str("The advisor was not run for this report.\n\n"),
@@ -332,7 +367,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
         }
         Some(AdviceSection::Advice(a)) => {
             table(
-                &mut out,
+                out,
                 &["instance", "nodes", "iteration", "$/node-h", "pareto"],
                 a.instances.iter().take(12).map(|p| {
                     vec![
@@ -367,10 +402,13 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
             out.push('\n');
         }
     }
+}
 
+/// The profiles read.
+fn profiles(r: &Report, out: &mut String) {
     out.push_str("## Profiles\n\n");
     table(
-        &mut out,
+        out,
         &["path", "kind", "size", "frames", "complete"],
         r.sources.iter().map(|s| {
             vec![
@@ -386,7 +424,6 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
             ]
         }),
     );
-    Rendered { text: out, files }
 }
 
 /// Two runs side by side as Markdown.
