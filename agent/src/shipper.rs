@@ -354,10 +354,10 @@ where
             }
             // A collector using TLS waits for a TLS handshake that a plain agent never
             // starts, and closes the connection at the end of its handshake time (seconds);
-            // one serving too many strangers closes it at once.
+            // one serving too many strangers refuses with its reason, read above.
             Some(Err(e)) if config.tls.is_none() && waited.elapsed() >= Duration::from_secs(1) => {
                 return Err(ConnectionEnd::Tls(format!(
-                    "{e} before the collector's challenge: is the collector using --tls-cert? give the agent --tls-ca (its certificate or CA)"
+                    "{e} before the collector's challenge: is the collector using --tls-cert? give the agent --tls-ca (its certificate or CA); else the collector closed this connection unsaid (a collector at its limit of connections that have not proven the token says so)"
                 )))
             }
             Some(Err(e)) => return Err(ConnectionEnd::Lost(e)),
@@ -365,7 +365,7 @@ where
         };
         let hello = AgentMsg::Hello(Hello {
             protocol: PROTOCOL_VERSION,
-            proof: wire::prove(&config.token, &nonce),
+            proof: wire::prove(&config.token, wire::Role::Agent, &nonce),
             node: config.node.clone(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
         });
@@ -494,7 +494,10 @@ mod tests {
             panic!("a Hello answers the challenge")
         };
         assert_eq!((h.node.as_str(), h.protocol), ("node-a", PROTOCOL_VERSION));
-        assert!(wire::verify("t", &nonce, &h.proof), "it proves the token");
+        assert!(
+            wire::verify("t", wire::Role::Agent, &nonce, &h.proof),
+            "it proves the token"
+        );
         cw.write_all(&wire::encode(&CollectorMsg::Ping { t1: 7 }))
             .await
             .unwrap();

@@ -7,8 +7,8 @@
 //!
 //! A connection goes: the collector's [`CollectorMsg::Challenge`] (a fresh random nonce) →
 //! the agent's [`Hello`] (protocol version, node name, and the proof that it holds the token:
-//! HMAC-SHA256 of the nonce keyed with the token, [`prove`]; the token itself never crosses
-//! the network) → the collector's clock exchanges ([`CollectorMsg::Ping`] / [`AgentMsg::Pong`], NTP's four
+//! HMAC-SHA256, keyed with the token, of its [`Role`] and the nonce, [`prove`]; the token
+//! itself never crosses the network, and a proof is good for one role and one nonce only) → the collector's clock exchanges ([`CollectorMsg::Ping`] / [`AgentMsg::Pong`], NTP's four
 //! timestamps) → [`CollectorMsg::Welcome`] or [`CollectorMsg::Refused`] → records, each with
 //! the agent's sequence number, acknowledged by [`CollectorMsg::Ack`] once the collector has
 //! written them to its profile; pings go on every few seconds to follow drift. The agent keeps
@@ -32,8 +32,9 @@ use crate::Nanos;
 /// send their node's resources ([`Frame::NodeResources`]). 5: and their GPUs' names
 /// ([`Frame::NodeGpus`]) and bytes per NIC ([`Frame::NodeNics`]). 6: the collector challenges,
 /// the agent proves it holds the token ([`prove`]) instead of sending it. 7: agents forward
-/// their ranks' facts for the advisor ([`Frame::NodeMeta`]).
-pub const PROTOCOL_VERSION: u16 = 7;
+/// their ranks' facts for the advisor ([`Frame::NodeMeta`]). 8: the proof binds the peer's
+/// role ([`Role`]), so a viewer's proof cannot be relayed as an agent's.
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// bytes, the largest message either side accepts (1 MiB).
 pub const MAX_MESSAGE: u32 = 1 << 20;
@@ -132,24 +133,49 @@ pub enum CollectorMsg {
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
-/// The proof that the sender holds `token`: HMAC-SHA256 of `nonce` keyed with it. Empty
-/// without a token.
-pub fn prove(token: &str, nonce: &[u8]) -> Vec<u8> {
+/// What a proof of the token is for: the MAC covers it, so a proof made for one role (say a
+/// viewer's, given to a spoofed collector) does not pass as the other's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// An agent's [`AgentMsg::Hello`]: it sends records.
+    Agent,
+    /// A viewer's [`AgentMsg::Watch`]: it is sent the live model.
+    Viewer,
+}
+
+impl Role {
+    /// The bytes the MAC covers before the nonce: the role, and that the nonce is the
+    /// collector's challenge answered by its peer (the only direction a proof goes).
+    fn context(self) -> &'static [u8] {
+        match self {
+            Role::Agent => b"stallscope v8 agent answers collector nonce\0",
+            Role::Viewer => b"stallscope v8 viewer answers collector nonce\0",
+        }
+    }
+}
+
+fn mac(token: &str, role: Role, nonce: &[u8]) -> HmacSha256 {
+    use hmac::Mac;
+    let mut mac = HmacSha256::new_from_slice(token.as_bytes()).expect("HMAC takes any key");
+    mac.update(role.context());
+    mac.update(nonce);
+    mac
+}
+
+/// The proof that the sender holds `token`, as `role`: HMAC-SHA256, keyed with the token, of
+/// the role's context and the collector's `nonce`. Empty without a token.
+pub fn prove(token: &str, role: Role, nonce: &[u8]) -> Vec<u8> {
     use hmac::Mac;
     if token.is_empty() {
         return Vec::new();
     }
-    let mut mac = HmacSha256::new_from_slice(token.as_bytes()).expect("HMAC takes any key");
-    mac.update(nonce);
-    mac.finalize().into_bytes().to_vec()
+    mac(token, role, nonce).finalize().into_bytes().to_vec()
 }
 
-/// Whether `proof` proves `token` for `nonce`, compared in constant time.
-pub fn verify(token: &str, nonce: &[u8], proof: &[u8]) -> bool {
+/// Whether `proof` proves `token` for `nonce` as `role`, compared in constant time.
+pub fn verify(token: &str, role: Role, nonce: &[u8], proof: &[u8]) -> bool {
     use hmac::Mac;
-    let mut mac = HmacSha256::new_from_slice(token.as_bytes()).expect("HMAC takes any key");
-    mac.update(nonce);
-    mac.verify_slice(proof).is_ok()
+    mac(token, role, nonce).verify_slice(proof).is_ok()
 }
 
 /// bytes of a feed line per [`CollectorMsg::Feed`] message: a snapshot of a large job is
@@ -218,7 +244,7 @@ mod tests {
     fn hello(protocol: u16) -> AgentMsg {
         AgentMsg::Hello(Hello {
             protocol,
-            proof: prove("t", &[1; NONCE_BYTES]),
+            proof: prove("t", Role::Agent, &[1; NONCE_BYTES]),
             node: "n".into(),
             agent_version: "0".into(),
         })
@@ -243,15 +269,15 @@ mod tests {
     #[test]
     fn a_proof_shows_the_token_without_giving_it() {
         let (a, b) = ([1u8; NONCE_BYTES], [2u8; NONCE_BYTES]);
-        let proof = prove("s3cret-token", &a);
+        let proof = prove("s3cret-token", Role::Agent, &a);
         assert_eq!(proof.len(), 32);
-        assert!(verify("s3cret-token", &a, &proof));
+        assert!(verify("s3cret-token", Role::Agent, &a, &proof));
         assert!(
-            !verify("s3cret-token", &b, &proof),
+            !verify("s3cret-token", Role::Agent, &b, &proof),
             "replayed for another nonce"
         );
-        assert!(!verify("guess", &a, &proof));
-        assert!(!verify("s3cret-token", &a, &[]));
+        assert!(!verify("guess", Role::Agent, &a, &proof));
+        assert!(!verify("s3cret-token", Role::Agent, &a, &[]));
         let hello = encode(&AgentMsg::Hello(Hello {
             protocol: PROTOCOL_VERSION,
             proof,
@@ -259,11 +285,38 @@ mod tests {
             agent_version: "0".into(),
         }));
         assert!(!hello.windows(12).any(|w| w == b"s3cret-token"));
-        assert!(prove("", &a).is_empty(), "no token, no proof");
+        assert!(prove("", Role::Agent, &a).is_empty(), "no token, no proof");
         let err = payload_len_within(4097u32.to_be_bytes(), MAX_PREAUTH).unwrap_err();
         assert!(
             err.to_string().contains("over the 4096-byte limit"),
             "{err}"
+        );
+    }
+
+    /// Issue 30, item 12: a viewer's proof (say, given to a spoofed collector that relays
+    /// its nonce) does not pass as an agent's, nor the other way, nor a bare HMAC of the
+    /// nonce as protocol 7 made it.
+    #[test]
+    fn a_proof_is_good_for_one_role_only() {
+        use hmac::Mac;
+        let nonce = [3u8; NONCE_BYTES];
+        let viewer = prove("tok", Role::Viewer, &nonce);
+        let agent = prove("tok", Role::Agent, &nonce);
+        assert!(verify("tok", Role::Viewer, &nonce, &viewer));
+        assert!(
+            !verify("tok", Role::Agent, &nonce, &viewer),
+            "relayed as an agent's"
+        );
+        assert!(
+            !verify("tok", Role::Viewer, &nonce, &agent),
+            "relayed as a viewer's"
+        );
+        let mut bare = HmacSha256::new_from_slice(b"tok").unwrap();
+        bare.update(&nonce);
+        let bare = bare.finalize().into_bytes();
+        assert!(
+            !verify("tok", Role::Agent, &nonce, &bare),
+            "protocol 7's proof"
         );
     }
 

@@ -16,6 +16,7 @@ mod experiment;
 mod feed_cmd;
 mod forward;
 mod launch;
+mod limits;
 mod nvml_bench;
 mod python_env;
 mod report_bench;
@@ -28,6 +29,7 @@ mod top;
 use clap::Parser;
 
 fn main() {
+    limits::raise_open_files();
     let cli = cli::Cli::parse();
     let result = match cli.command {
         cli::Command::Run(args) => run::run(args),

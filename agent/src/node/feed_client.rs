@@ -2,8 +2,12 @@
 //! collector's TCP port (a viewer's Watch, token-checked like an agent's Hello; the same JSON
 //! lines arrive in parts), over TLS when the collector uses it ([`crate::tls`]). It keeps the
 //! model the messages make.
+//!
+//! A line is bounded ([`MAX_FEED_LINE`]) on both transports: a server that never ends a line
+//! (a Unix socket that sends no newline, a collector whose `Feed` parts never say `last`)
+//! ends the feed with [`FeedError::TooLong`] instead of growing the client without bound.
 
-use std::io::{BufRead, BufReader, Lines, Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -15,6 +19,10 @@ use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VE
 
 use super::feed::FEED_SCHEMA;
 use crate::tls::{SyncStream, TlsClient};
+
+/// bytes, the longest feed line (one message) a client assembles: a snapshot of a job of
+/// thousands of ranks is tens of MiB; the collector sends it in [`wire::FEED_PART`] parts.
+pub const MAX_FEED_LINE: usize = 64 << 20;
 
 /// What went wrong reading a feed.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +59,14 @@ pub enum FeedError {
         /// Its reason.
         reason: String,
     },
+    /// A line longer than the client takes: the server never ended it.
+    #[error("the feed at {at} sent a line over the {} MiB limit without ending it", limit >> 20)]
+    TooLong {
+        /// The socket or address.
+        at: String,
+        /// bytes, the limit ([`MAX_FEED_LINE`]).
+        limit: usize,
+    },
     /// A line or message that is not the feed's.
     #[error("a malformed message from the feed at {at}: {what}")]
     Malformed {
@@ -63,7 +79,7 @@ pub enum FeedError {
 
 /// Where the lines come from.
 enum Source {
-    Unix(Lines<BufReader<UnixStream>>),
+    Unix(BufReader<UnixStream>),
     Tcp(BufReader<Box<dyn SyncStream>>),
 }
 
@@ -74,6 +90,8 @@ pub struct FeedClient {
     /// Whether messages are folded into `view` (a caller that keeps its own model says no).
     folds: bool,
     at: String,
+    /// bytes, the longest line taken ([`MAX_FEED_LINE`]; tests lower it).
+    max_line: usize,
 }
 
 impl FeedClient {
@@ -86,19 +104,23 @@ impl FeedClient {
         };
         let stream = UnixStream::connect(path).map_err(io)?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
-        let mut lines = BufReader::new(stream).lines();
-        let hello = lines
-            .next()
-            .unwrap_or_else(|| Err(std::io::ErrorKind::UnexpectedEof.into()))
-            .map_err(io)?;
-        if hello != format!("{{\"feed\":\"{FEED_SCHEMA}\"}}") {
+        let mut reader = BufReader::new(stream);
+        let expected = format!("{{\"feed\":\"{FEED_SCHEMA}\"}}");
+        let hello = match read_line_within(&mut reader, expected.len() + 1024) {
+            Ok(Some(line)) => String::from_utf8_lossy(&line).into_owned(),
+            Ok(None) => return Err(io(std::io::ErrorKind::UnexpectedEof.into())),
+            Err(LineError::TooLong) => "a line of over 1 KiB".into(),
+            Err(LineError::Io(e)) => return Err(io(e)),
+        };
+        if hello != expected {
             return Err(FeedError::Version { at, hello });
         }
         Ok(FeedClient {
-            source: Source::Unix(lines),
+            source: Source::Unix(reader),
             view: None,
             folds: true,
             at,
+            max_line: MAX_FEED_LINE,
         })
     }
 
@@ -133,7 +155,7 @@ impl FeedClient {
                 return Err(FeedError::Tls {
                     at,
                     reason: format!(
-                        "{source} before the collector's challenge: is the collector using --tls-cert? give --tls-ca (its certificate or CA)"
+                        "{source} before the collector's challenge: is the collector using --tls-cert? give --tls-ca (its certificate or CA); else the collector closed this connection unsaid (a collector at its limit of connections that have not proven the token says so)"
                     ),
                 })
             }
@@ -151,7 +173,7 @@ impl FeedClient {
         };
         let watch = AgentMsg::Watch(Hello {
             protocol: PROTOCOL_VERSION,
-            proof: wire::prove(token, &nonce),
+            proof: wire::prove(token, wire::Role::Viewer, &nonce),
             node: "viewer".into(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
         });
@@ -174,23 +196,33 @@ impl FeedClient {
             view: None,
             folds: true,
             at,
+            max_line: MAX_FEED_LINE,
         })
     }
 
     /// The next line of the feed; `None` at its end.
     fn next_line(&mut self) -> Option<Result<String, FeedError>> {
         match &mut self.source {
-            Source::Unix(lines) => lines.next().map(|l| {
-                l.map_err(|source| FeedError::Io {
+            Source::Unix(reader) => match read_line_within(reader, self.max_line) {
+                Ok(None) => None,
+                Ok(Some(line)) => Some(String::from_utf8(line).map_err(|e| FeedError::Malformed {
+                    at: self.at.clone(),
+                    what: e.to_string(),
+                })),
+                Err(LineError::TooLong) => Some(Err(self.too_long())),
+                Err(LineError::Io(source)) => Some(Err(FeedError::Io {
                     at: self.at.clone(),
                     source,
-                })
-            }),
+                })),
+            },
             Source::Tcp(reader) => {
                 let mut line = Vec::new();
                 loop {
                     match read_msg(reader, &self.at) {
                         Ok(CollectorMsg::Feed { part, last }) => {
+                            if line.len() + part.len() > self.max_line {
+                                return Some(Err(self.too_long()));
+                            }
                             line.extend_from_slice(&part);
                             if last {
                                 break;
@@ -216,6 +248,13 @@ impl FeedClient {
                     what: e.to_string(),
                 }))
             }
+        }
+    }
+
+    fn too_long(&self) -> FeedError {
+        FeedError::TooLong {
+            at: self.at.clone(),
+            limit: self.max_line,
         }
     }
 
@@ -263,6 +302,42 @@ impl FeedClient {
     }
 }
 
+/// Why a line could not be read.
+enum LineError {
+    /// Over the limit before its newline.
+    TooLong,
+    Io(std::io::Error),
+}
+
+/// The next newline-ended line (without its newline) of at most `max` bytes; `None` at the
+/// end of the stream. A longer line is an error as soon as its `max + 1`th byte is read, so
+/// no more than that is held.
+fn read_line_within(r: &mut impl BufRead, max: usize) -> Result<Option<Vec<u8>>, LineError> {
+    let mut line = Vec::new();
+    loop {
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(LineError::Io(e)),
+        };
+        if buf.is_empty() {
+            return Ok((!line.is_empty()).then_some(line));
+        }
+        let (taken, ended) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + taken > max {
+            return Err(LineError::TooLong);
+        }
+        line.extend_from_slice(&buf[..taken]);
+        r.consume(taken + usize::from(ended));
+        if ended {
+            return Ok(Some(line));
+        }
+    }
+}
+
 /// Reads one collector message (length-prefixed postcard, at most [`wire::MAX_MESSAGE`]).
 fn read_msg(r: &mut impl Read, at: &str) -> Result<CollectorMsg, FeedError> {
     let io = |source| FeedError::Io {
@@ -280,3 +355,6 @@ fn read_msg(r: &mut impl Read, at: &str) -> Result<CollectorMsg, FeedError> {
     r.read_exact(&mut payload).map_err(io)?;
     wire::decode(&payload).map_err(malformed)
 }
+
+#[cfg(test)]
+mod tests;

@@ -83,6 +83,16 @@ pub fn render_with(state: &MetricsState, own_cpu_seconds: Option<f64>) -> String
             cpu,
         );
     }
+    out.family(
+        "stallscope_feed_resyncs_total",
+        "counter",
+        "Times this server fell behind the live model and started again from a snapshot.",
+    );
+    out.sample_owned(
+        "stallscope_feed_resyncs_total",
+        &[("job", job.to_string())],
+        state.resyncs as f64,
+    );
     ranks(&mut out, state);
     gpus(&mut out, state);
     stragglers(&mut out, state);

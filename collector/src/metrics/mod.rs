@@ -8,15 +8,27 @@
 //! iteration) and node counters integrated from the one-second resource rates. The exposition
 //! ([`expose::render`]) is a pure function of that state, so it is tested on a state built in
 //! the test.
+//!
+//! The hub drops a subscriber whose queue is full (issue 30, item 12): when that happens to
+//! the fold (a scrape of a huge model holding the state while the run publishes), the fold
+//! subscribes again and starts from the fresh snapshot, counting it in
+//! `stallscope_feed_resyncs_total`, instead of serving the state it had for ever. What it
+//! integrates (histograms, held seconds) takes from the snapshot only what is newer than what
+//! it already counted, so a resync counts nothing twice; and it keeps them only for the ranks
+//! (and nodes) the model has, so a rank that moves leaves no series behind.
 
 pub mod expose;
 mod http;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use stallscope_analysis::view::hub::{FeedHub, FeedMessage};
+use stallscope_analysis::crossnode::StragglerWindow;
+use stallscope_analysis::view::hub::{FeedHub, FeedMessage, SUBSCRIBER_QUEUE};
 use stallscope_analysis::view::{IterationParts, JobView, NodeResources};
 
 pub use http::MetricsServer;
@@ -67,6 +79,8 @@ pub struct Histogram {
     pub over: u64,
     /// s, their summed wall time.
     pub sum_seconds: f64,
+    /// The last iteration counted: a snapshot after a resync counts only those after it.
+    pub last_iter: Option<u64>,
 }
 
 impl Histogram {
@@ -151,6 +165,10 @@ pub struct MetricsState {
     pub nodes: BTreeMap<String, NodeTotals>,
     /// s, how long each (rank, node) held the others up, over every straggler window.
     pub held: BTreeMap<(u32, String), f64>,
+    /// The first iteration of the latest straggler window counted in `held`.
+    pub held_upto: Option<u64>,
+    /// Times the fold fell behind, was dropped by the hub and started again from a snapshot.
+    pub resyncs: u64,
     /// Whether the run ended.
     pub ended: bool,
 }
@@ -161,9 +179,9 @@ impl MetricsState {
         match msg {
             FeedMessage::Snapshot(view) => {
                 self.view = (*view).clone();
-                for w in &self.view.stragglers {
-                    *self.held.entry((w.rank, w.node.clone())).or_default() += w.held_seconds;
-                }
+                let windows = std::mem::take(&mut self.view.stragglers);
+                windows.iter().for_each(|w| self.hold(w));
+                self.view.stragglers = windows;
                 let warmup = u64::from(self.view.summary.warmup_iterations);
                 for r in self.view.ranks.values() {
                     let h = self.histograms.entry(r.rank).or_default();
@@ -172,12 +190,11 @@ impl MetricsState {
                         .filter(|p| p.iter >= warmup)
                         .for_each(|p| observe(h, p));
                 }
+                self.forget_gone_ranks();
                 self.fold_nodes();
             }
             FeedMessage::Update(u) => {
-                for w in &u.stragglers {
-                    *self.held.entry((w.rank, w.node.clone())).or_default() += w.held_seconds;
-                }
+                u.stragglers.iter().for_each(|w| self.hold(w));
                 // The summary comes in the round of the first iteration, warm-up and all.
                 let warmup = u64::from(
                     u.summary
@@ -188,10 +205,30 @@ impl MetricsState {
                     observe(self.histograms.entry(*rank).or_default(), p);
                 }
                 self.view.apply((*u).clone());
+                if !u.ranks.is_empty() {
+                    self.forget_gone_ranks();
+                }
                 self.fold_nodes();
             }
             FeedMessage::End => self.ended = true,
         }
+    }
+
+    /// Counts one straggler window, once.
+    fn hold(&mut self, w: &StragglerWindow) {
+        if self.held_upto.is_some_and(|upto| w.first_iter <= upto) {
+            return;
+        }
+        self.held_upto = Some(w.first_iter);
+        *self.held.entry((w.rank, w.node.clone())).or_default() += w.held_seconds;
+    }
+
+    /// Drops the figures of ranks the model no longer has, and of a rank's former node.
+    fn forget_gone_ranks(&mut self) {
+        let ranks = &self.view.ranks;
+        self.histograms.retain(|rank, _| ranks.contains_key(rank));
+        self.held
+            .retain(|(rank, node), _| ranks.get(rank).is_some_and(|r| &r.node == node));
     }
 
     fn fold_nodes(&mut self) {
@@ -204,31 +241,65 @@ impl MetricsState {
     }
 }
 
+/// Counts an iteration once: a snapshot after a resync repeats those already counted.
 fn observe(h: &mut Histogram, p: &IterationParts) {
+    if h.last_iter.is_some_and(|last| p.iter <= last) {
+        return;
+    }
+    h.last_iter = Some(p.iter);
     h.observe(p.wall_ns() as f64 / 1e9);
+}
+
+/// How often the fold looks whether its server was dropped.
+const FOLD_STOP_POLL: Duration = Duration::from_millis(500);
+
+/// Folds `hub`'s messages into `state` on a thread of its own until the run ends or `stop`
+/// is raised; subscribes again (a fresh snapshot, counted in [`MetricsState::resyncs`]) when
+/// the hub drops it for falling behind.
+fn spawn_fold(
+    hub: Arc<FeedHub>,
+    state: Arc<Mutex<MetricsState>>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    let mut rx = hub.subscribe(SUBSCRIBER_QUEUE);
+    std::thread::Builder::new()
+        .name("stallscope-metrics-fold".into())
+        .spawn(move || loop {
+            match rx.recv_timeout(FOLD_STOP_POLL) {
+                Ok(msg) => {
+                    let end = matches!(msg, FeedMessage::End);
+                    if let Ok(mut s) = state.lock() {
+                        s.fold(msg);
+                    }
+                    if end {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) if !stop.load(Ordering::Acquire) => {}
+                Err(RecvTimeoutError::Disconnected) if !stop.load(Ordering::Acquire) => {
+                    if let Ok(mut s) = state.lock() {
+                        s.resyncs += 1;
+                    }
+                    rx = hub.subscribe(SUBSCRIBER_QUEUE);
+                }
+                Err(_) => return,
+            }
+        })
+        .map(drop)
 }
 
 /// Serves `/metrics` on `addr` from the model `hub` publishes, on threads of its own, until
 /// the returned server is dropped.
-pub fn serve(addr: SocketAddr, hub: &FeedHub) -> Result<MetricsServer, MetricsError> {
+pub fn serve(addr: SocketAddr, hub: &Arc<FeedHub>) -> Result<MetricsServer, MetricsError> {
     let state = Arc::new(Mutex::new(MetricsState::default()));
-    let rx = hub.subscribe(stallscope_analysis::view::hub::SUBSCRIBER_QUEUE);
-    let folder = state.clone();
-    std::thread::Builder::new()
-        .name("stallscope-metrics-fold".into())
-        .spawn(move || {
-            while let Ok(msg) = rx.recv() {
-                let end = matches!(msg, FeedMessage::End);
-                if let Ok(mut s) = folder.lock() {
-                    s.fold(msg);
-                }
-                if end {
-                    break;
-                }
-            }
-        })
-        .map_err(MetricsError::Thread)?;
-    http::start(addr, state)
+    let stop = Arc::new(AtomicBool::new(false));
+    spawn_fold(hub.clone(), state.clone(), stop.clone()).map_err(MetricsError::Thread)?;
+    let mut server = http::start(addr, state);
+    match &mut server {
+        Ok(server) => server.stop_fold = Some(stop),
+        Err(_) => stop.store(true, Ordering::Release),
+    }
+    server
 }
 
 #[cfg(test)]
@@ -237,7 +308,7 @@ mod tests;
 /// Serves `/metrics` when `--metrics` was given (`flag` is its value), saying where on stderr.
 pub fn serve_flag(
     flag: Option<&str>,
-    hub: &FeedHub,
+    hub: &Arc<FeedHub>,
 ) -> Result<Option<MetricsServer>, MetricsError> {
     let Some(flag) = flag else { return Ok(None) };
     let server = serve(parse_address(flag)?, hub)?;

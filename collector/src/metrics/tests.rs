@@ -248,3 +248,83 @@ fn nic_bytes_are_per_interface_where_the_node_counted_them() {
         "one family"
     );
 }
+
+/// Issue 30, item 12: a fold dropped by the hub (its queue full while a scrape held the
+/// state) subscribes again and serves the model as it is now, saying it resynced; before, it
+/// served the model it had when dropped for ever.
+#[test]
+fn a_fold_dropped_by_the_hub_starts_again_from_a_snapshot() {
+    use stallscope_analysis::view::hub::{FeedHub, SUBSCRIBER_QUEUE};
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+    let hub = Arc::new(FeedHub::default());
+    let state = Arc::new(Mutex::new(MetricsState::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    spawn_fold(hub.clone(), state.clone(), stop.clone()).unwrap();
+    let mut view = model();
+    {
+        let _scrape = state.lock().unwrap(); // the fold waits on it
+        for _ in 0..2 * SUBSCRIBER_QUEUE {
+            hub.publish(&view, ViewUpdate::default());
+        }
+    }
+    view.name = "after".into();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        hub.publish(&view, ViewUpdate::default());
+        let s = state.lock().unwrap();
+        if s.view.name == "after" {
+            assert_eq!(s.resyncs, 1);
+            let text = expose::render_with(&s, None);
+            assert!(
+                text.contains("stallscope_feed_resyncs_total{job=\"after\"} 1"),
+                "{text}"
+            );
+            // The snapshot's iterations were counted before: not again.
+            assert_eq!(s.histograms[&0].count(), 3);
+            break;
+        }
+        drop(s);
+        assert!(
+            Instant::now() < deadline,
+            "still the model from before the drop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// Issue 30, item 12: a rank that moved to another node (a restarted process given the rank)
+/// leaves no series under its former node, and a rank gone from the model none at all.
+#[test]
+fn a_rank_that_moves_leaves_no_series_behind() {
+    use stallscope_analysis::crossnode::StragglerWindow;
+    let mut state = MetricsState::default();
+    let mut view = model();
+    view.stragglers.push_back(StragglerWindow {
+        rank: 0,
+        node: "a\"b".into(),
+        first_iter: 10,
+        last_iter: 19,
+        held_seconds: 1.5,
+        others_wait_fraction: 0.3,
+    });
+    state.fold(FeedMessage::Snapshot(Arc::new(view.clone())));
+    assert!(expose::render_with(&state, None).contains(
+        "stallscope_straggler_held_seconds_total{job=\"train\",node=\"a\\\"b\",rank=\"0\"} 1.5"
+    ));
+    let mut moved = view.ranks[&0].clone();
+    moved.node = "c".into();
+    state.fold(FeedMessage::Update(Arc::new(ViewUpdate {
+        ranks: vec![moved],
+        ..ViewUpdate::default()
+    })));
+    let text = expose::render_with(&state, None);
+    assert!(
+        !text.contains("node=\"a\\\"b\",rank=\"0\"}"),
+        "a series under the former node: {text}"
+    );
+    view.ranks.clear();
+    state.fold(FeedMessage::Snapshot(Arc::new(view)));
+    assert!(state.histograms.is_empty() && state.held.is_empty());
+}

@@ -9,9 +9,10 @@
 //! Before a peer is welcomed it is a stranger: it is sent a fresh nonce and must answer with a
 //! Hello proving it holds the token (HMAC of the nonce, [`wire::prove`]), so the token never
 //! crosses the network; its messages may be at most [`wire::MAX_PREAUTH`] bytes, so it cannot
-//! make the collector allocate more; and at most [`MAX_STRANGERS`] are served at once: more are
-//! closed as they come, so a flood of idle connections cannot starve the real agents (each
-//! stranger has [`ServerConfig::handshake_timeout`] to become an agent).
+//! make the collector allocate more; and at most [`MAX_STRANGERS`] are served at once, at most
+//! [`MAX_STRANGERS_PER_ADDRESS`] from one address, the oldest of the busiest address closed
+//! to make room for a newcomer ([`strangers`]), so a flood of idle connections cannot starve
+//! the real agents (each stranger has [`ServerConfig::handshake_timeout`] to become an agent).
 //!
 //! With [`ServerConfig::tls`] every connection first does a TLS handshake and the protocol
 //! runs inside it ([`crate::tls`]). The TLS handshake is part of the stranger's time: it
@@ -27,7 +28,9 @@ use std::time::Duration;
 
 use stallscope_analysis::frame::{Frame, NodeClock, NodeMeta};
 use stallscope_analysis::marker::MAX_META_VALUE;
-use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, WireError, PROTOCOL_VERSION};
+use stallscope_analysis::wire::{
+    self, AgentMsg, CollectorMsg, Hello, Role, WireError, PROTOCOL_VERSION,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -37,16 +40,16 @@ use std::sync::mpsc::TryRecvError;
 
 use crate::clock::{ClockEstimator, BUCKET};
 
+mod strangers;
 mod viewer;
 use crate::monotonic_ns;
+use strangers::{StrangerPass, Strangers};
+pub use strangers::{MAX_STRANGERS, MAX_STRANGERS_PER_ADDRESS};
 use viewer::watch;
 
 /// How long the server waits after a failed accept (no file descriptor left) before it tries
 /// again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-
-/// Connections not welcomed yet served at once; more are closed as they come.
-pub const MAX_STRANGERS: usize = 64;
 
 /// How the server behaves.
 #[derive(Clone, Debug)]
@@ -218,7 +221,11 @@ fn check_hello(
                 "this collector requires a token: give the agent --token-file".into(),
             ));
         }
-        if !wire::verify(expected, nonce, &hello.proof) {
+        let role = match peer {
+            Peer::Agent => Role::Agent,
+            Peer::Viewer => Role::Viewer,
+        };
+        if !wire::verify(expected, role, nonce, &hello.proof) {
             return Err(ConnError::Refused(
                 "wrong token: the agent's --token-file does not match the collector's".into(),
             ));
@@ -247,7 +254,7 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let config = Arc::new(config);
-    let strangers = Arc::new(tokio::sync::Semaphore::new(MAX_STRANGERS));
+    let strangers = Arc::new(Strangers::default());
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -260,9 +267,16 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let Ok(stranger) = strangers.clone().try_acquire_owned() else {
-                    drop(stream); // as many strangers as it serves: closed at once
-                    continue;
+                let stranger = match strangers.admit(peer.ip()) {
+                    Ok(pass) => pass,
+                    Err(reason) => {
+                        // Said in the clear only to a plain peer; a TLS one sees the close.
+                        if config.tls.is_none() {
+                            let _ = stream.try_write(&wire::encode(&CollectorMsg::Refused { reason }));
+                        }
+                        drop(stream);
+                        continue;
+                    }
                 };
                 let _ = stream.set_nodelay(true);
                 let (config, tx, shutdown) = (config.clone(), tx.clone(), shutdown.clone());
@@ -281,7 +295,7 @@ async fn connection(
     config: Arc<ServerConfig>,
     tx: mpsc::Sender<Ingest>,
     shutdown: watch::Receiver<bool>,
-    stranger: tokio::sync::OwnedSemaphorePermit,
+    mut stranger: StrangerPass,
 ) {
     // One deadline for the whole stranger's time: the TLS handshake, the Hello and the
     // first clock exchanges.
@@ -292,7 +306,11 @@ async fn connection(
         return converse(r, w, peer, deadline, config, tx, shutdown, stranger).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let reason = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => accepted,
+        _ = stranger.evicted() => return,
+    };
+    let reason = match accepted {
         Ok(Ok(stream)) => {
             let (r, w) = tokio::io::split(stream);
             let r = BufReader::with_capacity(64 * 1024, r);
@@ -322,21 +340,24 @@ async fn converse<R, W>(
     config: Arc<ServerConfig>,
     tx: mpsc::Sender<Ingest>,
     shutdown: watch::Receiver<bool>,
-    stranger: tokio::sync::OwnedSemaphorePermit,
+    mut stranger: StrangerPass,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let mut node = None;
     let result = async {
-        let (hello, who, clock) =
-            tokio::time::timeout_at(deadline, handshake(&mut r, &mut w, &config))
-                .await
-                .map_err(|_| {
-                    ConnError::Refused(
-                        "no Hello and clock answers within the handshake time".into(),
-                    )
-                })??;
+        let shaken = tokio::select! {
+            shaken = tokio::time::timeout_at(deadline, handshake(&mut r, &mut w, &config)) => shaken,
+            _ = stranger.evicted() => {
+                let reason = strangers::EVICTED.to_string();
+                let _ = send(&mut w, &CollectorMsg::Refused { reason: reason.clone() }).await;
+                return Err(ConnError::Refused(reason));
+            }
+        };
+        let (hello, who, clock) = shaken.map_err(|_| {
+            ConnError::Refused("no Hello and clock answers within the handshake time".into())
+        })??;
         drop(stranger);
         send(
             &mut w,
@@ -630,7 +651,7 @@ mod tests {
         assert_eq!(nonce.len(), wire::NONCE_BYTES);
         Hello {
             protocol: PROTOCOL_VERSION,
-            proof: wire::prove(token, &nonce),
+            proof: wire::prove(token, Role::Agent, &nonce),
             node: "node-a".into(),
             agent_version: "test".into(),
         }
@@ -712,6 +733,35 @@ mod tests {
         assert!(serving.await.unwrap().is_err());
     }
 
+    /// Issue 30, item 12: a viewer's proof relayed in an agent's Hello is a wrong token, and
+    /// an agent of the protocol before the proofs named their role is told to upgrade.
+    #[test]
+    fn a_viewers_proof_does_not_admit_an_agent_and_an_old_agent_is_told_why() {
+        let nonce = [5u8; wire::NONCE_BYTES];
+        let hello = |protocol, role| Hello {
+            protocol,
+            proof: wire::prove("secret", role, &nonce),
+            node: "node-a".into(),
+            agent_version: "test".into(),
+        };
+        let check = |msg: AgentMsg| {
+            let bytes = wire::encode(&msg);
+            check_hello(&bytes[4..], Some("secret"), &nonce).map(|(_, peer)| peer)
+        };
+        let relayed = check(AgentMsg::Hello(hello(PROTOCOL_VERSION, Role::Viewer)));
+        assert!(
+            matches!(&relayed, Err(ConnError::Refused(r)) if r.contains("wrong token")),
+            "{relayed:?}"
+        );
+        let viewer = check(AgentMsg::Watch(hello(PROTOCOL_VERSION, Role::Viewer)));
+        assert!(matches!(viewer, Ok(Peer::Viewer)), "{viewer:?}");
+        let old = check(AgentMsg::Hello(hello(7, Role::Agent)));
+        assert!(
+            matches!(&old, Err(ConnError::Refused(r)) if r.contains("protocol version 7, this collector speaks 8: run the same stallscope version")),
+            "{old:?}"
+        );
+    }
+
     /// Issue 17, item 3: a stranger's message over 4 KiB is refused from its length prefix,
     /// before anything is allocated for it (the prefix announces 1 MiB; nothing follows).
     #[tokio::test]
@@ -732,8 +782,31 @@ mod tests {
         assert!(serving.await.unwrap().is_err());
     }
 
-    /// Issue 17, item 3: strangers beyond [`MAX_STRANGERS`] are closed at once, and an agent
-    /// that comes once they time out is served; the token never crosses the wire.
+    /// A connection to `addr` from 127.0.0.`host` (all of 127/8 is loopback on Linux).
+    async fn connect_from(host: u8, addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::from(([127, 0, 0, host], 0)))
+            .unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    /// The first message on a connection, if one comes within 10 s.
+    async fn first_msg(r: &mut (impl AsyncRead + Unpin)) -> Option<CollectorMsg> {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let mut buf = Vec::new();
+            read_payload(r, &mut buf).await.ok()?;
+            wire::decode::<CollectorMsg>(&buf).ok()
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// Issue 30, item 5 (and issue 17, item 3): idle connections, more than the collector
+    /// serves, from one address and from several, reopened as they close, do not keep an agent
+    /// from another address out while they are held; the address over its limit is told why;
+    /// the token never crosses the wire.
     #[tokio::test]
     async fn idle_strangers_cannot_keep_an_agent_out() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -742,45 +815,57 @@ mod tests {
         let (_stop, shutdown) = watch::channel(false);
         let config = ServerConfig {
             sync_exchanges: 1,
-            handshake_timeout: Duration::from_secs(2),
+            // Longer than the test: the idle ones are held all through it.
+            handshake_timeout: Duration::from_secs(120),
             ..config()
         };
         tokio::spawn(serve(listener, config, tx, shutdown));
+        // One address: its first connections are challenged, the rest refused with why.
         let mut idle = Vec::new();
-        for _ in 0..MAX_STRANGERS {
-            let mut s = TcpStream::connect(addr).await.unwrap();
-            let _ = read_msg(&mut s).await; // each is challenged, and says nothing
+        for i in 0..2 * MAX_STRANGERS_PER_ADDRESS {
+            let mut s = connect_from(1, addr).await;
+            match first_msg(&mut s).await {
+                Some(CollectorMsg::Challenge { .. }) if i < MAX_STRANGERS_PER_ADDRESS => {}
+                Some(CollectorMsg::Refused { reason }) if i >= MAX_STRANGERS_PER_ADDRESS => {
+                    assert!(reason.contains("its limit per address"), "{reason}")
+                }
+                other => panic!("connection {i}: {other:?}"),
+            }
             idle.push(s);
         }
-        // One more stranger: closed at once, unchallenged.
-        let mut extra = TcpStream::connect(addr).await.unwrap();
-        let mut byte = [0u8; 1];
-        let n = tokio::time::timeout(Duration::from_secs(1), extra.read(&mut byte))
-            .await
-            .expect("closed at once, not left waiting")
-            .unwrap_or(0);
-        assert_eq!(n, 0, "closed");
-        // Once the idle ones time out (2 s), an agent is served (tried for up to 30 s, so a
-        // loaded machine's slower timers do not fail the test).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let (mut r, mut w, nonce) = loop {
-            assert!(tokio::time::Instant::now() < deadline, "never served");
-            let s = TcpStream::connect(addr).await.unwrap();
-            let (mut r, w) = s.into_split();
-            let first = tokio::time::timeout(Duration::from_secs(1), async {
-                let mut buf = Vec::new();
-                read_payload(&mut r, &mut buf).await.ok()?;
-                wire::decode::<CollectorMsg>(&buf).ok()
-            })
-            .await;
-            if let Ok(Some(CollectorMsg::Challenge { nonce })) = first {
-                break (r, w, nonce);
+        // Nine more addresses at their limit: more than the collector serves, each newcomer
+        // making room by closing the oldest of the busiest address; those closed come back.
+        let reopening = tokio::spawn(async move {
+            let mut held = Vec::new();
+            for host in 10..19u8 {
+                for _ in 0..MAX_STRANGERS_PER_ADDRESS {
+                    held.push((host, connect_from(host, addr).await));
+                }
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            loop {
+                for (host, s) in held.iter_mut() {
+                    let mut byte = [0u8; 256];
+                    let closed = matches!(
+                        tokio::time::timeout(Duration::from_millis(1), s.read(&mut byte)).await,
+                        Ok(Ok(0)) | Ok(Err(_))
+                    );
+                    if closed {
+                        *s = connect_from(*host, addr).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // An agent from another address is served while all that is held.
+        let s = connect_from(2, addr).await;
+        let (mut r, mut w) = s.into_split();
+        let Some(CollectorMsg::Challenge { nonce }) = first_msg(&mut r).await else {
+            panic!("the agent was kept out")
         };
         let hello = AgentMsg::Hello(Hello {
             protocol: PROTOCOL_VERSION,
-            proof: wire::prove("secret", &nonce),
+            proof: wire::prove("secret", Role::Agent, &nonce),
             node: "node-a".into(),
             agent_version: "test".into(),
         });
@@ -809,6 +894,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(up, "node-a");
+        reopening.abort();
         drop(idle);
     }
 
@@ -957,6 +1043,33 @@ mod tests {
                     && r.contains("--tls-ca")),
             "{refused:?}"
         );
+    }
+
+    /// Issue 30, item 12: a viewer that stops reading is dropped after the write timeout, not
+    /// waited on for ever (its pipe holds 64 KiB; the snapshot is 2 MiB).
+    #[tokio::test]
+    async fn a_viewer_that_stops_reading_is_dropped() {
+        let hub = Arc::new(FeedHub::default());
+        let (server, viewer) = duplex(64 * 1024);
+        let (_, sw) = split(server);
+        let (_stop, shutdown) = watch::channel(false);
+        let serving = {
+            let hub = hub.clone();
+            tokio::spawn(async move { watch(sw, &hub, shutdown).await })
+        };
+        while hub.subscribers() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        hub.publish(&JobView::new(&"x".repeat(2 << 20)), ViewUpdate::default());
+        let ended = tokio::time::timeout(Duration::from_secs(60), serving)
+            .await
+            .expect("the stuck viewer is dropped, not waited on")
+            .unwrap();
+        let Err(ConnError::Refused(reason)) = ended else {
+            panic!("{ended:?}")
+        };
+        assert!(reason.contains("read nothing"), "{reason}");
+        drop(viewer);
     }
 
     #[tokio::test]

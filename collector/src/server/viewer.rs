@@ -1,10 +1,18 @@
 //! A viewer's connection: after its Watch and the Welcome, the job's live model as the feed
 //! socket's JSON lines, each in parts small enough for one message.
+//!
+//! A viewer that stops reading (a stopped `stallscope feed | less`, a dead host without a
+//! reset) must not hold its task, its socket and its subscription for ever: a part not written
+//! within [`VIEWER_WRITE_TIMEOUT`] ends the connection, as the feed socket's 2 s write timeout
+//! does on a node.
 
 use super::*;
 
 /// Between two looks at a viewer's queue of feed messages.
 const WATCH_POLL: Duration = Duration::from_millis(50);
+
+/// How long one feed part may wait to be written to a viewer before the viewer is dropped.
+pub(super) const VIEWER_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A viewer: the live model's feed lines, in parts, until the job ends or the viewer falls
 /// behind (the hub drops it) or goes away.
@@ -25,7 +33,14 @@ pub(super) async fn watch<W: AsyncWrite + Unpin>(
                         part: part.to_vec(),
                         last,
                     };
-                    send(&mut w, &msg).await?;
+                    tokio::time::timeout(VIEWER_WRITE_TIMEOUT, send(&mut w, &msg))
+                        .await
+                        .map_err(|_| {
+                            ConnError::Refused(format!(
+                                "the viewer read nothing for {} s and was dropped",
+                                VIEWER_WRITE_TIMEOUT.as_secs()
+                            ))
+                        })??;
                 }
                 if matches!(msg, FeedMessage::End) {
                     return Ok(());

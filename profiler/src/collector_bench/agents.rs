@@ -226,7 +226,7 @@ impl Conn {
                 CollectorMsg::Challenge { nonce } => {
                     let hello = AgentMsg::Hello(Hello {
                         protocol: PROTOCOL_VERSION,
-                        proof: wire::prove(&self.token, &nonce),
+                        proof: wire::prove(&self.token, wire::Role::Agent, &nonce),
                         node: self.node.clone(),
                         agent_version: env!("CARGO_PKG_VERSION").into(),
                     });
