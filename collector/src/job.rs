@@ -18,7 +18,7 @@ use stallscope_analysis::summary::Summary;
 use stallscope_analysis::view::hub::FeedHub;
 use tokio::sync::{broadcast, mpsc, watch};
 
-use crate::feed::JobUpdate;
+use crate::events::JobEvent;
 use crate::monotonic_ns;
 use crate::profile::ProfileWriter;
 use crate::server::Ingest;
@@ -29,7 +29,7 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// The job task's state.
 pub struct JobTask {
     journal: Journal,
-    feed: broadcast::Sender<JobUpdate>,
+    feed: broadcast::Sender<JobEvent>,
     hub: Arc<FeedHub>,
     /// Per connection (by the address of its ack cell), the cell and the highest sequence
     /// number written since the last flush.
@@ -44,7 +44,7 @@ impl JobTask {
         writer: ProfileWriter,
         header: RunHeader,
         name: &str,
-        feed: broadcast::Sender<JobUpdate>,
+        feed: broadcast::Sender<JobEvent>,
         hub: Arc<FeedHub>,
     ) -> JobTask {
         JobTask {
@@ -60,20 +60,19 @@ impl JobTask {
         self.journal.emit(frame);
     }
 
-    fn publish(&self, u: JobUpdate) {
+    fn publish(&self, u: JobEvent) {
         let _ = self.feed.send(u);
     }
 
     /// Takes one message from a connection.
     pub fn on_ingest(&mut self, msg: Ingest) {
         match msg {
-            Ingest::NodeUp { node, peer } => self.publish(JobUpdate::NodeUp { node, peer }),
+            Ingest::NodeUp { node, peer } => self.publish(JobEvent::NodeUp { node, peer }),
             Ingest::NodeDown { node, peer, reason } => {
-                self.publish(JobUpdate::NodeDown { node, peer, reason })
+                self.publish(JobEvent::NodeDown { node, peer, reason })
             }
             Ingest::Clock(c) => {
-                self.emit(Frame::NodeClock(c.clone()));
-                self.publish(JobUpdate::Clock(c));
+                self.emit(Frame::NodeClock(c));
             }
             Ingest::Record { seq, frame, ack } => {
                 let update = if let Some(it) = frame.node_iteration() {
@@ -84,7 +83,7 @@ impl JobTask {
                         .clocks
                         .get(&it.node)
                         .map_or(it.breakdown.end_ns, |c| c.to_collector(it.breakdown.end_ns));
-                    Some(JobUpdate::Iteration {
+                    Some(JobEvent::Iteration {
                         node: it.node.clone(),
                         rank: it.breakdown.rank,
                         iter: it.breakdown.iter,
@@ -97,7 +96,7 @@ impl JobTask {
                     })
                 } else if let Frame::NodeHealth(h) = &frame {
                     let before = self.dropped.insert(h.node.clone(), h.records_dropped);
-                    (before.unwrap_or(0) != h.records_dropped).then(|| JobUpdate::Dropped {
+                    (before.unwrap_or(0) != h.records_dropped).then(|| JobEvent::Dropped {
                         node: h.node.clone(),
                         records: h.records_dropped,
                     })
@@ -120,15 +119,12 @@ impl JobTask {
 
     /// Joins what is ready, flushes, acknowledges, publishes the model.
     pub fn tick(&mut self, finishing: bool) {
-        let joined = self.journal.attribute(monotonic_ns(), finishing);
+        self.journal.attribute(monotonic_ns(), finishing);
         self.journal.flush();
         if self.journal.is_writing() {
             for (_, (ack, seq)) in self.unflushed.drain() {
                 ack.store(seq, Ordering::Release);
             }
-        }
-        if !joined.is_empty() {
-            self.publish(JobUpdate::Joined(joined));
         }
         let update = self.journal.take_update();
         self.hub.publish(self.journal.view(), update);

@@ -3,7 +3,7 @@
 //! iterations, writes the job profile and publishes live updates.
 
 pub mod clock;
-pub mod feed;
+pub mod events;
 pub mod job;
 pub mod metrics;
 pub mod profile;

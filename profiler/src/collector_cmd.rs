@@ -14,7 +14,7 @@ use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::summary::{render_text, Summary};
 use stallscope_analysis::view::hub::{FeedHub, FeedMessage, SUBSCRIBER_QUEUE};
 use stallscope_analysis::view::JobView;
-use stallscope_collector::feed::{JobUpdate, FEED_CAPACITY};
+use stallscope_collector::events::{JobEvent, EVENTS_CAPACITY};
 use stallscope_collector::job::{self, JobTask};
 use stallscope_collector::profile::ProfileWriter;
 use stallscope_collector::server::{self, ServerConfig};
@@ -45,12 +45,12 @@ pub fn listen_addr(listen: &str, has_token: bool) -> anyhow::Result<SocketAddr> 
     Ok(addr)
 }
 
-fn say(update: &JobUpdate) {
+fn say(update: &JobEvent) {
     match update {
-        JobUpdate::NodeUp { node, peer } => {
+        JobEvent::NodeUp { node, peer } => {
             eprintln!("stallscope collector: node {node} joined from {peer}")
         }
-        JobUpdate::NodeDown {
+        JobEvent::NodeDown {
             node,
             peer,
             reason: Some(why),
@@ -58,12 +58,12 @@ fn say(update: &JobUpdate) {
             "stallscope collector: refused {} ({peer}): {why}",
             node.as_deref().unwrap_or("an agent")
         ),
-        JobUpdate::NodeDown {
+        JobEvent::NodeDown {
             node: Some(node),
             reason: None,
             ..
         } => eprintln!("stallscope collector: node {node} left"),
-        JobUpdate::Dropped { node, records } => eprintln!(
+        JobEvent::Dropped { node, records } => eprintln!(
             "stallscope collector: node {node} dropped {records} records while the collector was away (its buffer was full)"
         ),
         _ => {}
@@ -71,7 +71,7 @@ fn say(update: &JobUpdate) {
 }
 
 /// Says what happens to agents as it happens.
-async fn print_events(mut feed: broadcast::Receiver<JobUpdate>) {
+async fn print_events(mut feed: broadcast::Receiver<JobEvent>) {
     loop {
         match feed.recv().await {
             Ok(u) => say(&u),
@@ -143,7 +143,7 @@ async fn shutdown_signal() {
 /// `stallscope collector-bench` both start exactly this, so the benchmark measures the code a
 /// user runs.
 pub(crate) struct Collector {
-    feed: broadcast::Sender<JobUpdate>,
+    feed: broadcast::Sender<JobEvent>,
     stop: watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
     job: tokio::task::JoinHandle<(Summary, Option<String>)>,
@@ -161,7 +161,7 @@ impl Collector {
         (name, hub): (&str, Arc<FeedHub>),
         quiet: bool,
     ) -> Collector {
-        let (feed, feed_rx) = broadcast::channel(FEED_CAPACITY);
+        let (feed, feed_rx) = broadcast::channel(EVENTS_CAPACITY);
         let (stop, stop_rx) = watch::channel(false);
         let (tx, rx) = mpsc::channel(INGEST_QUEUE);
         let server = tokio::spawn(server::serve(listener, config, tx, stop_rx.clone()));
@@ -184,7 +184,7 @@ impl Collector {
     }
 
     /// A new subscriber to the live feed.
-    pub(crate) fn subscribe(&self) -> broadcast::Receiver<JobUpdate> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<JobEvent> {
         self.feed.subscribe()
     }
 

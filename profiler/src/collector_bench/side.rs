@@ -4,7 +4,7 @@
 //! It starts the real collector ([`Collector::start`], as `stallscope collector` does: the
 //! ingest server with a token, the job task writing a job profile, the live feed and its
 //! printer) on loopback, plus one more live-feed subscriber that measures each
-//! [`JobUpdate::Iteration`]'s latency: the time it is received minus the iteration's end
+//! [`JobEvent::Iteration`]'s latency: the time it is received minus the iteration's end
 //! (already on the collector's clock), which the simulated agent stamped when it scheduled the
 //! record.
 //!
@@ -19,7 +19,7 @@ use std::time::Instant;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use stallscope_analysis::frame::RunHeader;
-use stallscope_collector::feed::JobUpdate;
+use stallscope_collector::events::JobEvent;
 use stallscope_collector::monotonic_ns;
 use stallscope_collector::profile::ProfileWriter;
 use stallscope_collector::server::ServerConfig;
@@ -103,10 +103,10 @@ fn status_mib(field: &str) -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-async fn measure(mut feed: broadcast::Receiver<JobUpdate>, probe: Arc<Mutex<Probe>>) {
+async fn measure(mut feed: broadcast::Receiver<JobEvent>, probe: Arc<Mutex<Probe>>) {
     loop {
         match feed.recv().await {
-            Ok(JobUpdate::Iteration { end_ns, .. }) => {
+            Ok(JobEvent::Iteration { end_ns, .. }) => {
                 let us = monotonic_ns().saturating_sub(end_ns) / 1000;
                 let mut p = probe.lock().unwrap_or_else(|e| e.into_inner());
                 p.totals.frames += 1;

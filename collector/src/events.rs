@@ -1,20 +1,20 @@
-//! The live feed: what the collector learns, as it learns it, for the terminal status, the
-//! dashboard and `/metrics`. An in-process broadcast; a subscriber that falls behind misses
-//! updates (it is told how many) rather than slowing the collector.
+//! The collector's events: agents joining and leaving, records dropped, iterations arriving —
+//! what the collector's terminal says as it happens, and what its load benchmark times. An
+//! in-process broadcast; a subscriber that falls behind misses events (it is told how many)
+//! rather than slowing the collector. (The live job model every view renders is the feed:
+//! `analysis::view`'s `FeedHub`.)
 
 use std::net::SocketAddr;
 
-use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::category::Split;
-use stallscope_analysis::frame::NodeClock;
 use stallscope_analysis::Nanos;
 
-/// Updates kept for a slow subscriber before it starts missing them.
-pub const FEED_CAPACITY: usize = 65_536;
+/// Events kept for a slow subscriber before it starts missing them.
+pub const EVENTS_CAPACITY: usize = 65_536;
 
 /// One thing the collector learned.
 #[derive(Clone, Debug)]
-pub enum JobUpdate {
+pub enum JobEvent {
     /// An agent was welcomed.
     NodeUp {
         /// Its node name.
@@ -31,8 +31,6 @@ pub enum JobUpdate {
         /// Why, when not a clean goodbye.
         reason: Option<String>,
     },
-    /// A node's clock estimate changed.
-    Clock(NodeClock),
     /// A rank's iteration arrived from its node (before the cross-node join).
     Iteration {
         /// Its node.
@@ -48,8 +46,6 @@ pub enum JobUpdate {
         /// Share of the iteration the rank's GPU was busy, ppm, when its agent read one.
         gpu_busy_ppm: Option<u32>,
     },
-    /// Iterations joined across nodes, split again.
-    Joined(Vec<IterationBreakdown>),
     /// Records from one node dropped by its agent while the collector was away (new total).
     Dropped {
         /// The node.
