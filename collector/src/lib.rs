@@ -5,7 +5,6 @@
 pub mod clock;
 pub mod events;
 pub mod job;
-pub mod metrics;
 pub mod profile;
 pub mod server;
 pub mod tls;

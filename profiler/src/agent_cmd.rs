@@ -189,7 +189,7 @@ fn recorder_of(
 ) -> anyhow::Result<(
     Recorder,
     Option<feed::FeedSocket>,
-    Option<stallscope_collector::metrics::MetricsServer>,
+    Option<stallscope_metrics::MetricsServer>,
 )> {
     // The node's name (--node) names it in the live model and its views.
     let header = RunHeader {
@@ -198,7 +198,7 @@ fn recorder_of(
         ..header(&[], args.rate, 0)
     };
     let hub = Arc::new(FeedHub::default());
-    let metrics = stallscope_collector::metrics::serve_flag(args.metrics.as_deref(), &hub)?;
+    let metrics = stallscope_metrics::serve_flag(args.metrics.as_deref(), &hub)?;
     let feed_socket = feed::open(hub.clone(), "agent.feed");
     let recorder = Recorder::new(None, header, "", Box::new(Stderr), false)
         .with_tap(shipping_tap(shipper.clone(), listener.clone()))

@@ -289,7 +289,7 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
             tls,
             ..ServerConfig::default()
         };
-        let _metrics = stallscope_collector::metrics::serve_flag(args.metrics.as_deref(), &hub)?;
+        let _metrics = stallscope_metrics::serve_flag(args.metrics.as_deref(), &hub)?;
         let _feed_socket = stallscope_agent::node::feed::open(
             hub.clone(),
             &format!("collector-{}.feed", addr.port()),

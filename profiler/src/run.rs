@@ -335,7 +335,7 @@ fn listen(socket: &Path, inbox: &Inbox) -> Option<MarkerListener> {
 struct Outlets {
     recorder: Recorder,
     feed_socket: Option<feed::FeedSocket>,
-    metrics: Option<stallscope_collector::metrics::MetricsServer>,
+    metrics: Option<stallscope_metrics::MetricsServer>,
     hub: Arc<FeedHub>,
 }
 
@@ -349,7 +349,7 @@ fn recorder_of(args: &RunArgs, writer: ProfileWriter, tui: bool) -> anyhow::Resu
         .clone()
         .unwrap_or_else(|| stallscope_analysis::view::job_name(&header.command));
     let hub = Arc::new(FeedHub::default());
-    let metrics = stallscope_collector::metrics::serve_flag(args.metrics.as_deref(), &hub)?;
+    let metrics = stallscope_metrics::serve_flag(args.metrics.as_deref(), &hub)?;
     let feed_socket = feed::open(hub.clone(), &format!("run-{}.feed", std::process::id()));
     let recorder = Recorder::new(
         Some(Box::new(writer)),

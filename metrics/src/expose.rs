@@ -21,7 +21,7 @@ use prometheus_client::registry::Registry;
 use stallscope_analysis::category::Category;
 use stallscope_analysis::view::{NodeView, RankView};
 
-use super::{MetricsState, NodeTotals, BUCKETS};
+use crate::{MetricsState, NodeTotals, BUCKETS};
 
 /// The `Content-Type` of a scrape in OpenMetrics (what Prometheus asks for).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -27,7 +27,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Semaphore};
 
-use super::{expose, MetricsError, MetricsState};
+use crate::{expose, MetricsError, MetricsState};
 
 /// The first pause after a failed `accept`.
 pub const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(10);
