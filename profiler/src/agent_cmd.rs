@@ -18,7 +18,7 @@ use anyhow::{bail, Context};
 use stallscope_agent::markers::MarkerListener;
 use stallscope_agent::node::feed::{self, FeedHub};
 use stallscope_agent::node::recorder::{Event, Inbox, Recorder, Stderr};
-use stallscope_agent::node::report::{shipping_tap, TrackSenders};
+use stallscope_agent::node::shipping::{shipping_tap, TrackSenders};
 use stallscope_agent::node::{agent_socket, check_rate, header, host_name, NodeInputs, Samplers};
 use stallscope_agent::sampler::ExtraRoots;
 use stallscope_agent::shipper::{Shipper, ShipperConfig};

@@ -8,7 +8,7 @@ pub mod feed;
 pub mod feed_client;
 pub mod gpu_thread;
 pub mod recorder;
-pub mod report;
+pub mod shipping;
 pub mod sweep;
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use stallscope_analysis::view::{
 };
 use stallscope_dashboards::top::{App, Mode, Screen};
 
-use super::live::LiveModel;
+use super::live::FollowedModel;
 use super::screen::{self, Input, Keys, Model, Options};
 
 const RANKS: u32 = 1024;
@@ -251,7 +251,7 @@ fn cpu_at_four_redraws_a_second() {
         })
     };
     let client = FeedClient::connect(socket.path(), Duration::from_secs(30)).expect("attach");
-    let model = LiveModel::follow_client(client).expect("reader");
+    let model = FollowedModel::follow_client(client).expect("reader");
     let watched = model.clone();
     // Wait for the snapshot, so start-up is not counted.
     let started = Instant::now();

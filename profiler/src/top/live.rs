@@ -30,13 +30,14 @@ pub struct Live {
     pub messages: u64,
 }
 
-/// A [`Live`] shared between the folding thread and the dashboard.
+/// A [`Live`] shared between the folding thread and the dashboard: the job model as a client
+/// follows it (the journal's own is `analysis::view::LiveModel`).
 #[derive(Clone)]
-pub struct LiveModel(Arc<Mutex<Live>>);
+pub struct FollowedModel(Arc<Mutex<Live>>);
 
-impl LiveModel {
-    fn new() -> LiveModel {
-        LiveModel(Arc::new(Mutex::new(Live {
+impl FollowedModel {
+    fn new() -> FollowedModel {
+        FollowedModel(Arc::new(Mutex::new(Live {
             view: None,
             status: FeedStatus::Live,
             messages: 0,
@@ -63,8 +64,8 @@ impl LiveModel {
     }
 
     /// Follows a feed socket or a collector's port on a thread of its own.
-    pub fn follow_client(client: FeedClient) -> std::io::Result<LiveModel> {
-        let model = LiveModel::new();
+    pub fn follow_client(client: FeedClient) -> std::io::Result<FollowedModel> {
+        let model = FollowedModel::new();
         let m = model.clone();
         let mut client = client.without_model();
         std::thread::Builder::new()
@@ -95,8 +96,8 @@ impl LiveModel {
     }
 
     /// Follows an in-process feed (`run --tui`) on a thread of its own.
-    pub fn follow_hub(rx: Receiver<FeedMessage>) -> std::io::Result<LiveModel> {
-        let model = LiveModel::new();
+    pub fn follow_hub(rx: Receiver<FeedMessage>) -> std::io::Result<FollowedModel> {
+        let model = FollowedModel::new();
         let m = model.clone();
         std::thread::Builder::new()
             .name("stallscope-top-feed".into())

@@ -25,7 +25,7 @@ use stallscope_analysis::view::replay::Replay;
 use stallscope_collector::profile::read_profile;
 use stallscope_dashboards::top::{App, Mode, ReplayCursor};
 
-use live::LiveModel;
+use live::FollowedModel;
 use screen::{Exit, Model, Options, TerminalKeys};
 
 /// `stallscope top`'s arguments.
@@ -89,7 +89,7 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         &args.tls,
         Duration::from_secs(3600),
     )?;
-    let model = LiveModel::follow_client(client)?;
+    let model = FollowedModel::follow_client(client)?;
     let mut app = App::new(Mode::Live(at.clone()));
     let mut opts = Options {
         fps: args.fps,

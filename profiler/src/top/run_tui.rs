@@ -14,7 +14,7 @@ use std::time::Duration;
 use stallscope_agent::node::feed::{FeedHub, SUBSCRIBER_QUEUE};
 use stallscope_dashboards::top::{App, Mode};
 
-use super::live::LiveModel;
+use super::live::FollowedModel;
 use super::log_tail::LogTail;
 use super::screen::{self, Exit, Model, Options, TerminalKeys};
 use super::{is_terminal, on_terminal};
@@ -86,7 +86,7 @@ impl StderrToLog {
 
 /// Starts the dashboard on the run's feed `hub`, showing the log at `log`.
 pub fn start(hub: &FeedHub, log: &Path, at: String) -> std::io::Result<Dashboard> {
-    let model = LiveModel::follow_hub(hub.subscribe(SUBSCRIBER_QUEUE))?;
+    let model = FollowedModel::follow_hub(hub.subscribe(SUBSCRIBER_QUEUE))?;
     let stop = Arc::new(AtomicBool::new(false));
     let log_file = std::fs::OpenOptions::new().append(true).open(log)?;
     let stderr = Arc::new(StderrToLog::new(&log_file));
@@ -114,7 +114,7 @@ pub fn start(hub: &FeedHub, log: &Path, at: String) -> std::io::Result<Dashboard
 }
 
 fn show(
-    model: LiveModel,
+    model: FollowedModel,
     at: String,
     log: &Path,
     stop: Arc<AtomicBool>,

@@ -14,7 +14,7 @@ use stallscope_analysis::view::replay::{Replay, ReplayCursor};
 use stallscope_analysis::view::JobView;
 use stallscope_dashboards::top::{self, App, Mode, Outcome};
 
-use super::live::{FeedStatus, LiveModel};
+use super::live::{FeedStatus, FollowedModel};
 use super::log_tail::LogTail;
 
 /// What arrives between frames.
@@ -83,7 +83,7 @@ pub enum Model<'a> {
     /// A feed, folded by its own thread; `at` names it in the header.
     Live {
         /// The shared model.
-        model: LiveModel,
+        model: FollowedModel,
         /// The socket or address.
         at: String,
     },
