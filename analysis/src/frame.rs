@@ -210,6 +210,15 @@ pub struct NodeNics {
     pub nics: Vec<NicBytes>,
 }
 
+/// A node's counters since its agent started counting ([`crate::resources::NodeCounters`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeCountersReport {
+    /// The node (set by the collector from the agent's Hello).
+    pub node: String,
+    /// The sums.
+    pub counters: crate::resources::NodeCounters,
+}
+
 /// One NIC's bytes since counting started.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NicBytes {
@@ -276,6 +285,10 @@ pub enum Frame {
     /// workers, DDP buckets), as its node's agent forwarded it (agents of protocol 7 on).
     /// Last, so that profiles written before it still read.
     NodeMeta(NodeMeta),
+    /// What a node's counters moved since its agent started counting (agents of protocol 8
+    /// on), shipped with its resources every 2 s. Last, so that profiles written before it
+    /// still read.
+    NodeCounters(NodeCountersReport),
 }
 
 /// A rank's `key=value` facts (the PyTorch hook's `M` events) of the keys in

@@ -42,3 +42,31 @@ pub struct NodeResources {
     /// bytes/s sent over NVLink, summed.
     pub nvlink_tx_bytes_per_s: Option<f64>,
 }
+
+/// What a node's counters moved since its agent or run started counting: exact sums of the
+/// raw counters' increases, not rates integrated back (an agent ships its latest one-second
+/// reading only every 2 s, so integrating those counted about half of what moved). What
+/// `/metrics` exposes as `_total` counters. A quantity no source measured is `None`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeCounters {
+    /// s of CPU the job's processes used.
+    pub cpu_seconds: Option<f64>,
+    /// s the loops' threads waited in the run queue.
+    pub runq_delay_seconds: Option<f64>,
+    /// bytes received on the NICs (loopback left out).
+    pub nic_rx_bytes: Option<f64>,
+    /// bytes sent on the NICs.
+    pub nic_tx_bytes: Option<f64>,
+    /// bytes read from whole disks.
+    pub disk_read_bytes: Option<f64>,
+    /// bytes written to whole disks.
+    pub disk_write_bytes: Option<f64>,
+    /// bytes the GPUs received over PCIe.
+    pub pcie_rx_bytes: Option<f64>,
+    /// bytes the GPUs sent over PCIe.
+    pub pcie_tx_bytes: Option<f64>,
+    /// bytes the GPUs received over NVLink.
+    pub nvlink_rx_bytes: Option<f64>,
+    /// bytes the GPUs sent over NVLink.
+    pub nvlink_tx_bytes: Option<f64>,
+}

@@ -5,7 +5,10 @@
 //! [`FeedHub`] like any other view and folds every message into its own copy of the
 //! [`JobView`] ([`MetricsState`]). It also keeps what the model itself only keeps as a window:
 //! a cumulative iteration-time histogram per rank (the feed's updates carry every new
-//! iteration) and node counters integrated from the one-second resource rates. The exposition
+//! iteration); the node counters are the model's exact sums of the raw counters' increases
+//! (`NodeView::counters`), integrated from the one-second resource rates only for a node
+//! whose agent predates them (an agent ships its latest reading every 2 s: integrating those
+//! counted about half of what moved). The exposition
 //! ([`expose::render`]) is a pure function of that state, so it is tested on a state built in
 //! the test.
 //!
@@ -28,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stallscope_analysis::crossnode::StragglerWindow;
+use stallscope_analysis::resources::NodeCounters;
 use stallscope_analysis::view::hub::{FeedHub, FeedMessage, SUBSCRIBER_QUEUE};
 use stallscope_analysis::view::{IterationParts, JobView, NodeResources};
 
@@ -99,7 +103,7 @@ impl Histogram {
     }
 }
 
-/// Bytes (or seconds) a node moved, integrated from its one-second resource rates.
+/// Bytes (or seconds) a node moved: its exact counters, or its one-second rates integrated.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeTotals {
     /// ns, the start of the latest reading folded in.
@@ -133,6 +137,20 @@ fn integrate(total: &mut Option<f64>, rate: Option<f64>, seconds: f64) {
 }
 
 impl NodeTotals {
+    /// Takes the node's exact counters in place of what was integrated.
+    pub fn take_exact(&mut self, c: &NodeCounters) {
+        self.nic_rx_bytes = c.nic_rx_bytes;
+        self.nic_tx_bytes = c.nic_tx_bytes;
+        self.disk_read_bytes = c.disk_read_bytes;
+        self.disk_write_bytes = c.disk_write_bytes;
+        self.runq_delay_seconds = c.runq_delay_seconds;
+        self.cpu_seconds = c.cpu_seconds;
+        self.pcie_rx_bytes = c.pcie_rx_bytes;
+        self.pcie_tx_bytes = c.pcie_tx_bytes;
+        self.nvlink_rx_bytes = c.nvlink_rx_bytes;
+        self.nvlink_tx_bytes = c.nvlink_tx_bytes;
+    }
+
     /// Folds in one reading, once.
     pub fn add(&mut self, r: &NodeResources) {
         if r.t_ns <= self.last_t_ns && self.last_t_ns != 0 {
@@ -231,11 +249,16 @@ impl MetricsState {
             .retain(|(rank, node), _| ranks.get(rank).is_some_and(|r| &r.node == node));
     }
 
+    /// The node counters: the model's exact sums where it has them (`NodeView::counters`),
+    /// else (a job profile or an agent from before them) the one-second rates integrated.
     fn fold_nodes(&mut self) {
         for n in self.view.nodes.values() {
             let totals = self.nodes.entry(n.node.clone()).or_default();
             for r in n.history.iter().chain(n.resources.iter()) {
                 totals.add(r);
+            }
+            if let Some(c) = &n.counters {
+                totals.take_exact(c);
             }
         }
     }

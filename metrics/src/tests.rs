@@ -108,7 +108,7 @@ fn a_histogram_counts_every_iteration_once() {
 }
 
 /// The scrape's cost at 1,024 ranks on 128 nodes (docs/BENCHMARKS.md):
-/// `cargo test --release -p stallscope-collector --lib scrape_of_1024_ranks -- --ignored --nocapture`
+/// `cargo test --release -p stallscope-metrics --lib scrape_of_1024_ranks -- --ignored --nocapture`
 #[test]
 #[ignore]
 fn scrape_of_1024_ranks() {
@@ -327,4 +327,46 @@ fn a_rank_that_moves_leaves_no_series_behind() {
     view.ranks.clear();
     state.fold(FeedMessage::Snapshot(Arc::new(view)));
     assert!(state.histograms.is_empty() && state.held.is_empty());
+}
+
+/// Issue 30: a collector's model has a node's latest one-second reading only every 2 s (what
+/// its agent ships), so integrating the readings counted about half the bytes. The node's
+/// exact counters, where the model has them, are what the counters expose.
+#[test]
+fn node_counters_are_the_models_exact_sums_not_integrated_readings() {
+    use stallscope_analysis::resources::{NodeCounters, NodeResources};
+    let mut view = model();
+    let node = view.nodes.values_mut().next().unwrap();
+    let name = node.node.clone();
+    // Two readings of 1 s at 1 MB/s shipped, over 4 s of the node's time.
+    node.history = [0u64, 2]
+        .iter()
+        .map(|s| NodeResources {
+            t_ns: s * 1_000_000_000,
+            dur_ns: 1_000_000_000,
+            nic_rx_bytes_per_s: Some(1e6),
+            ..NodeResources::default()
+        })
+        .collect();
+    node.resources = node.history.back().cloned();
+    let mut integrated = MetricsState::default();
+    integrated.fold(FeedMessage::Snapshot(Arc::new(view.clone())));
+    assert_eq!(
+        integrated.nodes[&name].nic_rx_bytes,
+        Some(2e6),
+        "half of it"
+    );
+
+    view.nodes.get_mut(&name).unwrap().counters = Some(NodeCounters {
+        nic_rx_bytes: Some(4e6),
+        ..NodeCounters::default()
+    });
+    let mut exact = MetricsState::default();
+    exact.fold(FeedMessage::Snapshot(Arc::new(view)));
+    assert_eq!(exact.nodes[&name].nic_rx_bytes, Some(4e6));
+    let text = expose::render_with(&exact, None);
+    assert!(
+        text.contains("stallscope_node_network_bytes_total") && text.contains("4000000"),
+        "{text}"
+    );
 }

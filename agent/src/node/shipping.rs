@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::clock::shift;
 use stallscope_analysis::frame::{
-    CommSpan, Frame, GpuIdentity, NodeGpus, NodeHealth, NodeIteration, NodeMeta, NodeNics,
-    NodeReport, NodeResourcesReport,
+    CommSpan, Frame, GpuIdentity, NodeCountersReport, NodeGpus, NodeHealth, NodeIteration,
+    NodeMeta, NodeNics, NodeReport, NodeResourcesReport,
 };
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::marker::phase;
@@ -110,6 +110,12 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
                     shipper.push(Frame::NodeNics(NodeNics {
                         node: String::new(),
                         nics: n.nics.clone(),
+                    }));
+                }
+                if let Some(c) = view.nodes.values().find_map(|n| n.counters.clone()) {
+                    shipper.push(Frame::NodeCounters(NodeCountersReport {
+                        node: String::new(),
+                        counters: c,
                     }));
                 }
             }

@@ -86,6 +86,13 @@ impl LiveModel {
                     self.dirty_nodes.insert(g.node.clone());
                 }
             }
+            Frame::NodeCounters(c) => {
+                let node = self.node_mut(&c.node);
+                if node.counters.as_ref() != Some(&c.counters) {
+                    node.counters = Some(c.counters.clone());
+                    self.dirty_nodes.insert(c.node.clone());
+                }
+            }
             Frame::NodeNics(n) => {
                 let mut nics = n.nics.clone();
                 nics.sort();
@@ -124,9 +131,12 @@ impl LiveModel {
                     if let Some(node) = self.local_node.clone() {
                         self.resources(&node, reading);
                         let nics = self.meter.nics();
+                        let counters = self.meter.counters();
+                        let n = self.node_mut(&node);
                         if !nics.is_empty() {
-                            self.node_mut(&node).nics = nics;
+                            n.nics = nics;
                         }
+                        n.counters = Some(counters);
                     }
                 }
             }

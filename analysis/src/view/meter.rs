@@ -5,12 +5,13 @@
 //! GPUs moved. The meter folds every sample batch into one-second buckets as it arrives
 //! (counters as deltas between consecutive raw values of the same series, gauges as means),
 //! so it needs no history and replays the same from a profile. It also counts each NIC's bytes
-//! since the start, which `/metrics` exposes per interface.
+//! since the start, which `/metrics` exposes per interface, and every counter's increases
+//! since the start ([`NodeCounters`]), which `/metrics` exposes as its `_total` counters.
 
 use std::collections::HashMap;
 
 use crate::frame::{Frame, NicBytes};
-use crate::resources::NodeResources;
+use crate::resources::{NodeCounters, NodeResources};
 use crate::series::{names, SeriesDecl, SeriesId, SeriesKind, LINK_NIC};
 use crate::Nanos;
 
@@ -94,6 +95,8 @@ pub struct NodeMeter {
     bucket: Bucket,
     /// Bytes per NIC since the first sample, by the order the NICs were declared.
     nics: Vec<NicBytes>,
+    /// Per quantity, the counters' increases since the first sample; `None` until one moved.
+    totals: [Option<f64>; QUANTITIES],
 }
 
 impl NodeMeter {
@@ -140,6 +143,7 @@ impl NodeMeter {
                                 // A counter that went back (a device reset) adds nothing.
                                 let delta = raw.saturating_sub(last);
                                 self.bucket.sum[q] += delta as f64;
+                                *self.totals[q].get_or_insert(0.0) += delta as f64;
                                 self.bucket.count[q] += 1;
                                 if let Some(nic) = f.nic.and_then(|i| self.nics.get_mut(i)) {
                                     match f.quantity {
@@ -194,6 +198,23 @@ impl NodeMeter {
         out
     }
 
+    /// What the node's counters moved since the first sample (exact sums of increases).
+    pub fn counters(&self) -> NodeCounters {
+        let total = |q: Quantity, scale: f64| self.totals[q as usize].map(|t| t * scale);
+        NodeCounters {
+            cpu_seconds: total(Quantity::CpuNs, 1e-9),
+            runq_delay_seconds: total(Quantity::RunqNs, 1e-9),
+            nic_rx_bytes: total(Quantity::NicRx, 1.0),
+            nic_tx_bytes: total(Quantity::NicTx, 1.0),
+            disk_read_bytes: total(Quantity::DiskRead, 1.0),
+            disk_write_bytes: total(Quantity::DiskWrite, 1.0),
+            pcie_rx_bytes: total(Quantity::PcieRx, 1.0),
+            pcie_tx_bytes: total(Quantity::PcieTx, 1.0),
+            nvlink_rx_bytes: total(Quantity::NvlinkRx, 1.0),
+            nvlink_tx_bytes: total(Quantity::NvlinkTx, 1.0),
+        }
+    }
+
     /// The index of NIC `iface` in [`NodeMeter::nics`], added when new (an interface
     /// declared again, by a restarted source, keeps its count).
     fn nic_index(&mut self, iface: &str) -> usize {
@@ -238,5 +259,35 @@ impl NodeMeter {
             nvlink_rx_bytes_per_s: rate(Quantity::NvlinkRx, 1.0),
             nvlink_tx_bytes_per_s: rate(Quantity::NvlinkTx, 1.0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::series::SampleBatch;
+
+    /// The counters are the raw counters' increases summed exactly, whether or not a bucket
+    /// closed; a counter that went back (a reset) adds nothing; an unread quantity is `None`.
+    #[test]
+    fn counters_sum_every_increase_since_the_first_sample() {
+        let mut m = NodeMeter::default();
+        m.ingest(&Frame::Series(SeriesDecl {
+            id: SeriesId(1),
+            name: names::DISK_READ_BYTES.into(),
+            unit: "bytes".into(),
+            kind: SeriesKind::Counter,
+            labels: Vec::new(),
+        }));
+        for (k, raw) in [1_000u64, 1_500, 4_000, 100, 700].into_iter().enumerate() {
+            m.ingest(&Frame::Samples(SampleBatch {
+                t_ns: k as u64 * 300_000_000,
+                dur_ns: 0,
+                values: vec![(SeriesId(1), raw)],
+            }));
+        }
+        let c = m.counters();
+        assert_eq!(c.disk_read_bytes, Some(500.0 + 2_500.0 + 600.0));
+        assert_eq!(c.nic_rx_bytes, None);
     }
 }

@@ -149,6 +149,10 @@ pub struct NodeView {
     /// empty when none was seen or its agent predates them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<crate::frame::NicBytes>,
+    /// What its counters moved since its agent or run started counting (exact sums, what
+    /// `/metrics`' node counters expose); absent when its agent predates them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<crate::resources::NodeCounters>,
 }
 
 impl NodeView {

@@ -342,8 +342,18 @@ fn every_variant() -> Vec<Frame> {
             ("comm_bucket_ready_ms".into(), "0.0:36.8".into()),
         ],
     }));
+    frames.push(Frame::NodeCounters(
+        stallscope_analysis::frame::NodeCountersReport {
+            node: "b".into(),
+            counters: stallscope_analysis::resources::NodeCounters {
+                cpu_seconds: Some(12.5),
+                nic_rx_bytes: Some(1e12),
+                ..Default::default()
+            },
+        },
+    ));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 18];
+    let mut seen = [false; 19];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -364,6 +374,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeGpus(_) => 15,
             Frame::NodeNics(_) => 16,
             Frame::NodeMeta(_) => 17,
+            Frame::NodeCounters(_) => 18,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them.
             Frame::SampleRun(_) => unreachable!("not a frame callers write"),

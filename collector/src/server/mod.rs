@@ -610,6 +610,10 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
             n.node = node.to_string();
             Ok(Frame::NodeNics(n))
         }
+        Frame::NodeCounters(mut c) => {
+            c.node = node.to_string();
+            Ok(Frame::NodeCounters(c))
+        }
         Frame::NodeMeta(mut m) => {
             // Only what the advisor reads, as the hook's wire format bounds it.
             m.node = node.to_string();
