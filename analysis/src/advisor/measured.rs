@@ -317,10 +317,13 @@ impl Measured {
 
 /// One job measured from several run profiles (one per node, each `stallscope run -o`):
 /// the mean iteration over all their iterations, the median of their medians, breakdowns
-/// averaged, the rest from the first. The job's size is the ranks' meta's
+/// averaged, the rest from the first; one profile is itself. The job's size is the ranks' meta's
 /// (`world_size / local_world_size` nodes), else their distinct hosts (at least the most any
 /// one profile was read as): [`shape::settle`]. `None` without profiles.
 pub fn pool(runs: &[Measured]) -> Option<Measured> {
+    if let [one] = runs {
+        return Some(one.clone());
+    }
     let mut m = runs.first()?.clone();
     let n = runs.len() as f64;
     let weight: usize = runs.iter().map(|x| x.iterations).sum();

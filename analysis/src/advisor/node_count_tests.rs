@@ -96,6 +96,8 @@ fn advise_links(m: &Measured, nodes: Vec<u32>) -> AdviceReport {
 fn one_nodes_run_profile_of_a_two_node_job_is_predicted_for_the_whole_job() {
     let m = measure(&run_profile("node0", [0, 1]), 1);
     assert_eq!((m.ranks, m.nodes), (4, 2), "{m:?}");
+    // `stallscope advise` pools what it is given, one profile too.
+    assert_eq!(pool(std::slice::from_ref(&m)).as_ref(), Some(&m));
     let r = advise_links(&m, Vec::new());
     let own = row(&r, "net30", 2);
     assert!(own.current);
