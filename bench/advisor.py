@@ -207,6 +207,11 @@ def main():
                     help="run nothing: predict from the profiles a --keep run left in this folder "
                          "(with another --stallscope, the same profiles predicted by another build)")
     args = ap.parse_args()
+    if args.iters < 16:
+        # The hook sends the buckets' ready times (comm_bucket_ready_ms, comm_overlap_us) once
+        # 16 backwards have run: without them the replay has no overlap with backward.
+        print("# WARNING: --iters under 16: the net shapes' profiles will lack the buckets' "
+              "ready times", file=sys.stderr)
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     checks = [tuple(c.split(":")) for c in args.advice.split(",") if c]
     shapes = sorted({s for p in pairs for s in p} | {s for c in checks for s in (c[0], c[2])})
