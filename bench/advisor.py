@@ -7,7 +7,13 @@ read_bps_device on the dataset's disk, the dataset evicted from the page cache b
 advisor reads them exactly as it reads a cloud catalog. For each pair (A, B) the example
 training is profiled on shape A, `stallscope advise --current A` predicts the mean iteration
 on B (what the time to train follows from), then B is run and its mean measured; the error is
-(predicted - measured) / measured. Each shape runs --reps times; the table gives the median
+(predicted - measured) / measured. A pair A:A is the model's check on itself: the measured
+shape predicting its own mean.
+
+The "net" shapes are two nodes of one job, one rank each, each node profiled by its own
+`stallscope run` (as a user profiles a multi-node job); the advisor reads node 0's profile
+alone, with no node count given: the ranks' meta (world_size 2, local_world_size 1) tells it
+the job had 2 nodes, though both namespaces have the one host name. Each shape runs --reps times; the table gives the median
 prediction from A's runs against B's min/median/max of the runs' means, and B's median
 iteration beside it (a loader-bound job alternates between ready and waiting iterations, so
 its median is no estimate of its time).
@@ -39,6 +45,7 @@ NETNS = os.path.join(REPO, "scripts/netns.sh")
 # "cpu" shapes are one rank with loader workers on that many CPUs; "disk" shapes are one rank
 # with loader workers reading a cold dataset at that many kB/s.
 SHAPES = {
+    "net30": ("net", 30),
     "net50": ("net", 50),
     "net100": ("net", 100),
     "net200": ("net", 200),
@@ -93,8 +100,10 @@ def run_net(args, shape, out, port):
         procs = []
         for node in range(2):
             ns = prefix + "ab"[node]
+            # What torchrun sets on each node of a 2-node job of one rank per node.
             env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", RANK=str(node), LOCAL_RANK="0",
-                       WORLD_SIZE="2", MASTER_ADDR=f"10.77.{net}.1", MASTER_PORT=str(port))
+                       LOCAL_WORLD_SIZE="1", WORLD_SIZE="2", MASTER_ADDR=f"10.77.{net}.1",
+                       MASTER_PORT=str(port))
             cmd = ["ip", "netns", "exec", ns, args.stallscope, "run", "-q", "-o",
                    f"{out}.node{node}.stallscope", "--", args.python, EXAMPLE, "--iters",
                    str(args.iters), "--data-dir", DATA] + NET_ARGS + EXTRA_ARGS.get(shape, [])
@@ -154,12 +163,19 @@ def run_disk(args, shape, out, port):
 
 
 def advise(args, catalog, profile, shape, nodes):
-    """The advisor's JSON for a profile measured on `shape`."""
+    """The advisor's JSON for a profile measured on `shape`, a job of `nodes` nodes: the
+    profile alone tells the advisor how many (it is told nothing), and a count read wrong is
+    said on stderr."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([args.stallscope, "advise", profile, "--catalog", catalog, "--current",
-                        shape, "--measured-nodes", str(nodes), "--warmup", "3", "--json",
-                        f.name], check=True, stdout=subprocess.DEVNULL)
-        return json.load(open(f.name))
+                        shape, "--warmup", "3", "--json", f.name], check=True,
+                       stdout=subprocess.DEVNULL)
+        report = json.load(open(f.name))
+    read = report["measured"]["nodes"]
+    if read != nodes:
+        print(f"# WARNING {profile}: the advisor read {read} node(s) of a {nodes}-node job",
+              file=sys.stderr)
+    return report
 
 
 def measure_shape(args, catalog, shape, rep, work):
@@ -191,6 +207,11 @@ def main():
                     help="run nothing: predict from the profiles a --keep run left in this folder "
                          "(with another --stallscope, the same profiles predicted by another build)")
     args = ap.parse_args()
+    if args.iters < 16:
+        # The hook sends the buckets' ready times (comm_bucket_ready_ms, comm_overlap_us) once
+        # 16 backwards have run: without them the replay has no overlap with backward.
+        print("# WARNING: --iters under 16: the net shapes' profiles will lack the buckets' "
+              "ready times", file=sys.stderr)
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     checks = [tuple(c.split(":")) for c in args.advice.split(",") if c]
     shapes = sorted({s for p in pairs for s in p} | {s for c in checks for s in (c[0], c[2])})

@@ -32,8 +32,8 @@ pub struct AdviseArgs {
     /// Node counts to consider, e.g. 1,2,4 (default: the measured count).
     #[arg(long, value_delimiter = ',', value_name = "N")]
     pub nodes: Vec<u32>,
-    /// Nodes the profile was measured on, when the profile cannot tell (network namespaces
-    /// on one host).
+    /// Nodes the profile was measured on, over what the profile tells (the ranks'
+    /// world_size / local_world_size, else the hosts); said where it contradicts the profile.
     #[arg(long, value_name = "N")]
     pub measured_nodes: Option<u32>,
     /// Samples to train on, over all ranks.
@@ -65,7 +65,7 @@ fn frames_of(path: &PathBuf) -> anyhow::Result<Vec<Frame>> {
 }
 
 /// The profiles pooled as one job (`advisor::pool`); `--measured-nodes` overrides the node
-/// count their hosts give.
+/// count they tell (`advisor::shape`).
 fn measured(args: &AdviseArgs) -> anyhow::Result<Measured> {
     let mut all: Vec<Measured> = Vec::new();
     for p in &args.profiles {
@@ -77,7 +77,7 @@ fn measured(args: &AdviseArgs) -> anyhow::Result<Measured> {
     }
     let mut m = advisor::pool(&all).context("no profile given")?;
     if let Some(nodes) = args.measured_nodes {
-        m.nodes = nodes;
+        advisor::shape::override_nodes(&mut m, nodes);
     }
     Ok(m)
 }

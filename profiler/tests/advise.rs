@@ -31,6 +31,30 @@ fn a_bad_catalog_cell_is_named_by_line_and_column() {
 }
 
 #[test]
+fn a_zero_storage_rate_is_refused_naming_its_row_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("c.csv");
+    std::fs::write(
+        &csv,
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,StorageMBps\n\
+         disk,,0,2,4,1.0,1\n\
+         nodisk,,0,2,4,0.5,0\n",
+    )
+    .unwrap();
+    let out = stallscope()
+        .args(["advise", "missing.stallscope", "--catalog"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 3 (nodisk), column `StorageMBps`: a rate of 0"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_cpu_job_gets_cpu_machines_and_its_measured_time_back() {
     if !have_torch() {
         return;
@@ -96,8 +120,9 @@ fn a_four_times_faster_link_is_predicted_and_measured_faster() {
         .args([
             "--reps",
             "1",
+            // The hook sends the buckets' ready times once 16 backwards have run.
             "--iters",
-            "12",
+            "16",
             "--pairs",
             "net50:net200",
             "--advice",

@@ -34,6 +34,16 @@ pub enum CatalogError {
         /// What was expected ("a number", …).
         expected: &'static str,
     },
+    /// A rate the model divides by is 0: nothing could be predicted on that row.
+    #[error("line {line} ({instance_type}), column `{column}`: a rate of 0 cannot be predicted with (leave the cell empty when the rate is unknown)")]
+    ZeroRate {
+        /// 1-based line.
+        line: usize,
+        /// The row's `InstanceType`.
+        instance_type: String,
+        /// The column's name.
+        column: String,
+    },
     /// A row has a different number of cells than the header.
     #[error("line {line}: {found} cells where the header has {expected}")]
     Width {
@@ -202,6 +212,11 @@ fn number(
         })
 }
 
+/// The optional columns that are rates the model divides by (`NetworkGbps`, `GpuLinkGBps`,
+/// `StorageMBps`): empty means unknown, and 0 is refused, since a link or a disk that moves
+/// nothing gives no time at all.
+const RATE_COLUMNS: [&str; 3] = ["NetworkGbps", "GpuLinkGBps", "StorageMBps"];
+
 /// Reads an instance catalog (SkyPilot's columns, plus the optional ones stallscope knows).
 pub fn parse_instances(csv: &str) -> Result<Vec<Instance>, CatalogError> {
     let t = Table::parse(csv)?;
@@ -231,6 +246,15 @@ pub fn parse_instances(csv: &str) -> Result<Vec<Instance>, CatalogError> {
                 value: cells[count].clone(),
                 expected: "a whole number",
             });
+        }
+        for col in RATE_COLUMNS.iter().filter_map(|name| t.column(name)) {
+            if number(cells, Some(col), line, h)? == Some(0.0) {
+                return Err(CatalogError::ZeroRate {
+                    line,
+                    instance_type: cells[ty].clone(),
+                    column: h[col].clone(),
+                });
+            }
         }
         out.push(Instance {
             instance_type: cells[ty].clone(),

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::shape;
 use crate::category::Category;
 use crate::frame::Frame;
 use crate::marker::MarkerEvent;
@@ -41,6 +42,19 @@ impl Breakdown {
             + self.network
             + self.peer_wait
             + self.other
+    }
+
+    /// Each part by name, in the order the text shows them: s per iteration.
+    pub fn named(&self) -> [(&'static str, f64); 7] {
+        [
+            ("compute", self.compute),
+            ("data fetch", self.data_fetch),
+            ("data prep", self.data_prep),
+            ("interconnect", self.interconnect),
+            ("network", self.network),
+            ("peer wait", self.peer_wait),
+            ("other", self.other),
+        ]
     }
 
     /// Scales every part so the total is `seconds` (the median iteration), keeping shares.
@@ -80,10 +94,30 @@ pub struct Measured {
     pub breakdown: Breakdown,
     /// Iterations counted.
     pub iterations: usize,
-    /// Ranks (processes) of the job.
+    /// Ranks (processes) of the job: its `world_size`, also where the profile holds only
+    /// one node's ranks (`ranks_measured`).
     pub ranks: u32,
-    /// Nodes the ranks ran on (1 unless the profile says otherwise).
+    /// Nodes the job's ranks ran on: `world_size / local_world_size` as the ranks said it,
+    /// else what the profiles tell (see [`super::shape`] and `nodes_from`).
     pub nodes: u32,
+    /// How `nodes` was found (`world_size 4 / local_world_size 2`, `distinct host names`,
+    /// `--measured-nodes`).
+    #[serde(default)]
+    pub nodes_from: String,
+    /// Where the profiles' evidence of the job's size disagreed, or the profile holds only
+    /// part of the job: each said in words.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_count_notes: Vec<String>,
+    /// Ranks whose iterations the profiles hold (one node's, for one node's run profile).
+    #[serde(default)]
+    pub ranks_measured: u32,
+    /// The job's ranks, as torch.distributed told the hook (`world_size` meta).
+    #[serde(default)]
+    pub world_size: Option<u32>,
+    /// Ranks per node, as torchrun told the hook (`local_world_size` meta, from
+    /// `LOCAL_WORLD_SIZE`).
+    #[serde(default)]
+    pub local_world_size: Option<u32>,
     /// The nodes by name: a run profile's host (each node's `stallscope run` names its own),
     /// or in a collector's job profile the agents' node names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -232,6 +266,7 @@ pub fn measure(frames: &[Frame], warmup: u32) -> Measured {
         median_iteration_seconds: median(&facts.iteration_seconds),
         iterations: facts.iteration_seconds.len(),
         ranks: facts.ranks.max(1),
+        ranks_measured: facts.ranks,
         nodes: 1,
         batch_size: facts.batch_size,
         workers: facts.workers,
@@ -259,7 +294,8 @@ pub fn measure(frames: &[Frame], warmup: u32) -> Measured {
                 facts.loader_read_bytes.map(|bytes| bytes as f64 / samples);
         }
     }
-    read_meta(frames, &mut m);
+    let source = read_meta(frames, &mut m);
+    shape::settle(&mut m, source);
     m.rank_cpu_seconds_per_iteration = rank_cpu(frames, warmup);
     if m.on_gpu {
         m.gpu_bound = gpu_bound(frames);
@@ -281,9 +317,13 @@ impl Measured {
 
 /// One job measured from several run profiles (one per node, each `stallscope run -o`):
 /// the mean iteration over all their iterations, the median of their medians, breakdowns
-/// averaged, the nodes their distinct hosts (at least the most any one profile saw), the rest
-/// from the first. `None` without profiles.
+/// averaged, the rest from the first; one profile is itself. The job's size is the ranks' meta's
+/// (`world_size / local_world_size` nodes), else their distinct hosts (at least the most any
+/// one profile was read as): [`shape::settle`]. `None` without profiles.
 pub fn pool(runs: &[Measured]) -> Option<Measured> {
+    if let [one] = runs {
+        return Some(one.clone());
+    }
     let mut m = runs.first()?.clone();
     let n = runs.len() as f64;
     let weight: usize = runs.iter().map(|x| x.iterations).sum();
@@ -314,10 +354,23 @@ pub fn pool(runs: &[Measured]) -> Option<Measured> {
     let mut hosts: Vec<String> = runs.iter().flat_map(|x| x.hosts.clone()).collect();
     hosts.sort();
     hosts.dedup();
-    let most = runs.iter().map(|x| x.nodes).max().unwrap_or(1);
-    m.nodes = (hosts.len() as u32).max(most);
-    m.ranks = runs.iter().map(|x| x.ranks).max().unwrap_or(1);
+    let distinct = hosts.len() == runs.len();
     m.hosts = hosts;
+    m.world_size = runs.iter().filter_map(|x| x.world_size).max();
+    m.local_world_size = runs.iter().filter_map(|x| x.local_world_size).max();
+    m.ranks_measured = if runs.iter().any(|x| x.ranks_measured == 0) {
+        // Built without the ranks they hold: the job's ranks are the most any says.
+        runs.iter().map(|x| x.ranks).max().unwrap_or(1)
+    } else if distinct {
+        runs.iter().map(|x| x.ranks_measured).sum()
+    } else {
+        runs.iter().map(|x| x.ranks_measured).max().unwrap_or(1)
+    };
+    let source = shape::Source::Pooled {
+        profiles: runs.len(),
+        most_nodes: runs.iter().map(|x| x.nodes).max().unwrap_or(1),
+    };
+    shape::settle(&mut m, source);
     Some(m)
 }
 
@@ -378,7 +431,9 @@ fn offsets(ms_list: &str) -> Option<Vec<f64>> {
         .filter(|r| !r.is_empty())
 }
 
-fn read_meta(frames: &[Frame], m: &mut Measured) {
+/// Reads the hook's facts and the hosts (a run profile's own, or a job profile's agents')
+/// into `m`; returns which kind of profile it is.
+fn read_meta(frames: &[Frame], m: &mut Measured) -> shape::Source {
     let mut nodes: std::collections::HashSet<String> = Default::default();
     // A job profile's header is the collector's: its nodes are the agents' that shipped
     // iterations.
@@ -414,10 +469,14 @@ fn read_meta(frames: &[Frame], m: &mut Measured) {
             _ => {}
         }
     }
-    m.nodes = (nodes.len() as u32).max(1);
     let mut hosts: Vec<String> = nodes.into_iter().filter(|h| !h.is_empty()).collect();
     hosts.sort();
     m.hosts = hosts;
+    if job {
+        shape::Source::Job
+    } else {
+        shape::Source::Run
+    }
 }
 
 /// Takes one of the hook's `key=value` facts about a rank.
@@ -438,7 +497,12 @@ fn take_meta(m: &mut Measured, k: &str, v: &str) {
         "comm_hook" => m.comm_hook = Some(v.to_string()),
         "world_size" => {
             if let Ok(w) = v.parse::<u32>() {
-                m.ranks = m.ranks.max(w);
+                m.world_size = Some(m.world_size.unwrap_or(0).max(w));
+            }
+        }
+        "local_world_size" => {
+            if let Ok(l) = v.parse::<u32>() {
+                m.local_world_size = Some(m.local_world_size.unwrap_or(0).max(l));
             }
         }
         "device" if !v.starts_with("cpu") => m.on_gpu = true,

@@ -14,7 +14,11 @@ pub mod catalog;
 pub mod measured;
 pub mod model;
 pub mod network;
+#[cfg(test)]
+mod node_count_tests;
 mod render;
+mod self_check;
+pub mod shape;
 #[cfg(test)]
 mod tests;
 
@@ -86,7 +90,9 @@ pub fn advise(
                 instance: inst,
                 nodes,
             };
-            instances.push(predict(m, current, &cand, gpus, req.work, req.spot));
+            let mut p = predict(m, current, &cand, gpus, req.work, req.spot);
+            self_check::check(m, &mut p);
+            instances.push(p);
         }
     }
     model::mark_pareto(&mut instances);
@@ -106,7 +112,7 @@ pub fn advise(
             (Some(b), Some(h)) => h <= b,
             _ => p.predicted_iteration_seconds.is_some(),
         })
-        .filter_map(|p| cost(p).map(|c| (c, p)))
+        .filter_map(|p| cost(p).filter(|c| c.is_finite()).map(|c| (c, p)))
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, p)| label(p));
     let (communication_bound, mut communication, mut not_advised) =

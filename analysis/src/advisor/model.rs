@@ -314,6 +314,12 @@ pub fn predict(
     let ratio = compute_ratio(m, cur, new, gpus, &mut notes).unwrap_or(1.0);
     let compute = b.compute * ratio;
     let interconnect = if ranks_per_node(m, new) <= 1 {
+        if b.interconnect > 0.0 {
+            notes.assume(format!(
+                "interconnect: one rank per node has none; the {:.3} s measured is left out",
+                b.interconnect
+            ));
+        }
         0.0
     } else {
         match (cur.gpu_link_gbps, new.gpu_link_gbps) {
@@ -349,6 +355,14 @@ fn with_time(
     nodes: u32,
 ) {
     let t = bd.total();
+    if !t.is_finite() {
+        // A rate of 0 or a broken figure: no time at all is no candidate.
+        p.not_applicable = Some(format!(
+            "the model gives no finite time here ({}): a rate of 0 in the catalog?",
+            non_finite_parts(&bd)
+        ));
+        return;
+    }
     p.predicted_iteration_seconds = Some(t);
     p.breakdown = Some(bd);
     if let Some(batch) = m.batch_size {
@@ -366,13 +380,23 @@ fn with_time(
     }
 }
 
+/// The parts of `bd` that are not finite numbers, by name.
+fn non_finite_parts(bd: &Breakdown) -> String {
+    bd.named()
+        .iter()
+        .filter(|(_, s)| !s.is_finite())
+        .map(|(name, s)| format!("{name} {s}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Marks the Pareto front of (hours, cost) — or of (iteration time, price per iteration)
 /// when no amount of work was given.
 pub fn mark_pareto(ps: &mut [InstancePrediction]) {
     let key = |p: &InstancePrediction| -> Option<(f64, f64)> {
         let t = p.predicted_iteration_seconds?;
         let per_iter = t * p.price_per_node_hour * p.nodes as f64 / 3600.0;
-        Some((t, per_iter))
+        (t.is_finite() && per_iter.is_finite()).then_some((t, per_iter))
     };
     let keys: Vec<Option<(f64, f64)>> = ps.iter().map(key).collect();
     for (i, p) in ps.iter_mut().enumerate() {

@@ -171,6 +171,11 @@ pub(super) fn network(
 ) -> f64 {
     let measured = m.breakdown.network;
     if nodes <= 1 {
+        if measured > 0.0 {
+            notes.assume(format!(
+                "network: one node has none; the {measured:.3} s of network measured is left out"
+            ));
+        }
         return 0.0;
     }
     let Some(new_gbps) = new.network_gbps else {

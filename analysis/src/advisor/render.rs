@@ -52,6 +52,12 @@ pub fn render_text(r: &AdviceReport) -> String {
         m.median_iteration_seconds,
         b.compute, b.data_fetch, b.data_prep, b.interconnect, b.network, b.peer_wait, b.other
     );
+    if !m.nodes_from.is_empty() {
+        let _ = writeln!(out, "  nodes from {}", m.nodes_from);
+    }
+    for note in &m.node_count_notes {
+        let _ = writeln!(out, "  note: {note}");
+    }
     instance_table(&mut out, r);
     // Grouped by reason, each type once (not once per node count): a CPU job leaves most of
     // a cloud catalog out for one reason.

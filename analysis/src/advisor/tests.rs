@@ -651,3 +651,62 @@ fn compression_gains_what_half_the_bytes_leave_exposed_and_not_twice() {
         .iter()
         .any(|a| a.contains("sends half the buckets' bytes")));
 }
+
+/// A storage rate of 0 cannot be predicted with: the row and the column are named.
+#[test]
+fn a_zero_rate_in_the_catalog_is_an_error_naming_its_row_and_column() {
+    let e = parse_instances(
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,StorageMBps\n\
+         disk1,,0,4,16,1.0,1\n\
+         disk0,,0,4,16,1.0,0\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("line 3"), "{e}");
+    assert!(e.contains("disk0"), "{e}");
+    assert!(e.contains("`StorageMBps`"), "{e}");
+}
+
+/// A candidate whose time is not a number (here a storage rate of 0 that bypassed the
+/// catalog's parser) is never ranked: not on the Pareto front, never the cheapest.
+#[test]
+fn a_prediction_that_is_not_a_number_is_never_ranked() {
+    let mut cat = parse_instances(
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,StorageMBps\n\
+         disk250,,0,4,16,1.0,0.25\n\
+         disk1000,,0,4,16,2.0,1\n\
+         broken,,0,4,16,0.1,1\n",
+    )
+    .unwrap();
+    cat[2].storage_mbps = Some(0.0);
+    let m = Measured {
+        iteration_seconds: 0.128,
+        breakdown: Breakdown {
+            compute: 0.03,
+            data_fetch: 0.098,
+            ..Default::default()
+        },
+        ranks: 1,
+        nodes: 1,
+        batch_size: Some(8),
+        workers: Some(2),
+        loader_cpu_seconds_per_sample: Some(0.01 / 8.0),
+        loader_read_bytes_per_sample: Some(4_000.0),
+        rank_cpu_seconds_per_iteration: Some(0.03),
+        cpus: 4,
+        ..Default::default()
+    };
+    let r = advise(&m, &cat[0], &cat, &gpus(), &Request::default());
+    let broken = find(&r, "broken");
+    assert!(!broken.pareto, "{broken:?}");
+    assert!(
+        broken
+            .predicted_iteration_seconds
+            .is_none_or(|t| t.is_finite()),
+        "{broken:?}"
+    );
+    assert_ne!(r.cheapest_within_budget.as_deref(), Some("broken"));
+    let text = render_text(&r);
+    let line = text.lines().find(|l| l.starts_with("broken")).unwrap_or("");
+    assert!(!line.contains("NaN") && !line.contains("pareto"), "{text}");
+}
