@@ -307,21 +307,9 @@ pub struct NodeMeta {
 }
 
 impl NodeMeta {
-    /// The keys an agent forwards: what the advisor reads of a rank.
-    pub const KEYS: &'static [&'static str] = &[
-        "backend",
-        "batch_size",
-        "comm_bucket_kb",
-        "comm_bucket_ready_ms",
-        "comm_buckets",
-        "comm_bytes",
-        "comm_hook",
-        "comm_overlap_us",
-        "device",
-        "local_world_size",
-        "workers",
-        "world_size",
-    ];
+    /// The keys an agent forwards: what the advisor reads of a rank (the one list, kept
+    /// beside the one parser of the hook's facts).
+    pub const KEYS: &'static [&'static str] = crate::loops::ProcessMeta::ADVISOR_KEYS;
 
     /// Whether `key` is one an agent forwards.
     pub fn forwards(key: &str) -> bool {

@@ -59,10 +59,10 @@ impl CudaEventTimes {
     }
 }
 
-/// What a process said of itself in `meta` markers, parsed once as they arrive: the keys
-/// attribution, the summary, the live model and the agent read. A value that does not parse
-/// is absent.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a process said of itself in `meta` markers, parsed once as they arrive: the one
+/// parser of the hook's facts, for attribution, the summary, the live model, the agent, the
+/// experiment (`run_facts`) and the advisor. A value that does not parse is absent.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProcessMeta {
     /// `role`: `loader` for a DataLoader worker.
     pub role: Option<String>,
@@ -74,13 +74,49 @@ pub struct ProcessMeta {
     pub batch_size: Option<u64>,
     /// `batch_bytes`: bytes of one batch as the DataLoader returned it.
     pub batch_bytes: Option<u64>,
+    /// `dataset_samples`: `len(dataset)`.
+    pub dataset_samples: Option<u64>,
     /// `world_size`: ranks in the job.
     pub world_size: Option<u32>,
     /// `local_world_size`: ranks on this node (torchrun's `LOCAL_WORLD_SIZE`).
     pub local_world_size: Option<u32>,
+    /// `backend`: torch.distributed's backend (`gloo`, `nccl`).
+    pub backend: Option<String>,
+    /// `device`: where the model runs (`cpu`, `cuda:0`).
+    pub device: Option<String>,
+    /// `comm_hook`: the name of the program's own DDP comm hook, when it set one.
+    pub comm_hook: Option<String>,
+    /// `comm_bytes`: bytes DDP all-reduced per iteration.
+    pub comm_bytes: Option<f64>,
+    /// `comm_buckets`: DDP's buckets (collectives) per iteration.
+    pub comm_buckets: Option<f64>,
+    /// `comm_bucket_kb`: each bucket's bytes, in the order backward made them (sent in kB).
+    pub comm_bucket_bytes: Option<Vec<f64>>,
+    /// `comm_bucket_ready_ms`: s from the first bucket's ready time to each bucket's (sent in
+    /// ms), in the same order.
+    pub comm_bucket_ready_seconds: Option<Vec<f64>>,
+    /// `comm_overlap_us`: s of the all-reduce hidden behind backward per iteration (sent in µs).
+    pub comm_overlap_seconds: Option<f64>,
 }
 
 impl ProcessMeta {
+    /// The keys the advisor reads, sorted: what an agent forwards to the collector
+    /// (`crate::frame::NodeMeta::KEYS`), so a job profile answers `advise` as a run's does.
+    pub const ADVISOR_KEYS: &'static [&'static str] = &[
+        "backend",
+        "batch_size",
+        "comm_bucket_kb",
+        "comm_bucket_ready_ms",
+        "comm_buckets",
+        "comm_bytes",
+        "comm_hook",
+        "comm_overlap_us",
+        "device",
+        "local_world_size",
+        "workers",
+        "world_size",
+    ];
+
     /// Takes one key and value (other keys are ignored).
     pub fn set(&mut self, key: &str, value: &str) {
         match key {
@@ -89,16 +125,74 @@ impl ProcessMeta {
             "workers" => self.workers = value.parse().ok(),
             "batch_size" => self.batch_size = value.parse().ok(),
             "batch_bytes" => self.batch_bytes = value.parse().ok(),
+            "dataset_samples" => self.dataset_samples = value.parse().ok(),
             "world_size" => self.world_size = value.parse().ok(),
             "local_world_size" => self.local_world_size = value.parse().ok(),
+            "backend" => self.backend = Some(value.to_string()),
+            "device" => self.device = Some(value.to_string()),
+            "comm_hook" => self.comm_hook = Some(value.to_string()),
+            "comm_bytes" => self.comm_bytes = finite(value),
+            "comm_buckets" => self.comm_buckets = finite(value),
+            "comm_bucket_kb" => {
+                self.comm_bucket_bytes = list(value).map(|kb| kb.iter().map(|k| k * 1e3).collect())
+            }
+            "comm_bucket_ready_ms" => {
+                self.comm_bucket_ready_seconds =
+                    list(value).map(|ms| ms.iter().map(|m| m / 1e3).collect())
+            }
+            "comm_overlap_us" => self.comm_overlap_seconds = finite(value).map(|us| us / 1e6),
             _ => {}
         }
+    }
+
+    /// Takes every fact another process of the same job said (later ones win), except the
+    /// job's sizes, where the largest any rank said wins (a rank that has not joined the
+    /// group yet says less).
+    pub fn absorb(&mut self, other: &ProcessMeta) {
+        fn later<T: Clone>(mine: &mut Option<T>, theirs: &Option<T>) {
+            if theirs.is_some() {
+                mine.clone_from(theirs);
+            }
+        }
+        later(&mut self.role, &other.role);
+        later(&mut self.parent, &other.parent);
+        later(&mut self.workers, &other.workers);
+        later(&mut self.batch_size, &other.batch_size);
+        later(&mut self.batch_bytes, &other.batch_bytes);
+        later(&mut self.dataset_samples, &other.dataset_samples);
+        later(&mut self.backend, &other.backend);
+        later(&mut self.device, &other.device);
+        later(&mut self.comm_hook, &other.comm_hook);
+        later(&mut self.comm_bytes, &other.comm_bytes);
+        later(&mut self.comm_buckets, &other.comm_buckets);
+        later(&mut self.comm_bucket_bytes, &other.comm_bucket_bytes);
+        later(
+            &mut self.comm_bucket_ready_seconds,
+            &other.comm_bucket_ready_seconds,
+        );
+        later(&mut self.comm_overlap_seconds, &other.comm_overlap_seconds);
+        self.world_size = self.world_size.max(other.world_size);
+        self.local_world_size = self.local_world_size.max(other.local_world_size);
     }
 
     /// Whether it said it is a DataLoader worker.
     pub fn is_loader(&self) -> bool {
         self.role.as_deref() == Some("loader")
     }
+}
+
+/// A finite number, or `None`.
+fn finite(text: &str) -> Option<f64> {
+    text.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+/// A `:`-separated list of non-negative finite numbers (`0:12.5:40.1`); `None` if any is not
+/// one, or the list is empty.
+fn list(text: &str) -> Option<Vec<f64>> {
+    text.split(':')
+        .map(|x| finite(x).filter(|v| *v >= 0.0))
+        .collect::<Option<Vec<f64>>>()
+        .filter(|v| !v.is_empty())
 }
 
 /// What one process sent.
@@ -379,6 +473,50 @@ impl MarkerLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 30: one parser of the hook's facts. Every key the advisor reads is one it
+    /// parses, and across ranks the latest fact wins but the job's size is the largest said.
+    #[test]
+    fn the_advisors_facts_are_parsed_once_and_absorbed_across_ranks() {
+        let mut rank0 = ProcessMeta::default();
+        for (k, v) in [
+            ("comm_bucket_kb", "2505:2411"),
+            ("comm_bucket_ready_ms", "0.0:36.8"),
+            ("comm_overlap_us", "1500"),
+            ("world_size", "4"),
+            ("local_world_size", "2"),
+            ("device", "cuda:0"),
+            ("comm_bytes", "nan"),
+        ] {
+            rank0.set(k, v);
+        }
+        assert_eq!(
+            rank0.comm_bucket_bytes,
+            Some(vec![2_505_000.0, 2_411_000.0])
+        );
+        assert_eq!(rank0.comm_bucket_ready_seconds, Some(vec![0.0, 0.0368]));
+        assert_eq!(rank0.comm_overlap_seconds, Some(0.0015));
+        assert_eq!(rank0.comm_bytes, None, "not a number is absent");
+        let mut rank1 = ProcessMeta::default();
+        rank1.set("world_size", "2");
+        rank1.set("backend", "gloo");
+        let mut job = rank0.clone();
+        job.absorb(&rank1);
+        assert_eq!(job.world_size, Some(4), "the largest size said");
+        assert_eq!(job.backend.as_deref(), Some("gloo"));
+        assert_eq!(
+            job.device.as_deref(),
+            Some("cuda:0"),
+            "kept where not said again"
+        );
+        let mut sorted = ProcessMeta::ADVISOR_KEYS.to_vec();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            ProcessMeta::ADVISOR_KEYS,
+            "sorted: forwarding binary-searches it"
+        );
+    }
 
     fn m(seq: u64, t: Nanos, pid: u32, iter: u64, event: MarkerEvent) -> Marker {
         Marker {

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use crate::category::Split;
 use crate::critical::CriticalPath;
 use crate::frame::{Frame, Role};
+use crate::loops::ProcessMeta;
 use crate::marker::MarkerEvent;
 use crate::secs;
 use crate::series::names;
@@ -41,16 +42,6 @@ pub struct RunFacts {
 }
 
 impl RunFacts {
-    /// Takes one of the hook's `key=value` facts (other keys are ignored).
-    fn take_meta(&mut self, key: &str, value: &str) {
-        match key {
-            "batch_size" => self.batch_size = value.parse().ok(),
-            "workers" => self.workers = value.parse().ok(),
-            "dataset_samples" => self.dataset_samples = value.parse().ok(),
-            _ => {}
-        }
-    }
-
     /// Batches the loaders prepared per rank: the iterations plus what they had prefetched
     /// when the run ended (PyTorch's default `prefetch_factor` of 2 per worker).
     pub fn batches_prepared_per_rank(&self) -> u64 {
@@ -72,6 +63,8 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
     let mut cpu_max: HashMap<u32, u64> = HashMap::new(); // pid → ns
     let mut read_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
     let mut read_max: HashMap<u32, u64> = HashMap::new(); // pid → bytes
+                                                          // The hook's facts, through the one parser (`ProcessMeta`); the latest said wins.
+    let mut meta = ProcessMeta::default();
 
     // A collector's job profile has no `Breakdown` of its own: its ranks' iterations are the
     // ones their agents shipped, read only where the profile has no `Breakdown`.
@@ -122,20 +115,23 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
                 for m in markers {
                     if let MarkerEvent::Meta(kv) = &m.event {
                         for (k, v) in kv {
-                            facts.take_meta(k, v);
+                            meta.set(k, v);
                         }
                     }
                 }
             }
-            Frame::NodeMeta(meta) => {
-                for (k, v) in &meta.fields {
-                    facts.take_meta(k, v);
+            Frame::NodeMeta(node_meta) => {
+                for (k, v) in &node_meta.fields {
+                    meta.set(k, v);
                 }
             }
             _ => {}
         }
     }
     facts.ranks = ranks.len() as u32;
+    facts.batch_size = meta.batch_size;
+    facts.workers = meta.workers;
+    facts.dataset_samples = meta.dataset_samples;
     facts.critical_path = critical.totals().0;
     facts.iteration_seconds = walls
         .values()

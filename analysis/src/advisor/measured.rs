@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::shape;
 use crate::category::Category;
 use crate::frame::Frame;
+use crate::loops::ProcessMeta;
 use crate::marker::MarkerEvent;
 use crate::run_facts::RunFacts;
 use crate::secs;
@@ -416,25 +417,23 @@ fn rank_cpu(frames: &[Frame], warmup: u32) -> Option<f64> {
     (!per_iter.is_empty()).then(|| per_iter.iter().sum::<f64>() / per_iter.len() as f64)
 }
 
-/// s from a `:`-separated list of ms offsets (`0:12.5:40.1`); `None` if any is not a
-/// non-negative number.
-fn offsets(ms_list: &str) -> Option<Vec<f64>> {
-    ms_list
-        .split(':')
-        .map(|ms| {
-            ms.parse::<f64>()
-                .ok()
-                .filter(|ms| ms.is_finite() && *ms >= 0.0)
-                .map(|ms| ms / 1e3)
-        })
-        .collect::<Option<Vec<f64>>>()
-        .filter(|r| !r.is_empty())
-}
-
 /// Reads the hook's facts and the hosts (a run profile's own, or a job profile's agents')
 /// into `m`; returns which kind of profile it is.
 fn read_meta(frames: &[Frame], m: &mut Measured) -> shape::Source {
     let mut nodes: std::collections::HashSet<String> = Default::default();
+    // The hook's facts, through the one parser (`ProcessMeta`): the latest said wins, the
+    // job's sizes the largest any rank said.
+    let mut job_meta = ProcessMeta::default();
+    let mut take = |kv: &mut dyn Iterator<Item = (&String, &String)>| {
+        let mut said = ProcessMeta::default();
+        for (k, v) in kv {
+            said.set(k, v);
+        }
+        job_meta.absorb(&said);
+        said.device
+            .as_deref()
+            .is_some_and(|d| !d.starts_with("cpu"))
+    };
     // A job profile's header is the collector's: its nodes are the agents' that shipped
     // iterations.
     let job = frames
@@ -448,17 +447,13 @@ fn read_meta(frames: &[Frame], m: &mut Measured) -> shape::Source {
             Frame::Markers(markers) => {
                 for mk in markers {
                     if let MarkerEvent::Meta(kv) = &mk.event {
-                        for (k, v) in kv {
-                            take_meta(m, k, v);
-                        }
+                        m.on_gpu |= take(&mut kv.iter().map(|(k, v)| (k, v)));
                     }
                 }
             }
             Frame::NodeMeta(meta) => {
                 nodes.insert(meta.node.clone());
-                for (k, v) in &meta.fields {
-                    take_meta(m, k, v);
-                }
+                m.on_gpu |= take(&mut meta.fields.iter().map(|(k, v)| (k, v)));
             }
             Frame::NodeReport(_) | Frame::NodeIteration(_) => {
                 if let Some(it) = frame.node_iteration() {
@@ -469,6 +464,15 @@ fn read_meta(frames: &[Frame], m: &mut Measured) -> shape::Source {
             _ => {}
         }
     }
+    m.comm_bytes_per_iteration = job_meta.comm_bytes;
+    m.collectives_per_iteration = job_meta.comm_buckets;
+    m.bucket_bytes = job_meta.comm_bucket_bytes;
+    m.bucket_ready_seconds = job_meta.comm_bucket_ready_seconds;
+    m.comm_overlap_seconds = job_meta.comm_overlap_seconds;
+    m.backend = job_meta.backend;
+    m.comm_hook = job_meta.comm_hook;
+    m.world_size = job_meta.world_size;
+    m.local_world_size = job_meta.local_world_size;
     let mut hosts: Vec<String> = nodes.into_iter().filter(|h| !h.is_empty()).collect();
     hosts.sort();
     m.hosts = hosts;
@@ -476,36 +480,5 @@ fn read_meta(frames: &[Frame], m: &mut Measured) -> shape::Source {
         shape::Source::Job
     } else {
         shape::Source::Run
-    }
-}
-
-/// Takes one of the hook's `key=value` facts about a rank.
-fn take_meta(m: &mut Measured, k: &str, v: &str) {
-    match k {
-        "comm_bytes" => m.comm_bytes_per_iteration = v.parse().ok(),
-        "comm_buckets" => m.collectives_per_iteration = v.parse().ok(),
-        "comm_bucket_kb" => {
-            m.bucket_bytes = v
-                .split(':')
-                .map(|kb| kb.parse::<f64>().ok().map(|k| k * 1e3))
-                .collect::<Option<Vec<f64>>>()
-                .filter(|s| !s.is_empty());
-        }
-        "comm_bucket_ready_ms" => m.bucket_ready_seconds = offsets(v),
-        "comm_overlap_us" => m.comm_overlap_seconds = v.parse::<f64>().ok().map(|us| us / 1e6),
-        "backend" => m.backend = Some(v.to_string()),
-        "comm_hook" => m.comm_hook = Some(v.to_string()),
-        "world_size" => {
-            if let Ok(w) = v.parse::<u32>() {
-                m.world_size = Some(m.world_size.unwrap_or(0).max(w));
-            }
-        }
-        "local_world_size" => {
-            if let Ok(l) = v.parse::<u32>() {
-                m.local_world_size = Some(m.local_world_size.unwrap_or(0).max(l));
-            }
-        }
-        "device" if !v.starts_with("cpu") => m.on_gpu = true,
-        _ => {}
     }
 }
