@@ -53,9 +53,7 @@ pub fn of_markers(log: &MarkerLog) -> Parallelism {
             pipeline: None,
         };
     }
-    let first = log
-        .loops()
-        .find(|p| ranks.get(&p.pid) == Some(&stages[0]));
+    let first = log.loops().find(|p| ranks.get(&p.pid) == Some(&stages[0]));
     let micro_batches = first.and_then(|p| {
         let sends = *p.p2p.get(&(stages[1], Direction::Send))?;
         let iterations = p.steps.keys().next_back()? + 1;

@@ -29,7 +29,14 @@ fn the_lighter_stage_waits_for_the_heavier_one() {
             .arg(dir.path().join("p.stallscope"))
             .arg("--summary-json")
             .arg(&summary)
-            .args(["--", bin, "launch", "--nproc-per-node", "2", "--master-port"])
+            .args([
+                "--",
+                bin,
+                "launch",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+            ])
             .args(["29583", "--", &python(), &pipeline_example()])
             .args(["--iters", &ITERS.to_string(), "--micro-batches", "4"])
             .args(["--stage-work-ms", "10,30"]),
@@ -60,7 +67,10 @@ fn the_lighter_stage_waits_for_the_heavier_one() {
         sentence.contains("rank 0 (pipeline stage 0)") && sentence.contains("stage 1 (rank 1)"),
         "{sentence}"
     );
-    assert!(suggestion.contains("per micro-batch from stage 1"), "{suggestion}");
+    assert!(
+        suggestion.contains("per micro-batch from stage 1"),
+        "{suggestion}"
+    );
     for text in [sentence, suggestion] {
         assert!(!text.contains("no_sync") && !text.contains("DDP"), "{text}");
     }

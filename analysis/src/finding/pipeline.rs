@@ -69,3 +69,72 @@ pub(super) fn imbalance(input: &FindingInput) -> Option<Finding> {
         max_speedup: speedup,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::find;
+    use super::*;
+    use crate::figures::{Categories, Figures, Share};
+    use crate::parallelism::{Parallelism, Pipeline};
+
+    /// One rank's figures over 10 iterations of 100 ms: `busy` and `wait` ms per iteration,
+    /// the rest transfer.
+    fn stage(rank: u32, busy: f64, wait: f64) -> RankSummary {
+        let share = |ms: f64| Share {
+            seconds: ms / 100.0,
+            fraction: ms / 100.0,
+        };
+        RankSummary {
+            rank,
+            figures: Figures {
+                iterations: 10,
+                median_iteration_seconds: 0.1,
+                wall_seconds: 1.0,
+                categories: Categories {
+                    compute: share(busy),
+                    peer_wait: share(wait),
+                    interconnect: share(100.0 - busy - wait),
+                    ..Categories::default()
+                },
+                ..Figures::default()
+            },
+            ..RankSummary::default()
+        }
+    }
+
+    #[test]
+    fn the_waiting_stage_is_told_how_much_work_to_take_over() {
+        let ranks = [stage(0, 30.0, 60.0), stage(1, 90.0, 5.0)];
+        let job = ranks[1].figures.clone();
+        let pipeline = Parallelism {
+            ddp: false,
+            pipeline: Some(Pipeline {
+                stages: vec![0, 1],
+                micro_batches: Some(3.0),
+            }),
+        };
+        let input = |parallelism| FindingInput {
+            job: &job,
+            ranks: &ranks,
+            loader_workers: None,
+            cpus: 2,
+            parallelism,
+        };
+        let f = find(&input(&pipeline));
+        assert_eq!((f.category, f.rank), (Some(Category::PeerWait), Some(1)));
+        assert!(
+            f.sentence.starts_with(
+                "rank 0 (pipeline stage 0) waits 60% of its time for stage 1 (rank 1)"
+            ),
+            "{}",
+            f.sentence
+        );
+        // (90 - 30 ms) / 2 per iteration over 3 micro-batches; balanced: 90 / 60 ms.
+        let moved = "about 10.0 ms of work per micro-batch from stage 1";
+        assert!(f.suggestion.contains(moved), "{}", f.suggestion);
+        assert!((f.max_speedup - 1.5).abs() < 1e-9, "{}", f.max_speedup);
+        // Without point-to-point operations it is no pipeline.
+        let f = find(&input(&Parallelism::default()));
+        assert!(!f.sentence.contains("stage"), "{}", f.sentence);
+    }
+}

@@ -211,15 +211,16 @@ impl NodeTimeline {
     /// unnamed comm spans of the same iteration.
     fn peer_arrivals(&self, pid: u32, iter: u64, spans: &[Span]) -> Vec<Option<Nanos>> {
         let ranks = self.markers.ranks();
-        let others: Vec<&ProcessMarks> = self
-            .markers
-            .loops()
-            .filter(|q| q.pid != pid)
-            .collect();
+        let others: Vec<&ProcessMarks> = self.markers.loops().filter(|q| q.pid != pid).collect();
         let unnamed: Vec<Vec<Nanos>> = others
             .iter()
             .filter_map(|q| q.iteration(iter).map(|(a, b)| q.comm_spans(a, b)))
-            .map(|v| v.into_iter().filter(|s| s.op.is_none()).map(|s| s.begin).collect())
+            .map(|v| {
+                v.into_iter()
+                    .filter(|s| s.op.is_none())
+                    .map(|s| s.begin)
+                    .collect()
+            })
             .collect();
         let mut k = 0;
         spans
@@ -230,7 +231,10 @@ impl NodeTimeline {
                         (Some(peer), Some(direction), Some(&own)) => {
                             p2p_arrival(&others, &ranks, op, (own, peer), direction)
                         }
-                        _ => others.iter().filter_map(|q| q.op_begin(|o| same(o, op))).max(),
+                        _ => others
+                            .iter()
+                            .filter_map(|q| q.op_begin(|o| same(o, op)))
+                            .max(),
                     },
                     None => {
                         k += 1;

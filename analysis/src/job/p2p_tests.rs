@@ -81,9 +81,21 @@ fn a_receive_waits_for_the_senders_send_of_the_same_number() {
     let s = summarize(&pipeline_job());
     let wait = |rank: usize| s.ranks[rank].figures.categories.peer_wait.fraction;
     let moved = |rank: usize| s.ranks[rank].figures.categories.interconnect.fraction;
-    assert!((wait(0) - 0.87).abs() < 0.01, "rank 0 waits 3→90 ms: {}", wait(0));
-    assert!((wait(1) - 0.44).abs() < 0.01, "rank 1 waits 41→85 ms: {}", wait(1));
-    assert!((wait(2) - 0.39).abs() < 0.01, "rank 2 waits 2→41 ms: {}", wait(2));
+    assert!(
+        (wait(0) - 0.87).abs() < 0.01,
+        "rank 0 waits 3→90 ms: {}",
+        wait(0)
+    );
+    assert!(
+        (wait(1) - 0.44).abs() < 0.01,
+        "rank 1 waits 41→85 ms: {}",
+        wait(1)
+    );
+    assert!(
+        (wait(2) - 0.39).abs() < 0.01,
+        "rank 2 waits 2→41 ms: {}",
+        wait(2)
+    );
     // The rest of each operation is the transfer (on this node: interconnect).
     assert!((moved(0) - 0.10).abs() < 0.01, "{}", moved(0));
     assert!((moved(2) - 0.02).abs() < 0.01, "{}", moved(2));
