@@ -26,6 +26,7 @@ pub mod job;
 pub mod journal;
 pub mod loops;
 pub mod marker;
+pub mod parallelism;
 pub mod process;
 pub mod report;
 pub mod resources;

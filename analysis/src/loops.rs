@@ -8,10 +8,14 @@
 //! A loop on CUDA also sends, a few iterations late, what its GPU saw of each iteration
 //! (CUDA events read back lazily by the PyTorch hook): those `gpu_iter` metas are kept per
 //! iteration ([`CudaEventTimes`]) rather than as the latest value.
+//!
+//! A span that is one communication operation keeps its identity ([`CommOp`]), so that the
+//! peer matching finds the same operation on the other ranks by (group, op, seq), or a
+//! receive by the sender's send of the same number, rather than by position.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::marker::{phase, Marker, MarkerEvent};
+use crate::marker::{phase, CommOp, Direction, Marker, MarkerEvent};
 use crate::Nanos;
 
 /// A closed phase of one process.
@@ -23,6 +27,8 @@ pub struct Span {
     pub begin: Nanos,
     /// ns.
     pub end: Nanos,
+    /// The communication operation it is, when the sender named one (`B comm op=…`).
+    pub op: Option<CommOp>,
 }
 
 /// What the GPU of one loop saw of one iteration, from CUDA events on its stream.
@@ -210,7 +216,7 @@ pub struct ProcessMarks {
     pub steps: BTreeMap<u64, Nanos>,
     /// Closed phases, in the order they closed.
     pub spans: Vec<Span>,
-    open: HashMap<String, Nanos>,
+    open: HashMap<String, (Nanos, Option<CommOp>)>,
     /// Latest metadata per key (`workers`, `role`, `parent`, `local_rank`, …).
     pub meta: BTreeMap<String, String>,
     /// The keys of `meta` that are read, parsed.
@@ -226,6 +232,9 @@ pub struct ProcessMarks {
     /// The latest iteration whose GPU times arrived: they come in iteration order, so an
     /// earlier one still missing never will (the hook dropped it).
     pub gpu_latest: Option<u64>,
+    /// Point-to-point operations it marked, by (peer's global rank, direction), counted
+    /// since it started (never pruned: a few entries per peer).
+    pub p2p: BTreeMap<(u32, Direction), u64>,
 }
 
 impl ProcessMarks {
@@ -259,8 +268,30 @@ impl ProcessMarks {
                 phase: s.phase.clone(),
                 begin: s.begin.max(a),
                 end: s.end.min(b),
+                op: s.op.clone(),
             })
             .collect()
+    }
+
+    /// The `comm` spans within `[a, b)`, clipped as [`ProcessMarks::spans_within`] clips
+    /// them, in the order they began: the order the attribution numbers them in.
+    pub fn comm_spans(&self, a: Nanos, b: Nanos) -> Vec<Span> {
+        let mut v: Vec<Span> = self
+            .spans_within(a, b)
+            .into_iter()
+            .filter(|s| s.phase == phase::COMM)
+            .collect();
+        v.sort_by_key(|s| s.begin);
+        v
+    }
+
+    /// ns, when this process began the kept operation `matches` picks (the earliest such).
+    pub fn op_begin(&self, matches: impl Fn(&CommOp) -> bool) -> Option<Nanos> {
+        self.spans
+            .iter()
+            .filter(|s| s.op.as_ref().is_some_and(&matches))
+            .map(|s| s.begin)
+            .min()
     }
 
     /// Begin times of the `comm` spans within `[a, b)`, in order, ns: the same spans, clipped
@@ -306,7 +337,7 @@ impl ProcessMarks {
     pub fn prune_before(&mut self, t: Nanos) {
         self.spans.retain(|s| s.end >= t);
         // A wait is kept while its phase is: closed and kept, or still open.
-        let open: Vec<Nanos> = self.open.values().copied().collect();
+        let open: Vec<Nanos> = self.open.values().map(|(t, _)| *t).collect();
         let spans = &self.spans;
         self.waits.retain(|begin, _| {
             *begin >= t || open.contains(begin) || spans.iter().any(|s| s.begin == *begin)
@@ -372,19 +403,26 @@ impl MarkerLog {
         p.last_ns = Some(p.last_ns.map_or(m.t_ns, |l| l.max(m.t_ns)));
         match &m.event {
             MarkerEvent::Begin(name) => {
-                p.open.insert(name.clone(), m.t_ns);
+                p.open.insert(name.clone(), (m.t_ns, None));
             }
             MarkerEvent::BeginWaiting(name, waits_for) => {
-                p.open.insert(name.clone(), m.t_ns);
+                p.open.insert(name.clone(), (m.t_ns, None));
                 p.waits.insert(m.t_ns, *waits_for);
             }
+            MarkerEvent::BeginOp(name, op) => {
+                if let (Some(peer), Some(direction)) = (op.peer, op.direction()) {
+                    *p.p2p.entry((peer, direction)).or_default() += 1;
+                }
+                p.open.insert(name.clone(), (m.t_ns, Some(op.clone())));
+            }
             MarkerEvent::End(name) => {
-                if let Some(begin) = p.open.remove(name) {
+                if let Some((begin, op)) = p.open.remove(name) {
                     if begin <= m.t_ns {
                         p.spans.push(Span {
                             phase: name.clone(),
                             begin,
                             end: m.t_ns,
+                            op,
                         });
                     }
                 }

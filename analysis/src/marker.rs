@@ -23,8 +23,16 @@
 //!
 //! A `B` event may carry `w=<pid>`: in this phase the loop waits for that process (the
 //! DataLoader worker whose batch is next), so the data stall is read from what that worker
-//! did, not from what every worker did meanwhile. Other `B` and `E` fields are ignored, so
-//! that later senders can add some.
+//! did, not from what every worker did meanwhile.
+//!
+//! A `B` event may instead carry `op=<name>`: the phase is one communication operation
+//! (`all_reduce`, `send`, `recv`, …), with `g=<group>` (a small id of its process group,
+//! stable across ranks), `n=<seq>` (its number among the process's operations of that kind in
+//! that group; for point-to-point operations, among those to or from that peer in that
+//! direction), `b=<bytes>` and, for point-to-point operations, `p=<peer global rank>`. The
+//! analysis matches an operation with the same one on the other ranks by this identity, not by
+//! its position in the iteration. Other `B` and `E` fields are ignored, so that later senders
+//! can add some.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -51,6 +59,79 @@ pub enum MarkerEvent {
     /// A phase begins in which the process waits for process `.1` (`B <phase> w=<pid>`).
     /// Last, so that profiles written before it still read.
     BeginWaiting(String, u32),
+    /// A phase that is one communication operation begins (`B <phase> op=… g=… n=…`).
+    /// Last, so that profiles written before it still read.
+    BeginOp(String, CommOp),
+}
+
+/// The identity of one communication operation, as the sender numbered it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CommOp {
+    /// The operation: `all_reduce`, `broadcast`, `send`, `irecv`, … (phase alphabet).
+    pub op: String,
+    /// Small id of its process group (`0` for the default group), the same on every rank.
+    pub group: u32,
+    /// Its number, from 0: per (group, op) for a collective, per (peer, direction) for a
+    /// point-to-point operation.
+    pub seq: u64,
+    /// bytes of the tensors it sent or received on this rank.
+    pub bytes: u64,
+    /// The other end's global rank, for a point-to-point operation.
+    pub peer: Option<u32>,
+}
+
+/// Which way a point-to-point operation moves data, seen from the rank that marked it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    /// `send`, `isend`.
+    Send,
+    /// `recv`, `irecv`.
+    Recv,
+}
+
+impl CommOp {
+    /// The direction of a point-to-point operation (it names a peer and is a send or a
+    /// receive); `None` for a collective.
+    pub fn direction(&self) -> Option<Direction> {
+        self.peer?;
+        match self.op.as_str() {
+            "send" | "isend" => Some(Direction::Send),
+            "recv" | "irecv" => Some(Direction::Recv),
+            _ => None,
+        }
+    }
+
+    /// Parses the `op=`, `g=`, `n=`, `b=`, `p=` fields of a `B` event; `None` without `op=`.
+    fn parse(fields: &[&str]) -> Result<Option<CommOp>, MarkerError> {
+        let get = |key: &str| {
+            fields
+                .iter()
+                .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+        };
+        let Some(op) = get("op") else {
+            return Ok(None);
+        };
+        if !valid_name(op) {
+            return Err(MarkerError::Name(op.into()));
+        }
+        let required = |key: &'static str| get(key).ok_or(MarkerError::MissingField(key));
+        Ok(Some(CommOp {
+            op: op.into(),
+            group: number("g", required("g")?)?,
+            seq: number("n", required("n")?)?,
+            bytes: get("b").map(|b| number("b", b)).transpose()?.unwrap_or(0),
+            peer: get("p").map(|p| number("p", p)).transpose()?,
+        }))
+    }
+
+    /// The fields as [`CommOp::parse`] reads them, with a leading space.
+    fn format(&self) -> String {
+        let peer = self.peer.map(|p| format!(" p={p}")).unwrap_or_default();
+        format!(
+            " op={} g={} n={} b={}{peer}",
+            self.op, self.group, self.seq, self.bytes
+        )
+    }
 }
 
 /// One event from a training process.
@@ -113,6 +194,9 @@ pub enum MarkerError {
     /// Phase name outside the alphabet or too long.
     #[error("invalid phase or key {0:?}: 1-64 characters of [A-Za-z0-9_.:-]")]
     Name(String),
+    /// A communication operation's `B` event without one of its identifying fields.
+    #[error("marker with op= lacks its {0}= field (op=NAME g=GROUP n=SEQ [b=BYTES] [p=PEER])")]
+    MissingField(&'static str),
     /// A metadata field without `=`.
     #[error("metadata field {0:?} is not key=value")]
     Meta(String),
@@ -185,9 +269,10 @@ pub fn parse(datagram: &[u8]) -> Result<Marker, MarkerError> {
                     .find_map(|f| f.strip_prefix("w="))
                     .map(|pid| number("w", pid))
                     .transpose()?;
-                match waits_for {
-                    Some(pid) => MarkerEvent::BeginWaiting(phase.into(), pid),
-                    None => MarkerEvent::Begin(phase.into()),
+                match (waits_for, CommOp::parse(&fields[8..])?) {
+                    (Some(pid), _) => MarkerEvent::BeginWaiting(phase.into(), pid),
+                    (None, Some(op)) => MarkerEvent::BeginOp(phase.into(), op),
+                    (None, None) => MarkerEvent::Begin(phase.into()),
                 }
             } else {
                 MarkerEvent::End(phase.into())
@@ -225,6 +310,7 @@ pub fn format(m: &Marker) -> String {
     let (ev, phase, extra) = match &m.event {
         MarkerEvent::Begin(p) => ("B", p.as_str(), String::new()),
         MarkerEvent::BeginWaiting(p, pid) => ("B", p.as_str(), format!(" w={pid}")),
+        MarkerEvent::BeginOp(p, op) => ("B", p.as_str(), op.format()),
         MarkerEvent::End(p) => ("E", p.as_str(), String::new()),
         MarkerEvent::Step => ("S", phase::ITER, String::new()),
         MarkerEvent::Meta(kv) => (
@@ -269,6 +355,36 @@ mod tests {
         assert!(matches!(
             parse(b"SS1 9 5 10 0 3 B data w=-1"),
             Err(MarkerError::Number { field: "w", .. })
+        ));
+    }
+
+    #[test]
+    fn a_communication_operation_carries_its_identity() {
+        let text = "SS1 9 5 10 1 3 B comm op=recv g=0 n=4 b=16384 p=0";
+        let m = parse(text.as_bytes()).unwrap();
+        let MarkerEvent::BeginOp(phase, op) = &m.event else {
+            panic!("{:?}", m.event);
+        };
+        assert_eq!(phase, "comm");
+        assert_eq!(
+            (op.group, op.seq, op.bytes, op.peer),
+            (0, 4, 16384, Some(0))
+        );
+        assert_eq!(op.direction(), Some(Direction::Recv));
+        assert_eq!(format(&m), text);
+        let all_reduce = parse(b"SS1 9 5 10 1 3 B comm op=all_reduce g=2 n=0").unwrap();
+        let MarkerEvent::BeginOp(_, op) = &all_reduce.event else {
+            panic!("{:?}", all_reduce.event);
+        };
+        assert_eq!((op.bytes, op.peer, op.direction()), (0, None, None));
+        // A broken identity is refused with its reason, not read as a plain phase.
+        assert_eq!(
+            parse(b"SS1 9 5 10 1 3 B comm op=send g=0 b=4"),
+            Err(MarkerError::MissingField("n"))
+        );
+        assert!(matches!(
+            parse(b"SS1 9 5 10 1 3 B comm op=send g=0 n=1 p=x"),
+            Err(MarkerError::Number { field: "p", .. })
         ));
     }
 

@@ -126,11 +126,13 @@ pub fn summarize(job: &JobTimeline) -> Summary {
     let job_figures = figures(&job.summary.totals.job);
     let workers = job.node.markers.loader_workers();
     let critical = critical_path(job, &job_figures);
+    let parallelism = crate::parallelism::of_markers(&job.node.markers);
     let finding = find(&FindingInput {
         job: critical.as_ref().unwrap_or(&job_figures),
         ranks: &ranks,
         loader_workers: workers,
         cpus: header.cpus,
+        parallelism: &parallelism,
     });
     let last_t = job
         .end

@@ -27,6 +27,10 @@ const PACKAGE: &[(&str, &str)] = &[
         "stallscope/_comm_release.py",
         include_str!("../python/stallscope/_comm_release.py"),
     ),
+    (
+        "stallscope/_dist_ops.py",
+        include_str!("../python/stallscope/_dist_ops.py"),
+    ),
 ];
 const SITECUSTOMIZE: &str = include_str!("../python/sitecustomize.py");
 

@@ -99,6 +99,7 @@ fn input(start_ms: u64, end_ms: u64, spans: &[(&str, u64, u64)]) -> IterationInp
                 phase: p.to_string(),
                 begin: a * MS,
                 end: b * MS,
+                op: None,
             })
             .collect(),
         peer_arrivals: vec![],
@@ -404,11 +405,13 @@ fn parts_always_sum_exactly_to_the_wall_time() {
                 phase: "data".into(),
                 begin: a,
                 end: x,
+                op: None,
             },
             Span {
                 phase: "comm".into(),
                 begin: y,
                 end: b,
+                op: None,
             },
         ];
         inp.peer_arrivals = vec![Some(y + next(b - y + 1))];

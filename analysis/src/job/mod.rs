@@ -120,4 +120,6 @@ impl JobTimeline {
 }
 
 #[cfg(test)]
+mod p2p_tests;
+#[cfg(test)]
 mod tests;

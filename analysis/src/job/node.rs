@@ -10,8 +10,8 @@ use crate::attribution::{
 use crate::category::Category;
 use crate::frame::{Frame, ProcessInfo, SourceStatus};
 use crate::gpu_usage::NvmlReading;
-use crate::loops::MarkerLog;
-use crate::marker::phase;
+use crate::loops::{MarkerLog, ProcessMarks, Span};
+use crate::marker::{phase, CommOp, Direction};
 use crate::process::ancestors;
 use crate::series::{names, LINK_LOOPBACK, LINK_NIC};
 use crate::timeline::SeriesStore;
@@ -201,22 +201,47 @@ impl NodeTimeline {
         })
     }
 
-    /// For each comm span beginning in iteration `iter` of `pid`: the latest begin of the same
-    /// (by order) comm span among all loops that have that iteration. `None` for a collective
-    /// no other rank was seen in.
-    fn peer_arrivals(&self, pid: u32, iter: u64, begins: &[Nanos]) -> Vec<Option<Nanos>> {
-        let others: Vec<Vec<Nanos>> = self
-            .markers
-            .loops()
-            .filter(|q| q.pid != pid)
-            .filter_map(|q| q.iteration(iter).map(|(a, b)| q.comm_begins(a, b)))
-            .collect();
-        begins
+    /// For each comm span of iteration `iter` of `pid` (`comm`, in the order they began):
+    /// when the last rank began the same operation, ns, or `None` for one no other rank was
+    /// seen in. An operation the hook named ([`CommOp`]) is matched by its identity: a
+    /// collective by (group, op, seq) among every other loop, a send or receive by the peer's
+    /// receive or send of the same number to or from this rank (a receiver waits for its
+    /// sender to begin; a sender, with gloo, for its receiver). The others (DDP's exposed
+    /// all-reduce, `stallscope.phase("comm")`) are matched by position among the peers'
+    /// unnamed comm spans of the same iteration.
+    fn peer_arrivals(&self, pid: u32, iter: u64, spans: &[Span]) -> Vec<Option<Nanos>> {
+        let ranks = self.markers.ranks();
+        let others: Vec<&ProcessMarks> = self.markers.loops().filter(|q| q.pid != pid).collect();
+        let unnamed: Vec<Vec<Nanos>> = others
             .iter()
-            .enumerate()
-            .map(|(k, own)| {
-                let latest = others.iter().filter_map(|o| o.get(k)).max().copied();
-                latest.map(|l| l.max(*own))
+            .filter_map(|q| q.iteration(iter).map(|(a, b)| q.comm_spans(a, b)))
+            .map(|v| {
+                v.into_iter()
+                    .filter(|s| s.op.is_none())
+                    .map(|s| s.begin)
+                    .collect()
+            })
+            .collect();
+        let mut k = 0;
+        spans
+            .iter()
+            .map(|span| {
+                let latest = match &span.op {
+                    Some(op) => match (op.peer, op.direction(), ranks.get(&pid)) {
+                        (Some(peer), Some(direction), Some(&own)) => {
+                            p2p_arrival(&others, &ranks, op, (own, peer), direction)
+                        }
+                        _ => others
+                            .iter()
+                            .filter_map(|q| q.op_begin(|o| same(o, op)))
+                            .max(),
+                    },
+                    None => {
+                        k += 1;
+                        unnamed.iter().filter_map(|o| o.get(k - 1)).max().copied()
+                    }
+                };
+                latest.map(|l| l.max(span.begin))
             })
             .collect()
     }
@@ -322,7 +347,7 @@ impl NodeTimeline {
         links: &Links,
     ) -> Attributed {
         let marks = &self.markers.procs[&pid];
-        let begins = marks.comm_begins(start, end);
+        let comm = marks.comm_spans(start, end);
         let spans = marks.spans_within(start, end);
         let waits = spans
             .iter()
@@ -336,7 +361,7 @@ impl NodeTimeline {
             start,
             end,
             spans,
-            peer_arrivals: self.peer_arrivals(pid, iter, &begins),
+            peer_arrivals: self.peer_arrivals(pid, iter, &comm),
             gpu: self.gpu_iteration(pid, iter),
             waits,
         };
@@ -418,4 +443,24 @@ pub struct Held {
     pub series: usize,
     /// Samples over all series.
     pub samples: usize,
+}
+
+/// Whether `a` and `b` are the same collective: same op, group and number.
+fn same(a: &CommOp, b: &CommOp) -> bool {
+    a.peer.is_none() && a.op == b.op && a.group == b.group && a.seq == b.seq
+}
+
+/// ns, when rank `peer` began its end of rank `own`'s point-to-point operation `op` (its
+/// receive of our send, or its send of our receive, of the same number), when kept.
+fn p2p_arrival(
+    others: &[&ProcessMarks],
+    ranks: &BTreeMap<u32, u32>,
+    op: &CommOp,
+    (own, peer): (u32, u32),
+    direction: Direction,
+) -> Option<Nanos> {
+    let q = others.iter().find(|q| ranks.get(&q.pid) == Some(&peer))?;
+    q.op_begin(|o| {
+        o.peer == Some(own) && o.seq == op.seq && o.direction().is_some_and(|d| d != direction)
+    })
 }

@@ -437,6 +437,7 @@ impl ReportBuilder {
             iterations: self.critical_iterations,
             loader_workers: workers,
             cpus: self.header.as_ref().map_or(0, |h| h.cpus),
+            parallelism: crate::parallelism::of_markers(&self.journal.timeline().node.markers),
         };
         let verdict = verdict(&summary, &critical, &view, &problems, self.end.is_some());
 
@@ -882,6 +883,7 @@ struct CriticalPath {
     iterations: u64,
     loader_workers: Option<u32>,
     cpus: u32,
+    parallelism: crate::parallelism::Parallelism,
 }
 
 /// The finding on the critical path: what the slowest rank of each iteration spent its time
@@ -906,6 +908,7 @@ fn critical_finding(
         ranks: &summary.ranks,
         loader_workers: cp.loader_workers,
         cpus: cp.cpus,
+        parallelism: &cp.parallelism,
     });
     (f, figures.categories)
 }

@@ -14,6 +14,8 @@ training script sends the markers stallscope attributes iterations with:
   bucket became ready until ``backward()`` returns (all-reduce overlapped with the rest of the
   backward pass cost no wall time and is compute), and DDP's blocking buffer broadcast at the
   start of ``forward()``, where rank 0 waits for late peers;
+* ``comm`` with ``op=``: every ``torch.distributed`` collective and send/receive the program
+  calls itself, with its identity (``_dist_ops``);
 * ``M``: facts the analysis needs (framework, world size, loader workers, loader processes).
 
 Everything here is best effort: a patch that does not apply to the installed torch is skipped,
@@ -30,7 +32,7 @@ import time
 import weakref
 
 import stallscope
-from stallscope import _comm_release, _cuda_timing, _experiment
+from stallscope import _comm_release, _cuda_timing, _dist_ops, _experiment
 
 _monotonic_ns = time.monotonic_ns
 _installed = False
@@ -96,6 +98,7 @@ def install():
         _patch_ddp,
         _patch_backward,
         _patch_init_process_group,
+        _dist_ops.install,
     ):
         try:
             patch(torch)
@@ -441,7 +444,8 @@ def _relay_hook(state, bucket):
     except Exception:
         pass
     _cuda_timing.on_bucket()
-    fut = state.hook(state.state, bucket)
+    with _dist_ops.quiet():  # marked as DDP's exposed communication, not op by op
+        fut = state.hook(state.state, bucket)
     _comm_release.keep(fut)  # a communication thread must not drop its last reference
     return fut
 
@@ -504,7 +508,7 @@ def _patch_ddp(torch):
 
         @functools.wraps(sync_buffers)
         def _sync_buffers(self, *args, **kwargs):
-            with comm:
+            with comm, _dist_ops.quiet():
                 return sync_buffers(self, *args, **kwargs)
 
         ddp._sync_buffers = _mark(_sync_buffers)

@@ -73,6 +73,14 @@ def parse(datagram):
                 if not sep or not re.match(r"[0-9]+\Z", v):
                     raise ValueError("w {!r}".format(f))
                 m.fields["w"] = v
+            elif k == "op" and m.event == "B":
+                if not _NAME.match(v):
+                    raise ValueError("op {!r}".format(f))
+                m.fields["op"] = v
+            elif k in ("g", "n", "b", "p") and m.event == "B":
+                if not sep or not re.match(r"[0-9]+\Z", v):
+                    raise ValueError("{} {!r}".format(k, f))
+                m.fields[k] = v
     elif m.event == "M":
         for f in fields[8:]:
             k, sep, v = f.partition("=")
@@ -186,6 +194,24 @@ class MarkerTest(unittest.TestCase):
         self.assertEqual(
             markers[6].fields,
             {"workers": "2", "pin_memory": "1", "framework": "torch-2.1.0-cu121", "path": "/a/b"},
+        )
+        self.assertEqual(ss.dropped(), 0)
+
+    def test_a_communication_operation_names_itself_on_its_begin(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path)
+        ss._op_span("comm", 100, 250, "recv", 0, 7, 16384, peer=1)
+        ss._op_span("comm", 300, 400, "all/reduce", 2, 0, 8)
+        markers = receiver.stop()
+        got = [(m.t_ns, m.event, m.phase, m.fields) for m in markers]
+        self.assertEqual(
+            got,
+            [
+                (100, "B", "comm", {"op": "recv", "g": "0", "n": "7", "b": "16384", "p": "1"}),
+                (250, "E", "comm", {}),
+                (300, "B", "comm", {"op": "all_reduce", "g": "2", "n": "0", "b": "8"}),
+                (400, "E", "comm", {}),
+            ],
         )
         self.assertEqual(ss.dropped(), 0)
 

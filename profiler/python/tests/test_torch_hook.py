@@ -262,6 +262,51 @@ DESTROY_RIGHT_AFTER_BACKWARD = """
 """
 
 
+# Every operation a program calls itself, on two ranks over gloo; DDP's own communication
+# (its comm hook's all-reduce) and a failing call are not marked.
+DIST_OPS = """
+    import os
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    peer = 1 - rank
+    t = torch.ones(256)  # 1 kB
+    dist.all_reduce(t)
+    c10d.all_reduce(t)  # the other spelling, numbered on
+    dist.broadcast(t, src=0)
+    dist.all_gather([torch.empty(256), torch.empty(256)], t)
+    dist.all_reduce(t, async_op=True).wait()
+    if rank == 0:
+        dist.send(torch.ones(4096), dst=1)  # 16 kB
+        dist.isend(torch.ones(8), dst=1).wait()
+        got = dist.recv(torch.empty(2), src=1)
+    else:
+        dist.recv(torch.empty(4096), src=0)
+        dist.irecv(torch.empty(8), src=0).wait()
+        dist.send(torch.ones(2), dst=0)
+    ops = [dist.P2POp(dist.isend, torch.ones(4), peer), dist.P2POp(dist.irecv, torch.empty(4), peer)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    sub = dist.new_group([0, 1])
+    dist.all_reduce(t, group=sub)
+    try:
+        dist.all_reduce("not a tensor")
+    except Exception as e:
+        print("refused")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    dist.barrier()
+    dist.destroy_process_group()
+    print("done", float(t[0]))
+"""
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -348,10 +393,10 @@ class TorchHookTest(unittest.TestCase):
         self.assertIsNone(open_begin)
         return pairs
 
-    def run_ranks(self, script, ranks=2, jobs=1, within=60):
+    def run_ranks(self, script, ranks=2, jobs=1, within=60, markers=None):
         """Runs ``jobs`` jobs of ``ranks`` processes of ``script`` at once, hooked as ``stallscope
         run`` would; returns each process's (exit code, stdout), None for one still running
-        after ``within`` s (then killed)."""
+        after ``within`` s (then killed). The markers received go into the list ``markers``."""
         with tempfile.TemporaryDirectory() as tmp:
             script_path = os.path.join(tmp, "train.py")
             with open(script_path, "w") as f:
@@ -390,7 +435,9 @@ class TorchHookTest(unittest.TestCase):
                     if proc.poll() is None:
                         proc.kill()
                         proc.wait()
-                receiver.stop(settle=0)
+                received = receiver.stop(settle=0 if markers is None else 0.2)
+                if markers is not None:
+                    markers.extend(received)
 
     def test_a_process_group_destroyed_right_after_backward_does_not_hang(self):
         # Before stallscope's comm hook guarded against it, 4 of 70 such processes hung, and
@@ -402,6 +449,63 @@ class TorchHookTest(unittest.TestCase):
             # the script's own.
             ends = [(code, out.splitlines()[-1:]) for code, out in results]
             self.assertEqual(ends, [(0, ["exited"])] * 4, results)
+
+    def test_every_collective_and_send_is_marked_with_its_identity(self):
+        for _ in range(3):  # the socket may drop a burst on a loaded machine: retry
+            markers = []
+            results = self.run_ranks(DIST_OPS, markers=markers, within=120)
+            self.assertNotIn(None, results, "a rank hung")
+            if _complete(markers):
+                break
+        self.assertTrue(_complete(markers), "markers were dropped on every attempt")
+        for code, out in results:
+            self.assertEqual(code, 0)
+            self.assertEqual(out.splitlines()[-2:], ["refused", "done 16.0"], out)
+        ranks = {m.pid: m.rank for m in markers if m.event == "S"}
+        self.assertEqual(sorted(ranks.values()), [0, 1], ranks)
+        for pid, rank in ranks.items():
+            mine = sorted((m for m in markers if m.pid == pid), key=lambda m: m.seq)
+            pairs = self.assert_pairs(mine, "comm")
+            named = [b.fields for b, _ in pairs if "op" in b.fields]
+            ident = [
+                (f["op"], f["g"], f["n"], f["b"], f.get("p")) for f in named
+            ]
+            peer = str(1 - rank)
+            p2p = (
+                [("send", "0", "0", "16384", peer), ("isend", "0", "1", "32", peer),
+                 ("recv", "0", "0", "8", peer)]
+                if rank == 0 else
+                [("recv", "0", "0", "16384", peer), ("irecv", "0", "1", "32", peer),
+                 ("send", "0", "0", "8", peer)]
+            )
+            batch = [("batch_isend_irecv", "0", "0", "32", None)]
+            self.assertEqual(
+                ident,
+                [
+                    ("all_reduce", "0", "0", "1024", None),
+                    ("all_reduce", "0", "1", "1024", None),
+                    ("broadcast", "0", "0", "1024", None),
+                    ("all_gather", "0", "0", "2048", None),
+                    ("all_reduce", "0", "2", "1024", None),
+                ]
+                + p2p
+                + batch
+                + [
+                    ("all_reduce", "1", "0", "1024", None),
+                    ("barrier", "0", "0", "0", None),
+                ],
+                "rank {}: DDP's all-reduces and the refused send are not marked".format(rank),
+            )
+            # DDP's exposed communication is still its own unnamed span, one per backward.
+            self.assertEqual(len(pairs) - len(named), 2, pairs)
+            metas = {}
+            for m in mine:
+                if m.event == "M":
+                    metas.update(m.fields)
+            self.assertEqual((metas.get("group.0"), metas.get("group.1")), ("2/0:1", "2/0:1"))
+            # An asynchronous operation lasts until its wait() returned.
+            for b, e in pairs:
+                self.assertLessEqual(b.t_ns, e.t_ns)
 
     def test_training_loop_is_marked(self):
         stdout, stderr, markers = self.run_script(TRAIN)

@@ -4,11 +4,19 @@
 //! The finding names the largest stall. Its gain is the bound of removing that stall entirely:
 //! the iteration would take `(1 - f)` of its time, where `f` is the stall's share. Stalls under
 //! [`MINOR_STALL`] are not worth a change; the job is then called compute-bound.
+//!
+//! A pipeline-parallel job (its ranks sent to each other point to point) whose lighter stages
+//! wait for a heavier one is told so in stages (`finding/pipeline.rs`): the cure is to balance the
+//! stages, which no per-category advice would say. Advice naming DDP's knobs is given only to
+//! a job that uses DDP.
 
 use serde::{Deserialize, Serialize};
 
 use crate::category::Category;
 use crate::figures::{Figures, RankSummary};
+use crate::parallelism::Parallelism;
+
+mod pipeline;
 
 /// A stall share below which no change is suggested, 0–1.
 pub const MINOR_STALL: f64 = 0.05;
@@ -46,6 +54,8 @@ pub struct FindingInput<'a> {
     pub loader_workers: Option<u32>,
     /// CPUs on the node.
     pub cpus: u32,
+    /// How the job is parallelised, as its markers tell.
+    pub parallelism: &'a Parallelism,
 }
 
 fn pct(f: f64) -> String {
@@ -56,6 +66,9 @@ fn pct(f: f64) -> String {
 /// loopback between processes, and a small all-reduce is latency-bound (PyTorch's
 /// ddp-tutorial-series toy all-reduces 84 bytes), so faster links would not help.
 const CPU_INTERCONNECT: &str = "this is communication between processes on the CPU (no GPU was seen), so NVLink cannot help: when the gradients are small the all-reduce is latency-bound — accumulate gradients (DDP no_sync) or use a larger batch per process; `stallscope advise` tells which";
+
+/// [`CPU_INTERCONNECT`] for a job without DDP.
+const CPU_INTERCONNECT_NO_DDP: &str = "this is communication between processes on the CPU (no GPU was seen), so NVLink cannot help: small messages are latency-bound — exchange fewer, larger tensors or do more work per exchange";
 
 fn suggestion(c: Category, input: &FindingInput, straggler: Option<u32>) -> String {
     match c {
@@ -71,11 +84,16 @@ fn suggestion(c: Category, input: &FindingInput, straggler: Option<u32>) -> Stri
             None => "give data loading more CPU (more DataLoader workers) or make decoding and augmentation cheaper".into(),
         },
         Category::DataFetch => "cache the dataset in memory or on local disk, raise DataLoader workers/prefetch_factor to keep more reads in flight, or use storage with more read bandwidth".into(),
-        Category::Network => "overlap communication with compute (larger DDP bucket_cap_mb, gradient accumulation), compress gradients (fp16/PowerSGD comm hooks), or choose an instance type with more network bandwidth".into(),
+        Category::Network if input.parallelism.ddp => "overlap communication with compute (larger DDP bucket_cap_mb, gradient accumulation), compress gradients (fp16/PowerSGD comm hooks), or choose an instance type with more network bandwidth".into(),
+        Category::Network => "overlap communication with compute, send fewer or smaller tensors (compression), or choose an instance type with more network bandwidth".into(),
         Category::Interconnect
             if !input.ranks.is_empty() && input.ranks.iter().all(|r| r.gpu.is_none()) =>
         {
-            CPU_INTERCONNECT.into()
+            if input.parallelism.ddp {
+                CPU_INTERCONNECT.into()
+            } else {
+                CPU_INTERCONNECT_NO_DDP.into()
+            }
         }
         Category::Interconnect => "use accelerators joined by NVLink, keep peer traffic off the host (pinned memory, fewer staging copies), or overlap communication with compute".into(),
         Category::PeerWait => match straggler {
@@ -104,6 +122,9 @@ pub fn find(input: &FindingInput) -> Finding {
     let job = input.job;
     if job.iterations == 0 {
         return no_iterations();
+    }
+    if let Some(f) = pipeline::imbalance(input) {
+        return f;
     }
     let stall = largest_stall(job);
     let f = job.categories.get(stall).fraction;
@@ -239,6 +260,7 @@ mod tests {
             ranks: &[],
             loader_workers: Some(0),
             cpus: 8,
+            parallelism: &Parallelism::default(),
         });
         assert_eq!(f.category, Some(Category::DataPrep));
         assert!((f.max_speedup - 2.5).abs() < 1e-9);
@@ -259,6 +281,7 @@ mod tests {
             ranks: &[],
             loader_workers: Some(0),
             cpus: 8,
+            parallelism: &Parallelism::default(),
         });
         assert_eq!(f.max_speedup, MAX_SPEEDUP);
         assert!(
@@ -282,6 +305,10 @@ mod tests {
             ranks: &ranks,
             loader_workers: Some(0),
             cpus: 2,
+            parallelism: &Parallelism {
+                ddp: true,
+                pipeline: None,
+            },
         });
         assert_eq!(f.category, Some(Category::Interconnect));
         assert!(
@@ -304,6 +331,7 @@ mod tests {
             ranks: &[],
             loader_workers: None,
             cpus: 2,
+            parallelism: &Parallelism::default(),
         });
         assert_eq!(f.category, Some(Category::Compute));
         assert!(f.sentence.starts_with("compute-bound"));
@@ -317,6 +345,7 @@ mod tests {
             ranks: &[],
             loader_workers: None,
             cpus: 2,
+            parallelism: &Parallelism::default(),
         });
         assert_eq!(f.category, None);
         assert!(f.suggestion.contains("--iter-regex"));
