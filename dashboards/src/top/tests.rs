@@ -115,6 +115,7 @@ fn model(name: &str, specs: &[Spec], iters: u64) -> JobView {
             ranks: &rank_summaries,
             loader_workers: Some(2),
             cpus: 16,
+            parallelism: &Default::default(),
         }),
         job,
         ranks: rank_summaries,
