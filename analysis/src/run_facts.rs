@@ -1,8 +1,18 @@
 //! What one configuration's profile says that the experiment needs: the wall time of each
-//! iteration, and the inputs of the what-if model (batch, loader CPU, dataset size).
+//! iteration, and the inputs of the what-if model (batch, loader CPU, dataset size); the
+//! advisor reads a profile through it too.
+//!
+//! A fold ([`RunFactsFold`]): frames go in one at a time, as the profile reader gives them,
+//! and what is kept does not grow with the run (per iteration, only the last
+//! [`crate::critical::PENDING`] awaiting their last rank; the iteration times as running
+//! totals and a median that is exact up to 65,536 iterations), so `advise` and the report's
+//! advice read a profile of any size.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::aggregate::{WallMedian, EXACT_WALLS_JOB};
+
+use crate::attribution::IterationBreakdown;
 use crate::category::Split;
 use crate::critical::CriticalPath;
 use crate::frame::{Frame, Role};
@@ -14,8 +24,15 @@ use crate::series::names;
 /// Facts of one run, read from its frames.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunFacts {
-    /// s, per counted iteration index (warm-up left out), the mean wall time over ranks.
+    /// s, per counted iteration index (warm-up left out), the mean wall time over ranks: the
+    /// first [`EXACT_WALLS_JOB`] (an experiment's configurations run a few dozen).
     pub iteration_seconds: Vec<f64>,
+    /// Counted iterations (warm-up left out), all of them.
+    pub iterations_counted: u64,
+    /// s, the mean of the counted iterations' times (each the mean over ranks).
+    pub mean_iteration_seconds: f64,
+    /// s, their median (exact up to [`EXACT_WALLS_JOB`] iterations, then within 0.39%).
+    pub median_iteration_seconds: f64,
     /// Ranks that completed iterations.
     pub ranks: u32,
     /// Iterations each rank completed, warm-up included (the largest over ranks).
@@ -51,62 +68,138 @@ impl RunFacts {
 
 /// Reads the facts from a run's frames; iterations below `warmup` are left out of the times.
 pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
-    let mut facts = RunFacts::default();
-    let mut walls: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-    // The one critical-path rule (`crate::critical`): the rank that waited least, ties to
-    // the one that finished last. The rank count is not known until the end, so iterations
-    // are taken as they stand (all ranks have long reported one 4,096 iterations back).
-    let mut critical = CriticalPath::default();
-    let mut ranks: HashSet<u32> = HashSet::new();
-    let mut loaders: HashSet<u32> = HashSet::new();
-    let mut cpu_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
-    let mut cpu_max: HashMap<u32, u64> = HashMap::new(); // pid → ns
-    let mut read_series: HashMap<u32, u32> = HashMap::new(); // series id → pid
-    let mut read_max: HashMap<u32, u64> = HashMap::new(); // pid → bytes
-                                                          // The hook's facts, through the one parser (`ProcessMeta`); the latest said wins.
-    let mut meta = ProcessMeta::default();
+    let mut fold = RunFactsFold::new(warmup);
+    frames.iter().for_each(|f| fold.ingest(f));
+    fold.finish()
+}
 
-    // A collector's job profile has no `Breakdown` of its own: its ranks' iterations are the
-    // ones their agents shipped, read only where the profile has no `Breakdown`.
-    let has_breakdowns = frames.iter().any(|f| matches!(f, Frame::Breakdown(_)));
-    for frame in frames {
-        let breakdown = match frame {
-            Frame::Breakdown(b) => Some(b),
-            _ if !has_breakdowns => frame.node_iteration().map(|it| &it.breakdown),
-            _ => None,
-        };
-        if let Some(b) = breakdown {
-            ranks.insert(b.rank);
-            facts.iterations_total = facts.iterations_total.max(b.iter + 1);
-            if b.iter >= warmup as u64 {
-                walls.entry(b.iter).or_default().push(secs(b.wall_ns()));
-                critical.add(b.iter, b.end_ns, &b.split, usize::MAX);
-            }
-            continue;
+/// The iterations of one kind of record (the run's own `Breakdown`s, or the ones a job
+/// profile's agents shipped): a collector's job profile has no `Breakdown` of its own, so
+/// its ranks' iterations are the shipped ones, used only where no `Breakdown` was seen.
+#[derive(Debug, Default)]
+struct Iterations {
+    seen: bool,
+    ranks: HashSet<u32>,
+    iterations_total: u64,
+    /// Per counted iteration still awaiting ranks: (s summed over ranks, ranks).
+    pending: BTreeMap<u64, (f64, u32)>,
+    /// The first [`EXACT_WALLS_JOB`] counted iterations' mean times, s.
+    first: Vec<f64>,
+    counted: u64,
+    sum_seconds: f64,
+    median: Option<WallMedian>,
+    /// The one critical-path rule (`crate::critical`): the rank that waited least, ties to
+    /// the one that finished last. The rank count is not known until the end, so iterations
+    /// are taken as they stand (all ranks have long reported one 4,096 iterations back).
+    critical: CriticalPath,
+}
+
+impl Iterations {
+    fn add(&mut self, b: &IterationBreakdown, warmup: u32) {
+        self.seen = true;
+        self.ranks.insert(b.rank);
+        self.iterations_total = self.iterations_total.max(b.iter + 1);
+        if b.iter < warmup as u64 {
+            return;
         }
+        let p = self.pending.entry(b.iter).or_default();
+        p.0 += secs(b.wall_ns());
+        p.1 += 1;
+        self.critical.add(b.iter, b.end_ns, &b.split, usize::MAX);
+        while self.pending.len() > crate::critical::PENDING {
+            if let Some((_, done)) = self.pending.pop_first() {
+                self.close(done);
+            }
+        }
+    }
+
+    fn close(&mut self, (sum, n): (f64, u32)) {
+        let mean = sum / f64::from(n.max(1));
+        if self.first.len() < EXACT_WALLS_JOB {
+            self.first.push(mean);
+        }
+        self.counted += 1;
+        self.sum_seconds += mean;
+        self.median
+            .get_or_insert_with(|| WallMedian::new(EXACT_WALLS_JOB))
+            .add((mean * 1e9).round() as u64);
+    }
+
+    fn finish(mut self, facts: &mut RunFacts) {
+        for done in std::mem::take(&mut self.pending).into_values() {
+            self.close(done);
+        }
+        facts.ranks = self.ranks.len() as u32;
+        facts.iterations_total = self.iterations_total;
+        facts.iterations_counted = self.counted;
+        if self.counted > 0 {
+            facts.mean_iteration_seconds = self.sum_seconds / self.counted as f64;
+        }
+        facts.median_iteration_seconds = self.median.map_or(0.0, |m| m.median() as f64 / 1e9);
+        facts.iteration_seconds = self.first;
+        facts.critical_path = self.critical.totals().0;
+    }
+}
+
+/// The facts of a run, read one frame at a time ([`RunFactsFold::ingest`]) in bounded memory.
+#[derive(Debug, Default)]
+pub struct RunFactsFold {
+    warmup: u32,
+    cpus: u32,
+    /// The run's own attributed iterations.
+    own: Iterations,
+    /// The iterations a job profile's agents shipped.
+    shipped: Iterations,
+    loaders: HashSet<u32>,
+    cpu_series: HashMap<u32, u32>,  // series id → pid
+    cpu_max: HashMap<u32, u64>,     // pid → ns
+    read_series: HashMap<u32, u32>, // series id → pid
+    read_max: HashMap<u32, u64>,    // pid → bytes
+    /// The hook's facts, through the one parser (`ProcessMeta`); the latest said wins.
+    meta: ProcessMeta,
+}
+
+impl RunFactsFold {
+    /// A fold leaving the first `warmup` iterations of each rank out of the times.
+    pub fn new(warmup: u32) -> RunFactsFold {
+        RunFactsFold {
+            warmup,
+            ..RunFactsFold::default()
+        }
+    }
+
+    /// Sets the warm-up (before the first iteration arrives: a reader that learns it from
+    /// the profile's header).
+    pub fn set_warmup(&mut self, warmup: u32) {
+        self.warmup = warmup;
+    }
+
+    /// Takes the profile's next frame.
+    pub fn ingest(&mut self, frame: &Frame) {
         match frame {
-            Frame::Header(h) => facts.cpus = h.cpus,
+            Frame::Breakdown(b) => self.own.add(b, self.warmup),
+            Frame::Header(h) => self.cpus = h.cpus,
             Frame::Process(p) if p.role == Role::Loader => {
-                loaders.insert(p.pid);
+                self.loaders.insert(p.pid);
             }
             Frame::Series(d) if d.name == names::PROC_ALL_CPU_NS => {
                 if let Some(pid) = d.label("pid").and_then(|p| p.parse().ok()) {
-                    cpu_series.insert(d.id.0, pid);
+                    self.cpu_series.insert(d.id.0, pid);
                 }
             }
             Frame::Series(d) if d.name == names::PROC_READ_BYTES => {
                 if let Some(pid) = d.label("pid").and_then(|p| p.parse().ok()) {
-                    read_series.insert(d.id.0, pid);
+                    self.read_series.insert(d.id.0, pid);
                 }
             }
             Frame::Samples(batch) => {
                 for (id, v) in &batch.values {
-                    if let Some(pid) = cpu_series.get(&id.0) {
-                        let max = cpu_max.entry(*pid).or_default();
+                    if let Some(pid) = self.cpu_series.get(&id.0) {
+                        let max = self.cpu_max.entry(*pid).or_default();
                         *max = (*max).max(*v);
                     }
-                    if let Some(pid) = read_series.get(&id.0) {
-                        let max = read_max.entry(*pid).or_default();
+                    if let Some(pid) = self.read_series.get(&id.0) {
+                        let max = self.read_max.entry(*pid).or_default();
                         *max = (*max).max(*v);
                     }
                 }
@@ -115,43 +208,59 @@ pub fn run_facts(frames: &[Frame], warmup: u32) -> RunFacts {
                 for m in markers {
                     if let MarkerEvent::Meta(kv) = &m.event {
                         for (k, v) in kv {
-                            meta.set(k, v);
+                            self.meta.set(k, v);
                         }
                     }
                 }
             }
             Frame::NodeMeta(node_meta) => {
                 for (k, v) in &node_meta.fields {
-                    meta.set(k, v);
+                    self.meta.set(k, v);
                 }
             }
-            _ => {}
+            _ => {
+                if let Some(it) = frame.node_iteration() {
+                    self.shipped.add(&it.breakdown, self.warmup);
+                }
+            }
         }
     }
-    facts.ranks = ranks.len() as u32;
-    facts.batch_size = meta.batch_size;
-    facts.workers = meta.workers;
-    facts.dataset_samples = meta.dataset_samples;
-    facts.critical_path = critical.totals().0;
-    facts.iteration_seconds = walls
-        .values()
-        .map(|w| w.iter().sum::<f64>() / w.len() as f64)
-        .collect();
-    if !loaders.is_empty() {
-        let ns: u64 = loaders.iter().filter_map(|pid| cpu_max.get(pid)).sum();
-        if ns > 0 {
-            facts.loader_cpu_seconds = Some(secs(ns));
+
+    /// The facts.
+    pub fn finish(self) -> RunFacts {
+        let mut facts = RunFacts {
+            cpus: self.cpus,
+            batch_size: self.meta.batch_size,
+            workers: self.meta.workers,
+            dataset_samples: self.meta.dataset_samples,
+            ..RunFacts::default()
+        };
+        if self.own.seen {
+            self.own.finish(&mut facts);
+        } else {
+            self.shipped.finish(&mut facts);
         }
-        let read: Vec<u64> = loaders
-            .iter()
-            .filter_map(|pid| read_max.get(pid))
-            .copied()
-            .collect();
-        if !read.is_empty() {
-            facts.loader_read_bytes = Some(read.iter().sum());
+        if !self.loaders.is_empty() {
+            let ns: u64 = self
+                .loaders
+                .iter()
+                .filter_map(|pid| self.cpu_max.get(pid))
+                .sum();
+            if ns > 0 {
+                facts.loader_cpu_seconds = Some(secs(ns));
+            }
+            let read: Vec<u64> = self
+                .loaders
+                .iter()
+                .filter_map(|pid| self.read_max.get(pid))
+                .copied()
+                .collect();
+            if !read.is_empty() {
+                facts.loader_read_bytes = Some(read.iter().sum());
+            }
         }
+        facts
     }
-    facts
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use stallscope_analysis::advisor::{self, catalog, Measured, Request, Work};
 use stallscope_analysis::frame::Frame;
-use stallscope_collector::profile::read_profile;
+use stallscope_collector::profile::{read_profile, ProfileReader};
 
 /// Arguments of `stallscope advise`.
 #[derive(Debug, Args)]
@@ -64,12 +64,33 @@ fn frames_of(path: &PathBuf) -> anyhow::Result<Vec<Frame>> {
     Ok(read.frames)
 }
 
+/// What profile `path` measured, its frames streamed from the reader into the advisor's
+/// fold: nothing holds the profile, whatever its size.
+fn measure_streaming(path: &PathBuf, warmup: u32) -> anyhow::Result<Measured> {
+    let mut reader =
+        ProfileReader::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut m = advisor::Measuring::new(warmup);
+    for frame in reader.by_ref() {
+        match frame {
+            Ok(f) => m.ingest(&f),
+            Err(e) => {
+                eprintln!("stallscope: {}: reading stopped early: {e}", path.display());
+                break;
+            }
+        }
+    }
+    for issue in reader.take_issues() {
+        eprintln!("stallscope: {}: {}", path.display(), issue.describe());
+    }
+    Ok(m.finish())
+}
+
 /// The profiles pooled as one job (`advisor::pool`); `--measured-nodes` overrides the node
 /// count they tell (`advisor::shape`).
 fn measured(args: &AdviseArgs) -> anyhow::Result<Measured> {
     let mut all: Vec<Measured> = Vec::new();
     for p in &args.profiles {
-        let m = advisor::measure(&frames_of(p)?, args.warmup);
+        let m = measure_streaming(p, args.warmup)?;
         if m.iterations == 0 {
             anyhow::bail!("{} holds no counted iterations", p.display());
         }

@@ -19,11 +19,6 @@ use stallscope_analysis::report::{compare, AdviceSection, Report, ReportBuilder,
 use stallscope_collector::profile::ProfileReader;
 use stallscope_dashboards::report as render;
 
-/// bytes: profiles up to this size (all together) are held in memory so the advisor can run
-/// over them; larger ones are streamed and the advisor's section says to run
-/// `stallscope advise` on them.
-const ADVICE_MAX_BYTES: u64 = 64 * 1024 * 1024;
-
 /// Arguments of `stallscope report`.
 #[derive(Debug, Args)]
 pub struct ReportArgs {
@@ -149,14 +144,13 @@ fn kind_of(frames: &[Frame]) -> &'static str {
 /// becomes one of the report's problems.
 fn build(paths: &[PathBuf], experiment: Option<&Path>, advice: Option<&ReportArgs>) -> Report {
     let mut b = ReportBuilder::new("");
-    let total: u64 = paths.iter().map(|p| file_bytes(p)).sum();
-    let keep = advice.is_some() && total <= ADVICE_MAX_BYTES;
-    // Each run profile's own frames, for the advisor (it pools one job's run profiles).
-    let mut kept: Vec<Vec<Frame>> = Vec::new();
+    // What the advisor measured of each run profile (it pools one job's run profiles): one
+    // profile streams through its fold beside the report's; several are held to be joined.
+    let mut measured: Vec<advisor::Measured> = Vec::new();
     if let [path] = paths {
-        let mut frames = Vec::new();
-        stream(&mut b, path, keep.then_some(&mut frames));
-        kept.push(frames);
+        let mut fold = advice.map(|_| advisor::Measuring::with_profiles_warmup());
+        stream(&mut b, path, fold.as_mut());
+        measured.extend(fold.map(advisor::Measuring::finish));
     } else {
         let mut read = Vec::new();
         for p in paths {
@@ -170,8 +164,15 @@ fn build(paths: &[PathBuf], experiment: Option<&Path>, advice: Option<&ReportArg
                 for f in &joined {
                     b.ingest(f);
                 }
-                if keep {
-                    kept = read.into_iter().map(|(_, frames)| frames).collect();
+                if advice.is_some() {
+                    measured = read
+                        .iter()
+                        .map(|(_, frames)| {
+                            let mut fold = advisor::Measuring::with_profiles_warmup();
+                            frames.iter().for_each(|f| fold.ingest(f));
+                            fold.finish()
+                        })
+                        .collect();
                 }
             }
             Err(why) => b.problem(format!("the profiles could not be joined: {why}")),
@@ -182,16 +183,7 @@ fn build(paths: &[PathBuf], experiment: Option<&Path>, advice: Option<&ReportArg
     }
     let mut r = b.finish();
     if let Some(args) = advice {
-        r.advice = Some(if keep {
-            advice_section(&kept, args)
-        } else {
-            AdviceSection::Unavailable(format!(
-                "the profiles hold {} MB, more than the report keeps in memory for the \
-                 advisor ({} MB): run `stallscope advise` on them",
-                total / 1_000_000,
-                ADVICE_MAX_BYTES / 1_000_000
-            ))
-        });
+        r.advice = Some(advice_section(&measured, args));
     }
     r
 }
@@ -209,7 +201,7 @@ const BATCHES_AHEAD: usize = 8;
 
 /// Streams one profile into the builder (and into `keep`, when given). A second thread reads
 /// and decodes the frames while this one attributes them.
-fn stream(b: &mut ReportBuilder, path: &Path, keep: Option<&mut Vec<Frame>>) {
+fn stream(b: &mut ReportBuilder, path: &Path, measuring: Option<&mut advisor::Measuring>) {
     let Some(reader) = open(b, path) else {
         return;
     };
@@ -242,15 +234,15 @@ fn stream(b: &mut ReportBuilder, path: &Path, keep: Option<&mut Vec<Frame>>) {
         (reader, error)
     });
     let mut first: Vec<Frame> = Vec::new();
-    let mut keep = keep;
+    let mut measuring = measuring;
     for batch in rx {
         for f in batch {
             b.ingest(&f);
-            if first.len() < 2 {
-                first.push(f.clone());
+            if let Some(m) = measuring.as_deref_mut() {
+                m.ingest(&f);
             }
-            if let Some(k) = keep.as_deref_mut() {
-                k.push(f);
+            if first.len() < 2 {
+                first.push(f);
             }
         }
     }
@@ -356,7 +348,7 @@ fn add_experiment(b: &mut ReportBuilder, path: &Path) {
 
 /// The advisor over the shipped catalog (or `--catalog`), as `stallscope advise` runs it
 /// with its defaults.
-fn advice_section(runs: &[Vec<Frame>], args: &ReportArgs) -> AdviceSection {
+fn advice_section(runs: &[advisor::Measured], args: &ReportArgs) -> AdviceSection {
     match run_advisor(runs, args) {
         Ok(a) => AdviceSection::Advice(Box::new(a)),
         Err(why) => AdviceSection::Unavailable(why),
@@ -364,7 +356,7 @@ fn advice_section(runs: &[Vec<Frame>], args: &ReportArgs) -> AdviceSection {
 }
 
 fn run_advisor(
-    runs: &[Vec<Frame>],
+    runs: &[advisor::Measured],
     args: &ReportArgs,
 ) -> Result<stallscope_analysis::advisor::AdviceReport, String> {
     let text = match &args.catalog {
@@ -373,19 +365,10 @@ fn run_advisor(
     };
     let instances = catalog::parse_instances(&text).map_err(|e| e.to_string())?;
     let gpus = catalog::parse_gpus(catalog::SHIPPED_GPUS).map_err(|e| e.to_string())?;
-    let mut measured = Vec::new();
-    for frames in runs {
-        let header = frames.iter().find_map(|f| match f {
-            Frame::Header(h) => Some(h),
-            _ => None,
-        });
-        let m = advisor::measure(frames, header.map_or(1, |h| h.warmup_iters));
-        if m.iterations == 0 {
-            return Err("the profile holds no counted iterations to predict from".into());
-        }
-        measured.push(m);
+    if runs.iter().any(|m| m.iterations == 0) {
+        return Err("the profile holds no counted iterations to predict from".into());
     }
-    let m = advisor::pool(&measured).ok_or("no profile to predict from")?;
+    let m = advisor::pool(runs).ok_or("no profile to predict from")?;
     let current = advisor::find_current(&instances, args.current.as_deref(), &m)?;
     Ok(advisor::advise(
         &m,

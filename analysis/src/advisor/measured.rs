@@ -3,6 +3,8 @@
 //! iteration and collectives per iteration as the PyTorch hook reports them). Built from the
 //! experiment's [`RunFacts`] so both commands read a profile the same way.
 
+use std::collections::{HashMap, HashSet, VecDeque};
+
 use serde::{Deserialize, Serialize};
 
 use super::shape;
@@ -10,7 +12,7 @@ use crate::category::Category;
 use crate::frame::Frame;
 use crate::loops::ProcessMeta;
 use crate::marker::MarkerEvent;
-use crate::run_facts::RunFacts;
+use crate::run_facts::{RunFacts, RunFactsFold};
 use crate::secs;
 use crate::series::names;
 
@@ -183,55 +185,67 @@ pub struct GpuBound {
 /// device memory was read or written) against its utilisation (share of time a kernel ran):
 /// memory at 60% or more of the kernel time marks a memory-bound job (a dense GEMM keeps it
 /// well under half).
-fn gpu_bound(frames: &[Frame]) -> Option<GpuBound> {
-    use std::collections::HashMap;
-    let wanted = [
-        names::GPU_GPM_DRAM_BW,
-        names::GPU_GPM_TENSOR_ACTIVITY,
-        names::GPU_MEM_UTIL_PCT,
-        names::GPU_UTIL_PCT,
-    ];
-    let mut ids: HashMap<u32, usize> = HashMap::new();
-    let mut sums = [(0.0f64, 0u64); 4];
-    for frame in frames {
+#[derive(Debug, Default)]
+struct GpuFigures {
+    /// Series id → which of [`GPU_BOUND_SERIES`].
+    ids: HashMap<u32, usize>,
+    /// Per series, the sum of its samples and how many.
+    sums: [(f64, u64); 4],
+}
+
+/// The GPU series the bound is told from: GPM DRAM bandwidth and tensor activity, NVML
+/// memory and kernel utilisation.
+const GPU_BOUND_SERIES: [&str; 4] = [
+    names::GPU_GPM_DRAM_BW,
+    names::GPU_GPM_TENSOR_ACTIVITY,
+    names::GPU_MEM_UTIL_PCT,
+    names::GPU_UTIL_PCT,
+];
+
+impl GpuFigures {
+    fn ingest(&mut self, frame: &Frame) {
         match frame {
             Frame::Series(d) => {
-                if let Some(i) = wanted.iter().position(|n| *n == d.name) {
-                    ids.insert(d.id.0, i);
+                if let Some(i) = GPU_BOUND_SERIES.iter().position(|n| *n == d.name) {
+                    self.ids.insert(d.id.0, i);
                 }
             }
             Frame::Samples(batch) => {
                 for (id, v) in &batch.values {
-                    if let Some(&i) = ids.get(&id.0) {
-                        sums[i].0 += *v as f64;
-                        sums[i].1 += 1;
+                    if let Some(&i) = self.ids.get(&id.0) {
+                        self.sums[i].0 += *v as f64;
+                        self.sums[i].1 += 1;
                     }
                 }
             }
             _ => {}
         }
     }
-    let mean = |i: usize| (sums[i].1 > 0).then(|| sums[i].0 / sums[i].1 as f64);
-    if let (Some(dram), Some(tensor)) = (mean(0), mean(1)) {
-        let (dram, tensor) = (dram / 1000.0, tensor / 1000.0);
-        return Some(GpuBound {
-            memory: dram > tensor,
+
+    fn finish(self) -> Option<GpuBound> {
+        let sums = self.sums;
+        let mean = |i: usize| (sums[i].1 > 0).then(|| sums[i].0 / sums[i].1 as f64);
+        if let (Some(dram), Some(tensor)) = (mean(0), mean(1)) {
+            let (dram, tensor) = (dram / 1000.0, tensor / 1000.0);
+            return Some(GpuBound {
+                memory: dram > tensor,
+                evidence: format!(
+                    "GPM: DRAM bandwidth at {:.0}% of peak, tensor cores active {:.0}% of the time",
+                    dram * 100.0,
+                    tensor * 100.0
+                ),
+            });
+        }
+        let (Some(mem), Some(util)) = (mean(2), mean(3)) else {
+            return None;
+        };
+        Some(GpuBound {
+            memory: util > 0.0 && mem >= 0.6 * util,
             evidence: format!(
-                "GPM: DRAM bandwidth at {:.0}% of peak, tensor cores active {:.0}% of the time",
-                dram * 100.0,
-                tensor * 100.0
+                "NVML: memory read or written {mem:.0}% of the time, a kernel running {util:.0}%"
             ),
-        });
+        })
     }
-    let (Some(mem), Some(util)) = (mean(2), mean(3)) else {
-        return None;
-    };
-    Some(GpuBound {
-        memory: util > 0.0 && mem >= 0.6 * util,
-        evidence: format!(
-            "NVML: memory read or written {mem:.0}% of the time, a kernel running {util:.0}%"
-        ),
-    })
 }
 
 /// The mean of the finite values of `xs` (0 when none).
@@ -261,47 +275,102 @@ pub fn median(xs: &[f64]) -> f64 {
 
 /// Reads the measured job from a run's frames (`warmup` iterations left out).
 pub fn measure(frames: &[Frame], warmup: u32) -> Measured {
-    let facts: RunFacts = crate::run_facts::run_facts(frames, warmup);
-    let mut m = Measured {
-        iteration_seconds: mean(&facts.iteration_seconds),
-        median_iteration_seconds: median(&facts.iteration_seconds),
-        iterations: facts.iteration_seconds.len(),
-        ranks: facts.ranks.max(1),
-        ranks_measured: facts.ranks,
-        nodes: 1,
-        batch_size: facts.batch_size,
-        workers: facts.workers,
-        cpus: facts.cpus,
-        ..Default::default()
-    };
-    let cp = &facts.critical_path;
-    let n = m.iterations.max(1) as f64;
-    let per = |c: Category| secs(cp.get(c)) / n;
-    m.breakdown = Breakdown {
-        compute: per(Category::Compute),
-        data_fetch: per(Category::DataFetch),
-        data_prep: per(Category::DataPrep),
-        interconnect: per(Category::Interconnect),
-        network: per(Category::Network),
-        peer_wait: per(Category::PeerWait),
-        other: per(Category::Other),
-    }
-    .scaled_to(m.iteration_seconds);
-    if let Some(b) = facts.batch_size {
-        let samples = (facts.batches_prepared_per_rank() * b * m.ranks as u64) as f64;
-        if samples > 0.0 {
-            m.loader_cpu_seconds_per_sample = facts.loader_cpu_seconds.map(|cpu| cpu / samples);
-            m.loader_read_bytes_per_sample =
-                facts.loader_read_bytes.map(|bytes| bytes as f64 / samples);
+    let mut m = Measuring::new(warmup);
+    frames.iter().for_each(|f| m.ingest(f));
+    m.finish()
+}
+
+/// What the advisor measures of a profile, read one frame at a time in bounded memory (the
+/// profile reader's frames go straight in: nothing holds the profile, whatever its size).
+#[derive(Debug)]
+pub struct Measuring {
+    warmup: u32,
+    /// The warm-up is the profile's own (its header's), not given.
+    warmup_from_header: bool,
+    facts: RunFactsFold,
+    meta: MetaRead,
+    rank_cpu: RankCpu,
+    gpu: GpuFigures,
+}
+
+impl Measuring {
+    /// A fold leaving the first `warmup` iterations of each rank out.
+    pub fn new(warmup: u32) -> Measuring {
+        Measuring {
+            warmup,
+            warmup_from_header: false,
+            facts: RunFactsFold::new(warmup),
+            meta: MetaRead::default(),
+            rank_cpu: RankCpu::default(),
+            gpu: GpuFigures::default(),
         }
     }
-    let source = read_meta(frames, &mut m);
-    shape::settle(&mut m, source);
-    m.rank_cpu_seconds_per_iteration = rank_cpu(frames, warmup);
-    if m.on_gpu {
-        m.gpu_bound = gpu_bound(frames);
+
+    /// A fold leaving out the warm-up the profile's header names (1 without a header), as
+    /// the run it measured did.
+    pub fn with_profiles_warmup() -> Measuring {
+        Measuring {
+            warmup_from_header: true,
+            ..Measuring::new(1)
+        }
     }
-    m
+
+    /// Takes the profile's next frame.
+    pub fn ingest(&mut self, frame: &Frame) {
+        if let (true, Frame::Header(h)) = (self.warmup_from_header, frame) {
+            self.warmup = h.warmup_iters;
+            self.facts.set_warmup(h.warmup_iters);
+        }
+        self.facts.ingest(frame);
+        self.meta.ingest(frame);
+        self.rank_cpu.ingest(frame, self.warmup);
+        self.gpu.ingest(frame);
+    }
+
+    /// The measured job.
+    pub fn finish(self) -> Measured {
+        let facts: RunFacts = self.facts.finish();
+        let mut m = Measured {
+            iteration_seconds: facts.mean_iteration_seconds,
+            median_iteration_seconds: facts.median_iteration_seconds,
+            iterations: facts.iterations_counted as usize,
+            ranks: facts.ranks.max(1),
+            ranks_measured: facts.ranks,
+            nodes: 1,
+            batch_size: facts.batch_size,
+            workers: facts.workers,
+            cpus: facts.cpus,
+            ..Default::default()
+        };
+        let cp = &facts.critical_path;
+        let n = m.iterations.max(1) as f64;
+        let per = |c: Category| secs(cp.get(c)) / n;
+        m.breakdown = Breakdown {
+            compute: per(Category::Compute),
+            data_fetch: per(Category::DataFetch),
+            data_prep: per(Category::DataPrep),
+            interconnect: per(Category::Interconnect),
+            network: per(Category::Network),
+            peer_wait: per(Category::PeerWait),
+            other: per(Category::Other),
+        }
+        .scaled_to(m.iteration_seconds);
+        if let Some(b) = facts.batch_size {
+            let samples = (facts.batches_prepared_per_rank() * b * m.ranks as u64) as f64;
+            if samples > 0.0 {
+                m.loader_cpu_seconds_per_sample = facts.loader_cpu_seconds.map(|cpu| cpu / samples);
+                m.loader_read_bytes_per_sample =
+                    facts.loader_read_bytes.map(|bytes| bytes as f64 / samples);
+            }
+        }
+        let source = self.meta.finish(&mut m);
+        shape::settle(&mut m, source);
+        m.rank_cpu_seconds_per_iteration = self.rank_cpu.finish();
+        if m.on_gpu {
+            m.gpu_bound = self.gpu.finish();
+        }
+        m
+    }
 }
 
 impl Measured {
@@ -377,108 +446,165 @@ pub fn pool(runs: &[Measured]) -> Option<Measured> {
 
 /// CPU seconds per iteration of the ranks' own processes, over their counted iterations only
 /// (start-up, imports and warm-up left out), averaged over ranks.
-fn rank_cpu(frames: &[Frame], warmup: u32) -> Option<f64> {
-    use std::collections::HashMap;
-    let mut window: HashMap<u32, (u64, u64, u64)> = HashMap::new(); // pid → (start, end, n)
-    let mut series: HashMap<u32, u32> = HashMap::new(); // series id → pid
-    let mut samples: HashMap<u32, Vec<(u64, u64)>> = HashMap::new(); // pid → (t, ns)
-    for frame in frames {
+#[derive(Debug, Default)]
+struct RankCpu {
+    /// Per loop pid, its counted iterations' span: (first start, last end, how many), ns.
+    window: HashMap<u32, (u64, u64, u64)>,
+    /// Series id → pid, of the processes' CPU time.
+    series: HashMap<u32, u32>,
+    /// Per pid, its CPU samples of the last [`RECENT_CPU_NS`] (t ns, CPU ns): where the window's
+    /// ends are found, as the iterations that set them arrive (a few seconds after their
+    /// samples, once attributed).
+    recent: HashMap<u32, VecDeque<CpuSample>>,
+    /// Per pid, the first sample inside its window and the last one so far.
+    inside: HashMap<u32, (CpuSample, CpuSample)>,
+}
+
+/// One CPU-time sample of a process: (t ns, CPU ns).
+type CpuSample = (u64, u64);
+
+/// ns of CPU samples kept per process to find the ends of its counted iterations' span in.
+const RECENT_CPU_NS: u64 = 60_000_000_000;
+
+impl RankCpu {
+    fn ingest(&mut self, frame: &Frame, warmup: u32) {
         match frame {
             Frame::Breakdown(b) if b.iter >= warmup as u64 => {
-                let w = window.entry(b.pid).or_insert((u64::MAX, 0, 0));
+                let w = self.window.entry(b.pid).or_insert((u64::MAX, 0, 0));
                 *w = (w.0.min(b.start_ns), w.1.max(b.end_ns), w.2 + 1);
+                let (start, end, _) = *w;
+                if let Some(recent) = self.recent.get(&b.pid) {
+                    let first = recent.iter().find(|(t, _)| *t >= start && *t <= end);
+                    let last = recent.iter().rev().find(|(t, _)| *t >= start && *t <= end);
+                    if let (Some(&first), Some(&last)) = (first, last) {
+                        let e = self.inside.entry(b.pid).or_insert((first, last));
+                        e.1 = if last.0 >= e.1 .0 { last } else { e.1 };
+                    }
+                }
             }
             Frame::Series(d) if d.name == names::PROC_ALL_CPU_NS => {
                 if let Some(pid) = d.label("pid").and_then(|p| p.parse().ok()) {
-                    series.insert(d.id.0, pid);
+                    self.series.insert(d.id.0, pid);
                 }
             }
             Frame::Samples(batch) => {
                 for (id, v) in &batch.values {
-                    if let Some(pid) = series.get(&id.0) {
-                        samples.entry(*pid).or_default().push((batch.t_ns, *v));
+                    let Some(&pid) = self.series.get(&id.0) else {
+                        continue;
+                    };
+                    let recent = self.recent.entry(pid).or_default();
+                    recent.push_back((batch.t_ns, *v));
+                    while recent
+                        .front()
+                        .is_some_and(|(t, _)| batch.t_ns.saturating_sub(*t) > RECENT_CPU_NS)
+                    {
+                        recent.pop_front();
+                    }
+                    if let (Some(&(start, end, _)), Some(e)) =
+                        (self.window.get(&pid), self.inside.get_mut(&pid))
+                    {
+                        if batch.t_ns >= start && batch.t_ns <= end && batch.t_ns >= e.1 .0 {
+                            e.1 = (batch.t_ns, *v);
+                        }
                     }
                 }
             }
             _ => {}
         }
     }
-    let mut per_iter = Vec::new();
-    for (pid, (start, end, n)) in window {
-        let s = samples.get(&pid)?;
-        let inside: Vec<&(u64, u64)> = s.iter().filter(|(t, _)| *t >= start && *t <= end).collect();
-        if let (Some(a), Some(b)) = (inside.first(), inside.last()) {
+
+    /// CPU s per iteration of the loops, averaged over them: the CPU time between the first
+    /// and last samples inside each loop's counted iterations, over the iterations that span.
+    fn finish(self) -> Option<f64> {
+        let mut per_iter = Vec::new();
+        for (pid, (start, end, n)) in self.window {
+            let Some(&(a, b)) = self.inside.get(&pid) else {
+                continue;
+            };
             if b.0 > a.0 && n > 1 {
                 let iters = n as f64 * (b.0 - a.0) as f64 / (end - start).max(1) as f64;
                 per_iter.push(secs(b.1.saturating_sub(a.1)) / iters);
             }
         }
+        (!per_iter.is_empty()).then(|| per_iter.iter().sum::<f64>() / per_iter.len() as f64)
     }
-    (!per_iter.is_empty()).then(|| per_iter.iter().sum::<f64>() / per_iter.len() as f64)
 }
 
-/// Reads the hook's facts and the hosts (a run profile's own, or a job profile's agents')
-/// into `m`; returns which kind of profile it is.
-fn read_meta(frames: &[Frame], m: &mut Measured) -> shape::Source {
-    let mut nodes: std::collections::HashSet<String> = Default::default();
-    // The hook's facts, through the one parser (`ProcessMeta`): the latest said wins, the
-    // job's sizes the largest any rank said.
-    let mut job_meta = ProcessMeta::default();
-    let mut take = |kv: &mut dyn Iterator<Item = (&String, &String)>| {
+/// The hook's facts and the hosts (a run profile's own, or a job profile's agents').
+#[derive(Debug, Default)]
+struct MetaRead {
+    /// Host and node names seen.
+    nodes: HashSet<String>,
+    /// A job profile: its header is the collector's, and its nodes are the agents' that
+    /// shipped iterations (the header comes first).
+    job: bool,
+    /// The hook's facts, through the one parser (`ProcessMeta`): the latest said wins, the
+    /// job's sizes the largest any rank said.
+    said: ProcessMeta,
+    /// A device other than the CPU was named, or GPU series declared.
+    on_gpu: bool,
+}
+
+impl MetaRead {
+    fn take<'a>(&mut self, kv: impl Iterator<Item = &'a (String, String)>) {
         let mut said = ProcessMeta::default();
         for (k, v) in kv {
             said.set(k, v);
         }
-        job_meta.absorb(&said);
-        said.device
+        self.on_gpu |= said
+            .device
             .as_deref()
-            .is_some_and(|d| !d.starts_with("cpu"))
-    };
-    // A job profile's header is the collector's: its nodes are the agents' that shipped
-    // iterations.
-    let job = frames
-        .iter()
-        .any(|f| matches!(f, Frame::Header(h) if h.is_collectors()));
-    for frame in frames {
+            .is_some_and(|d| !d.starts_with("cpu"));
+        self.said.absorb(&said);
+    }
+
+    fn ingest(&mut self, frame: &Frame) {
         match frame {
-            Frame::Header(h) if !job => {
-                nodes.insert(h.host.clone());
+            Frame::Header(h) if h.is_collectors() => self.job = true,
+            Frame::Header(h) => {
+                self.nodes.insert(h.host.clone());
             }
             Frame::Markers(markers) => {
                 for mk in markers {
                     if let MarkerEvent::Meta(kv) = &mk.event {
-                        m.on_gpu |= take(&mut kv.iter().map(|(k, v)| (k, v)));
+                        self.take(kv.iter());
                     }
                 }
             }
             Frame::NodeMeta(meta) => {
-                nodes.insert(meta.node.clone());
-                m.on_gpu |= take(&mut meta.fields.iter().map(|(k, v)| (k, v)));
+                self.nodes.insert(meta.node.clone());
+                self.take(meta.fields.iter());
             }
             Frame::NodeReport(_) | Frame::NodeIteration(_) => {
                 if let Some(it) = frame.node_iteration() {
-                    nodes.insert(it.node.clone());
+                    self.nodes.insert(it.node.clone());
                 }
             }
-            Frame::Series(d) if d.name.starts_with("gpu.") => m.on_gpu = true,
+            Frame::Series(d) if d.name.starts_with("gpu.") => self.on_gpu = true,
             _ => {}
         }
     }
-    m.comm_bytes_per_iteration = job_meta.comm_bytes;
-    m.collectives_per_iteration = job_meta.comm_buckets;
-    m.bucket_bytes = job_meta.comm_bucket_bytes;
-    m.bucket_ready_seconds = job_meta.comm_bucket_ready_seconds;
-    m.comm_overlap_seconds = job_meta.comm_overlap_seconds;
-    m.backend = job_meta.backend;
-    m.comm_hook = job_meta.comm_hook;
-    m.world_size = job_meta.world_size;
-    m.local_world_size = job_meta.local_world_size;
-    let mut hosts: Vec<String> = nodes.into_iter().filter(|h| !h.is_empty()).collect();
-    hosts.sort();
-    m.hosts = hosts;
-    if job {
-        shape::Source::Job
-    } else {
-        shape::Source::Run
+
+    /// Puts what was said into `m`; returns which kind of profile it is.
+    fn finish(self, m: &mut Measured) -> shape::Source {
+        let said = self.said;
+        m.on_gpu |= self.on_gpu;
+        m.comm_bytes_per_iteration = said.comm_bytes;
+        m.collectives_per_iteration = said.comm_buckets;
+        m.bucket_bytes = said.comm_bucket_bytes;
+        m.bucket_ready_seconds = said.comm_bucket_ready_seconds;
+        m.comm_overlap_seconds = said.comm_overlap_seconds;
+        m.backend = said.backend;
+        m.comm_hook = said.comm_hook;
+        m.world_size = said.world_size;
+        m.local_world_size = said.local_world_size;
+        let mut hosts: Vec<String> = self.nodes.into_iter().filter(|h| !h.is_empty()).collect();
+        hosts.sort();
+        m.hosts = hosts;
+        if self.job {
+            shape::Source::Job
+        } else {
+            shape::Source::Run
+        }
     }
 }

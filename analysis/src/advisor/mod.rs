@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use advice::{Advice, CommBound};
 pub use catalog::{parse_gpus, parse_instances, CatalogError, Gpu, Instance};
-pub use measured::{mean, measure, median, pool, Breakdown, GpuBound, Measured};
+pub use measured::{mean, measure, median, pool, Breakdown, GpuBound, Measured, Measuring};
 pub use model::{predict, Candidate, InstancePrediction, Work};
 pub use render::render_text;
 
