@@ -182,3 +182,28 @@ fn the_measured_shape_that_misses_its_own_time_says_so() {
     assert!(said.contains("measured shape"), "{said}");
     assert!(said.contains("network"), "{said}");
 }
+
+/// The advisor reads a profile one frame at a time (`stallscope advise` and the report stream
+/// it from the reader, holding nothing): the warm-up comes from the header, and what it
+/// measures is what a pass over the frames in memory measures.
+#[test]
+fn a_profile_streamed_through_the_fold_measures_what_its_frames_do() {
+    let mut frames = run_profile("node0", [0, 1]);
+    if let Frame::Header(h) = &mut frames[0] {
+        h.warmup_iters = 2;
+    }
+    let mut fold = super::Measuring::with_profiles_warmup();
+    frames.iter().for_each(|f| fold.ingest(f));
+    let streamed = fold.finish();
+    let held = measure(&frames, 2);
+    assert_eq!(streamed.iterations, 4, "6 iterations, 2 of warm-up");
+    assert_eq!(
+        serde_json::to_string(&streamed).unwrap(),
+        serde_json::to_string(&held).unwrap()
+    );
+    assert_ne!(
+        serde_json::to_string(&measure(&frames, 1)).unwrap(),
+        serde_json::to_string(&held).unwrap(),
+        "the warm-up matters here"
+    );
+}
