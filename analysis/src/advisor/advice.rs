@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog::Instance;
 use super::measured::Measured;
-use super::model::{ranks_per_node, ALPHA_SECONDS};
 use super::network::Buckets;
+use super::network::{ranks_per_node, ALPHA_SECONDS};
 
 /// One piece of advice.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

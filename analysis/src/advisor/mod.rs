@@ -16,6 +16,7 @@ pub mod model;
 pub mod network;
 #[cfg(test)]
 mod node_count_tests;
+mod notes;
 mod render;
 mod self_check;
 pub mod shape;

@@ -8,14 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog::{gpu, Gpu, Instance};
 use super::measured::{Breakdown, Measured};
-use super::network;
-
-/// s, per-collective latency (α) assumed for the ring all-reduce when it cannot be measured:
-/// TCP over Ethernet (gloo, NCCL sockets) is tens of µs per step.
-pub const ALPHA_SECONDS: f64 = 50e-6;
-/// Fraction of a link's nominal rate a ring reaches when none was measured (NCCL's bus
-/// bandwidth on Ethernet is typically 60–80% of line rate).
-pub const DEFAULT_LINK_EFFICIENCY: f64 = 0.7;
+use super::network::{self, ranks_per_node};
+use super::notes::Notes;
 
 /// A candidate: an instance type and how many of them.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,41 +110,6 @@ fn compute_ratio(
     } else {
         a.bf16_tflops / b.bf16_tflops.max(1e-9)
     })
-}
-
-/// Ranks per node of a job on `inst`: its GPUs, or for a CPU machine the measured ranks per
-/// node.
-pub fn ranks_per_node(m: &Measured, inst: &Instance) -> u32 {
-    if inst.has_gpu() {
-        inst.accelerator_count
-    } else {
-        (m.ranks / m.nodes.max(1)).max(1)
-    }
-}
-
-/// Notes gathered while predicting.
-#[derive(Default)]
-pub(super) struct Notes {
-    pub(super) assumptions: Vec<String>,
-    pub(super) extrapolations: Vec<String>,
-}
-
-impl Notes {
-    pub(super) fn assume(&mut self, s: impl Into<String>) {
-        self.assumptions.push(s.into());
-    }
-    pub(super) fn extrapolate(&mut self, s: impl Into<String>) {
-        self.extrapolations.push(s.into());
-    }
-}
-
-/// s, one ring all-reduce of `bytes` over `ranks` at `bytes_per_s` in `collectives` steps.
-pub fn ring_seconds(bytes: f64, collectives: f64, ranks: u32, bytes_per_s: f64) -> f64 {
-    if ranks <= 1 {
-        return 0.0;
-    }
-    let w = ranks as f64;
-    2.0 * (w - 1.0) * ALPHA_SECONDS * collectives + 2.0 * (w - 1.0) / w * bytes / bytes_per_s
 }
 
 /// DS-Analyzer's pipeline: the loader workers fetch and prepare the next batches while the

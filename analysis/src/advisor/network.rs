@@ -14,7 +14,33 @@
 
 use super::catalog::Instance;
 use super::measured::Measured;
-use super::model::{ranks_per_node, ring_seconds, Notes, ALPHA_SECONDS, DEFAULT_LINK_EFFICIENCY};
+use super::notes::Notes;
+
+/// s, per-collective latency (α) assumed for the ring all-reduce when it cannot be measured:
+/// TCP over Ethernet (gloo, NCCL sockets) is tens of µs per step.
+pub const ALPHA_SECONDS: f64 = 50e-6;
+/// Fraction of a link's nominal rate a ring reaches when none was measured (NCCL's bus
+/// bandwidth on Ethernet is typically 60–80% of line rate).
+pub const DEFAULT_LINK_EFFICIENCY: f64 = 0.7;
+
+/// s, one ring all-reduce of `bytes` over `ranks` at `bytes_per_s` in `collectives` steps.
+pub fn ring_seconds(bytes: f64, collectives: f64, ranks: u32, bytes_per_s: f64) -> f64 {
+    if ranks <= 1 {
+        return 0.0;
+    }
+    let w = ranks as f64;
+    2.0 * (w - 1.0) * ALPHA_SECONDS * collectives + 2.0 * (w - 1.0) / w * bytes / bytes_per_s
+}
+
+/// Ranks per node of a job on `inst`: its GPUs, or for a CPU machine the measured ranks per
+/// node.
+pub fn ranks_per_node(m: &Measured, inst: &Instance) -> u32 {
+    if inst.has_gpu() {
+        inst.accelerator_count
+    } else {
+        (m.ranks / m.nodes.max(1)).max(1)
+    }
+}
 
 /// s below which exposed communication counts as hidden behind backward: the link's rate then
 /// has only a lower bound.
