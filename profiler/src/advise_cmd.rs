@@ -4,57 +4,11 @@
 
 use std::path::PathBuf;
 
+use crate::cli::AdviseArgs;
 use anyhow::Context;
-use clap::Args;
 use stallscope_analysis::advisor::{self, catalog, Measured, Request, Work};
 use stallscope_analysis::frame::Frame;
 use stallscope_collector::profile::{read_profile, ProfileReader};
-
-/// Arguments of `stallscope advise`.
-#[derive(Debug, Args)]
-pub struct AdviseArgs {
-    /// Profiles of the same job on the same machine (`stallscope run -o`); with several,
-    /// their iterations are pooled.
-    #[arg(required = true)]
-    pub profiles: Vec<PathBuf>,
-    /// The result of `stallscope experiment` for this job: its cold-cache read rate stands
-    /// for the measured machine's storage rate in the fetch model.
-    #[arg(long, value_name = "EXP")]
-    pub experiment: Option<PathBuf>,
-    /// Instance catalog CSV (SkyPilot's columns: InstanceType, AcceleratorName,
-    /// AcceleratorCount, vCPUs, MemoryGiB, Price; optional SpotPrice, NetworkGbps,
-    /// GpuLinkGBps, StorageMBps, Provider, Region). Default: the shipped catalog.
-    #[arg(long, value_name = "FILE")]
-    pub catalog: Option<PathBuf>,
-    /// The catalog row the profile was measured on (default: matched by CPUs and GPUs).
-    #[arg(long, value_name = "TYPE")]
-    pub current: Option<String>,
-    /// Node counts to consider, e.g. 1,2,4 (default: the measured count).
-    #[arg(long, value_delimiter = ',', value_name = "N")]
-    pub nodes: Vec<u32>,
-    /// Nodes the profile was measured on, over what the profile tells (the ranks'
-    /// world_size / local_world_size, else the hosts); said where it contradicts the profile.
-    #[arg(long, value_name = "N")]
-    pub measured_nodes: Option<u32>,
-    /// Samples to train on, over all ranks.
-    #[arg(long, value_name = "N", conflicts_with = "iterations", value_parser = crate::cli::positive_number)]
-    pub train_samples: Option<f64>,
-    /// Iterations to train.
-    #[arg(long, value_name = "N", value_parser = crate::cli::positive_number)]
-    pub iterations: Option<f64>,
-    /// Longest acceptable time to train, hours.
-    #[arg(long, value_name = "H", value_parser = crate::cli::positive_number)]
-    pub budget_hours: Option<f64>,
-    /// Price at spot rates (rows without a spot price are left out).
-    #[arg(long)]
-    pub spot: bool,
-    /// Iterations per rank left out as warm-up.
-    #[arg(long, default_value_t = 1)]
-    pub warmup: u32,
-    /// Also write the advice as JSON (schema stallscope.advice/1).
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-}
 
 fn frames_of(path: &PathBuf) -> anyhow::Result<Vec<Frame>> {
     let read = read_profile(path).with_context(|| format!("cannot read {}", path.display()))?;

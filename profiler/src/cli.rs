@@ -33,12 +33,12 @@ pub enum Command {
     Experiment(ExperimentArgs),
     /// Which instance type, node count and communication setup: predicted iteration time,
     /// time and cost to train for each catalog row, from a measured profile.
-    Advise(crate::advise_cmd::AdviseArgs),
+    Advise(AdviseArgs),
     /// The post-hoc report of a profile (a run's, a job's, an experiment's; or several run
     /// profiles of one job): verdict, breakdown, every iteration over the run, time outside
     /// iterations, stragglers, resources, advice. HTML (default), Markdown or JSON by the
     /// extension of -o; --compare BEFORE AFTER shows two runs side by side.
-    Report(crate::report_cmd::ReportArgs),
+    Report(ReportArgs),
     /// Start the processes of a data-parallel job with torchrun's environment (RANK,
     /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, …), on this node or on several.
     Launch(LaunchArgs),
@@ -60,7 +60,7 @@ pub enum Command {
     /// Cost benchmark of `stallscope report`: writes a long job's profile (24 h of 64 ranks
     /// by default) and reports it, measuring wall time, peak memory and size per node-hour.
     #[command(hide = true)]
-    ReportBench(crate::report_bench::ReportBenchArgs),
+    ReportBench(ReportBenchArgs),
     /// The forwarder of a training's output under `run --iter-regex` (profiler/src/forward.rs):
     /// copies stdin to stdout and to fd 3, outliving stallscope.
     #[command(hide = true)]
@@ -409,6 +409,106 @@ impl TlsClientArgs {
             addr,
         )?))
     }
+}
+
+/// Arguments of `stallscope advise`.
+#[derive(Debug, Args)]
+pub struct AdviseArgs {
+    /// Profiles of the same job on the same machine (`stallscope run -o`); with several,
+    /// their iterations are pooled.
+    #[arg(required = true)]
+    pub profiles: Vec<PathBuf>,
+    /// The result of `stallscope experiment` for this job: its cold-cache read rate stands
+    /// for the measured machine's storage rate in the fetch model.
+    #[arg(long, value_name = "EXP")]
+    pub experiment: Option<PathBuf>,
+    /// Instance catalog CSV (SkyPilot's columns: InstanceType, AcceleratorName,
+    /// AcceleratorCount, vCPUs, MemoryGiB, Price; optional SpotPrice, NetworkGbps,
+    /// GpuLinkGBps, StorageMBps, Provider, Region). Default: the shipped catalog.
+    #[arg(long, value_name = "FILE")]
+    pub catalog: Option<PathBuf>,
+    /// The catalog row the profile was measured on (default: matched by CPUs and GPUs).
+    #[arg(long, value_name = "TYPE")]
+    pub current: Option<String>,
+    /// Node counts to consider, e.g. 1,2,4 (default: the measured count).
+    #[arg(long, value_delimiter = ',', value_name = "N")]
+    pub nodes: Vec<u32>,
+    /// Nodes the profile was measured on, over what the profile tells (the ranks'
+    /// world_size / local_world_size, else the hosts); said where it contradicts the profile.
+    #[arg(long, value_name = "N")]
+    pub measured_nodes: Option<u32>,
+    /// Samples to train on, over all ranks.
+    #[arg(long, value_name = "N", conflicts_with = "iterations", value_parser = crate::cli::positive_number)]
+    pub train_samples: Option<f64>,
+    /// Iterations to train.
+    #[arg(long, value_name = "N", value_parser = crate::cli::positive_number)]
+    pub iterations: Option<f64>,
+    /// Longest acceptable time to train, hours.
+    #[arg(long, value_name = "H", value_parser = crate::cli::positive_number)]
+    pub budget_hours: Option<f64>,
+    /// Price at spot rates (rows without a spot price are left out).
+    #[arg(long)]
+    pub spot: bool,
+    /// Iterations per rank left out as warm-up.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Also write the advice as JSON (schema stallscope.advice/1).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// Arguments of `stallscope report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The profile to report: a run's (`stallscope run -o`), a collector's job profile, or an
+    /// experiment's; or several run profiles of one job (one per node), joined as the
+    /// collector would join them.
+    #[arg(required_unless_present = "compare", value_name = "PROFILE")]
+    pub profiles: Vec<PathBuf>,
+    /// The result of `stallscope experiment` for this job: its stalls by difference and
+    /// what-if chart beside the online ones.
+    #[arg(long, value_name = "EXP")]
+    pub experiment: Option<PathBuf>,
+    /// Two profiles side by side: what changed per category, per rank and in iteration time.
+    #[arg(long, num_args = 2, value_names = ["BEFORE", "AFTER"], conflicts_with_all = ["profiles", "experiment"])]
+    pub compare: Vec<PathBuf>,
+    /// Where to write the report; the format follows the extension: .html (self-contained,
+    /// no script, prints to PDF), .md (SVG charts written beside it), .json.
+    #[arg(short = 'o', long, default_value = "report.html", value_name = "FILE")]
+    pub output: PathBuf,
+    /// Instance catalog CSV for the advisor's section (as `stallscope advise --catalog`).
+    #[arg(long, value_name = "FILE")]
+    pub catalog: Option<PathBuf>,
+    /// The catalog row the profile was measured on (as `stallscope advise --current`).
+    #[arg(long, value_name = "TYPE")]
+    pub current: Option<String>,
+    /// Leave the advisor's section out.
+    #[arg(long)]
+    pub no_advice: bool,
+}
+
+/// Arguments of `stallscope report-bench`.
+#[derive(Debug, Args)]
+pub struct ReportBenchArgs {
+    /// Hours of training in the profile.
+    #[arg(long, default_value_t = 24.0)]
+    pub hours: f64,
+    /// Nodes of the job.
+    #[arg(long, default_value_t = 8)]
+    pub nodes: usize,
+    /// Ranks (GPUs) per node.
+    #[arg(long, default_value_t = 8)]
+    pub ranks_per_node: usize,
+    /// ms, one iteration.
+    #[arg(long, default_value_t = 500)]
+    pub iteration_ms: u64,
+    /// Where to write the profile and the report (default: a fresh temporary folder,
+    /// removed at the end).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// The report's format, by extension.
+    #[arg(long, default_value = "html")]
+    pub format: String,
 }
 
 /// A number of seconds given on the command line: finite, above 0, at most a day (86,400 s).

@@ -9,11 +9,10 @@
 //! The figures go to docs/BENCHMARKS.md; the goals are a 24-hour, 64-rank profile reported in
 //! under 30 s and 1 GB, and at most 20 MB of profile per node-hour.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
-use clap::Args;
 use stallscope_analysis::category::Category;
 use stallscope_analysis::frame::{
     Frame, NodeClock, NodeHealth, NodeResourcesReport, RunEnd, RunHeader,
@@ -22,31 +21,8 @@ use stallscope_analysis::resources::NodeResources;
 use stallscope_analysis::Nanos;
 use stallscope_collector::profile::ProfileWriter;
 
+use crate::cli::ReportBenchArgs;
 use crate::collector_bench::agents;
-
-/// Arguments of `stallscope report-bench`.
-#[derive(Debug, Args)]
-pub struct ReportBenchArgs {
-    /// Hours of training in the profile.
-    #[arg(long, default_value_t = 24.0)]
-    pub hours: f64,
-    /// Nodes of the job.
-    #[arg(long, default_value_t = 8)]
-    pub nodes: usize,
-    /// Ranks (GPUs) per node.
-    #[arg(long, default_value_t = 8)]
-    pub ranks_per_node: usize,
-    /// ms, one iteration.
-    #[arg(long, default_value_t = 500)]
-    pub iteration_ms: u64,
-    /// Where to write the profile and the report (default: a fresh temporary folder,
-    /// removed at the end).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// The report's format, by extension.
-    #[arg(long, default_value = "html")]
-    pub format: String,
-}
 
 const MS: Nanos = 1_000_000;
 const SECOND: Nanos = 1_000 * MS;

@@ -10,44 +10,14 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use crate::cli::ReportArgs;
 use anyhow::Context;
-use clap::Args;
 use stallscope_analysis::advisor::{self, catalog, Request};
 use stallscope_analysis::frame::Frame;
 use stallscope_analysis::report::join::join_runs;
 use stallscope_analysis::report::{compare, AdviceSection, Report, ReportBuilder, SourceProfile};
 use stallscope_collector::profile::ProfileReader;
 use stallscope_dashboards::report as render;
-
-/// Arguments of `stallscope report`.
-#[derive(Debug, Args)]
-pub struct ReportArgs {
-    /// The profile to report: a run's (`stallscope run -o`), a collector's job profile, or an
-    /// experiment's; or several run profiles of one job (one per node), joined as the
-    /// collector would join them.
-    #[arg(required_unless_present = "compare", value_name = "PROFILE")]
-    pub profiles: Vec<PathBuf>,
-    /// The result of `stallscope experiment` for this job: its stalls by difference and
-    /// what-if chart beside the online ones.
-    #[arg(long, value_name = "EXP")]
-    pub experiment: Option<PathBuf>,
-    /// Two profiles side by side: what changed per category, per rank and in iteration time.
-    #[arg(long, num_args = 2, value_names = ["BEFORE", "AFTER"], conflicts_with_all = ["profiles", "experiment"])]
-    pub compare: Vec<PathBuf>,
-    /// Where to write the report; the format follows the extension: .html (self-contained,
-    /// no script, prints to PDF), .md (SVG charts written beside it), .json.
-    #[arg(short = 'o', long, default_value = "report.html", value_name = "FILE")]
-    pub output: PathBuf,
-    /// Instance catalog CSV for the advisor's section (as `stallscope advise --catalog`).
-    #[arg(long, value_name = "FILE")]
-    pub catalog: Option<PathBuf>,
-    /// The catalog row the profile was measured on (as `stallscope advise --current`).
-    #[arg(long, value_name = "TYPE")]
-    pub current: Option<String>,
-    /// Leave the advisor's section out.
-    #[arg(long)]
-    pub no_advice: bool,
-}
 
 /// The output formats, by extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
