@@ -179,6 +179,8 @@ pub struct ProfileReader<R = File> {
     issues: Vec<ReadIssue>,
     /// The run being read, unpacked one batch at a time.
     unpacked: Option<stallscope_analysis::sample_run::Unpacking>,
+    /// bytes, the payload of the frame last read (what a run's width is checked against).
+    last_payload: usize,
     /// bytes hashed by CRC checks that failed (the cost of damage and fake headers).
     crc_wasted: u64,
     /// bytes hashed by every CRC check.
@@ -211,6 +213,7 @@ impl<R: Read> ProfileReader<R> {
             done: false,
             issues: Vec::new(),
             unpacked: None,
+            last_payload: 0,
             crc_wasted: 0,
             crc_hashed: 0,
         };
@@ -445,6 +448,7 @@ impl<R: Read> ProfileReader<R> {
             }
             let decoded = Frame::decode(&self.buf[self.pos + FRAME_HEADER_LEN..][..len as usize]);
             self.pos += total;
+            self.last_payload = len as usize;
             match decoded {
                 Ok(frame) => return Ok(Some(frame)),
                 Err(e) => self.issues.push(ReadIssue::Corrupt {
@@ -471,7 +475,7 @@ impl<R: Read> Iterator for ProfileReader<R> {
             }
             let start = self.offset();
             match self.next_frame() {
-                Ok(Some(Frame::SampleRun(run))) => match run.into_batches() {
+                Ok(Some(Frame::SampleRun(run))) => match run.into_batches(self.last_payload) {
                     Ok(batches) => self.unpacked = Some(batches),
                     // Its checksum held, so it is whole: it was written so (or crafted).
                     Err(e) => {
@@ -951,6 +955,49 @@ mod tests {
         let mut expected = frames.clone();
         expected.drain(100..200);
         assert_eq!(read.frames, expected);
+    }
+
+    /// A checksummed run of one wide batch and steps repeating it (50 values per byte) is
+    /// stepped over as damage, and the frames around it are read.
+    #[test]
+    fn a_run_unpacking_to_far_more_values_than_its_bytes_is_stepped_over() {
+        use stallscope_analysis::sample_run::{SampleRun, SampleStep};
+        let frames = frames();
+        let (good, spans) = written(&frames);
+        let (start, _) = spans[2];
+        let run = SampleRun {
+            first: SampleBatch {
+                t_ns: 0,
+                dur_ns: 0,
+                values: (0..10_000).map(|i| (SeriesId(i), 0)).collect(),
+            },
+            steps: vec![
+                SampleStep {
+                    dt_ns: 1,
+                    ..SampleStep::default()
+                };
+                99
+            ],
+        };
+        let wide = raw_frame(&Frame::SampleRun(Box::new(run)).encode());
+        let mut bytes = good[..start].to_vec();
+        bytes.extend_from_slice(&wide);
+        bytes.extend_from_slice(&good[start..]);
+        let read = read_bytes(&bytes).unwrap();
+        assert_eq!(read.frames, frames);
+        let [ReadIssue::Corrupt {
+            offset,
+            bytes: skipped,
+            reason: Corruption::Undecodable(why),
+        }] = read.issues.as_slice()
+        else {
+            panic!("{:?}", read.issues);
+        };
+        assert_eq!((*offset, *skipped), (start as u64, wide.len() as u64));
+        assert!(
+            why.contains("unpacks to more than 4 sample values per byte"),
+            "{why}"
+        );
     }
 
     #[test]
