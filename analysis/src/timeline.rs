@@ -60,6 +60,8 @@ pub struct SeriesStore {
     first: Option<Nanos>,
     peaks: LinkPeaks,
     last_link_totals: Option<(Nanos, u64, u64)>,
+    /// The peaks of the whole run, when known before its samples ([`Self::assume_link_peaks`]).
+    assumed_peaks: Option<LinkPeaks>,
     /// The GPUs (label `gpu`) with link series, in the order first declared.
     gpus: Vec<String>,
     /// Per GPU of `gpus`: when, and the NVLink and PCIe byte totals then.
@@ -105,6 +107,37 @@ pub struct LinkPeaks {
     pub nvlink: f64,
     /// bytes/s over the PCIe link of one GPU (rx + tx), the highest of any GPU.
     pub pcie: f64,
+}
+
+/// The link peaks of a profile's series and samples, taken one at a time (holding one sample
+/// per series): what a store given them all would report at the end.
+#[derive(Debug, Default)]
+pub struct PeaksPass {
+    store: SeriesStore,
+    batches: u64,
+}
+
+impl PeaksPass {
+    /// Takes a declaration.
+    pub fn declare(&mut self, decl: SeriesDecl) {
+        self.store.declare(decl);
+    }
+
+    /// Takes a batch.
+    pub fn ingest(&mut self, batch: &SampleBatch) {
+        self.store.ingest(batch);
+        self.batches += 1;
+        if self.batches % 1024 == 0 {
+            if let Some(w) = self.store.watermark() {
+                self.store.prune_before(w);
+            }
+        }
+    }
+
+    /// The peaks of every batch taken.
+    pub fn peaks(&self) -> LinkPeaks {
+        self.store.link_peaks()
+    }
 }
 
 /// Byte totals of one batch: per link class, and per GPU (index, NVLink, PCIe).
@@ -310,9 +343,16 @@ impl SeriesStore {
         self.watermark
     }
 
-    /// Peak link rates seen so far.
+    /// Peak link rates seen so far, or the whole run's when assumed.
     pub fn link_peaks(&self) -> LinkPeaks {
-        self.peaks
+        self.assumed_peaks.unwrap_or(self.peaks)
+    }
+
+    /// Takes `peaks` (a first pass over a profile: [`PeaksPass`]) as the link
+    /// peaks from now on, so that iterations attributed as a replay goes get what attributing
+    /// them all at the end would.
+    pub fn assume_link_peaks(&mut self, peaks: LinkPeaks) {
+        self.assumed_peaks = Some(peaks);
     }
 
     /// The sample times of a series inside `[a, b]`, ns.
