@@ -116,7 +116,7 @@ impl Replay {
             first_ns: first,
             last_ns: last,
         } = span;
-        let step_ns = MIN_STEP_NS.max((last - first).div_ceil(MAX_STEPS as Nanos));
+        let step_ns = MIN_STEP_NS.max(last.saturating_sub(first).div_ceil(MAX_STEPS as Nanos));
 
         let mut journal = Journal::reader(name);
         let mut steps = Vec::new();
