@@ -11,8 +11,21 @@ use crate::attribution::IterationBreakdown;
 use crate::frame::{Frame, RunEnd, RunHeader};
 use crate::job::JobTimeline;
 use crate::summary::{summarize, Summary};
+use std::borrow::Borrow;
+
+use crate::timeline::{LinkPeaks, PeaksPass};
+
+use crate::view::replay::frame_time;
 use crate::view::{JobView, LiveModel, ViewUpdate};
 use crate::Nanos;
+
+/// ns of the frames' time between two attribution rounds of a replay, as the live run
+/// attributes.
+pub const REPLAY_STEP_NS: Nanos = 1_000_000_000;
+
+/// ns of the frames' time between two summaries of a replayed model: only the last one is
+/// read, so this only bounds how stale it gets on the way.
+pub const REPLAY_SUMMARY_EVERY_NS: Nanos = 600 * REPLAY_STEP_NS;
 
 /// Where a journal's frames are written: the profile.
 pub trait FrameSink: Send {
@@ -85,14 +98,42 @@ impl Journal {
     }
 
     /// Rebuilds the journal of a profile's frames, as the live run ended it: every frame
-    /// ingested, everything attributed.
-    pub fn replay<'a>(frames: impl IntoIterator<Item = &'a Frame>, name: &str) -> Journal {
-        let mut j = Journal::reader(name);
+    /// ingested, everything attributed ([`Journal::replaying`]).
+    pub fn replay<F: Borrow<Frame>>(frames: impl IntoIterator<Item = F>, name: &str) -> Journal {
+        Journal::reader(name).replaying(frames)
+    }
+
+    /// Takes every frame of a profile into this reader journal and attributes everything.
+    /// The frames are taken one at a time (a profile's reader can stream them): every
+    /// [`REPLAY_STEP_NS`] of the frames' time what is ready is attributed and what no pending
+    /// iteration needs is forgotten, so memory follows the run's pending window, not its
+    /// length; the model is summarised every [`REPLAY_SUMMARY_EVERY_NS`] and at the end.
+    pub fn replaying<F: Borrow<Frame>>(mut self, frames: impl IntoIterator<Item = F>) -> Journal {
+        self.set_summary_every(REPLAY_SUMMARY_EVERY_NS);
+        let mut next_step: Option<Nanos> = None;
         for f in frames {
-            j.ingest(f);
+            let f = f.borrow();
+            if let Some(t) = frame_time(f) {
+                let next = *next_step.get_or_insert(t.saturating_add(REPLAY_STEP_NS));
+                if t >= next {
+                    let boundary = next + (t - next) / REPLAY_STEP_NS * REPLAY_STEP_NS;
+                    self.attribute(boundary, false);
+                    self.take_update();
+                    self.prune();
+                    next_step = Some(boundary.saturating_add(REPLAY_STEP_NS));
+                }
+            }
+            self.ingest(f);
         }
-        j.attribute(u64::MAX, true);
-        j
+        self.attribute(u64::MAX, true);
+        self
+    }
+
+    /// Attributes every iteration with `peaks` as the node's link peaks (the whole run's, from
+    /// [`link_peaks_of`]) instead of the peaks seen so far: what a replay attributing as it
+    /// goes needs to give what attributing everything at the end gives.
+    pub fn assume_link_peaks(&mut self, peaks: LinkPeaks) {
+        self.timeline.node.series.assume_link_peaks(peaks);
     }
 
     /// Takes a frame in without writing it (a frame read back from a profile).
@@ -192,5 +233,104 @@ impl Journal {
             }
         }
         (summarize(&self.timeline), self.write_error)
+    }
+}
+
+/// The link peaks of a profile's whole run (its own samples'), from its frames taken one at a
+/// time: the first pass of a replay that must attribute as if at the end
+/// ([`Journal::assume_link_peaks`]).
+pub fn link_peaks_of<F: Borrow<Frame>>(frames: impl IntoIterator<Item = F>) -> LinkPeaks {
+    let mut pass = PeaksPass::default();
+    for f in frames {
+        match f.borrow() {
+            Frame::Series(d) => pass.declare(d.clone()),
+            Frame::Samples(b) => pass.ingest(b),
+            _ => {}
+        }
+    }
+    pass.peaks()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::marker::{Marker, MarkerEvent};
+    use crate::series::{SampleBatch, SeriesDecl, SeriesId, SeriesKind};
+
+    const MS: Nanos = 1_000_000;
+
+    /// 200 s of a loop stepping every 100 ms after 30 ms of communication, its CPU and a NIC
+    /// sampled every 10 ms, in file order.
+    fn long_profile() -> Vec<Frame> {
+        let mut frames = vec![
+            Frame::Header(RunHeader::default()),
+            Frame::Series(SeriesDecl {
+                id: SeriesId(1),
+                name: crate::series::names::PROC_CPU_NS.into(),
+                unit: "ns".into(),
+                kind: SeriesKind::Counter,
+                labels: vec![("pid".into(), "7".into())],
+            }),
+        ];
+        frames.push(Frame::Series(SeriesDecl {
+            id: SeriesId(2),
+            name: crate::series::names::NET_RX_BYTES.into(),
+            unit: "bytes".into(),
+            kind: SeriesKind::Counter,
+            labels: vec![
+                ("iface".into(), "eth0".into()),
+                ("link".into(), crate::series::LINK_NIC.into()),
+            ],
+        }));
+        let mut rx = 0;
+        for tick in 1..=20_000u64 {
+            let t = tick * 10 * MS;
+            // Nothing on the NIC until 100 MB/s for the last 5 s: the run's peak comes at its
+            // end.
+            rx += if tick > 19_500 { 1_000_000 } else { 0 };
+            frames.push(Frame::Samples(SampleBatch {
+                t_ns: t,
+                dur_ns: 0,
+                values: vec![(SeriesId(1), t / 2), (SeriesId(2), rx)],
+            }));
+            if tick % 10 == 0 {
+                let mark = |seq: u64, t_ns: Nanos, event: MarkerEvent| Marker {
+                    seq,
+                    t_ns,
+                    pid: 7,
+                    rank: Some(0),
+                    iter: tick / 10,
+                    event,
+                };
+                let comm = || crate::marker::phase::COMM.to_string();
+                frames.push(Frame::Markers(vec![
+                    mark(3 * tick, t - 30 * MS, MarkerEvent::Begin(comm())),
+                    mark(3 * tick + 1, t, MarkerEvent::End(comm())),
+                    mark(3 * tick + 2, t, MarkerEvent::Step),
+                ]));
+            }
+        }
+        frames
+    }
+
+    #[test]
+    fn a_replay_holds_the_pending_window_and_sums_up_as_the_whole_profile_at_once() {
+        let frames = long_profile();
+        let mut j = Journal::reader("");
+        j.assume_link_peaks(link_peaks_of(&frames));
+        let j = j.replaying(&frames);
+        let held = j.timeline().node.held();
+        assert!(held.samples < 2_000, "{held:?} of 20000 samples held");
+
+        let mut whole = JobTimeline::default();
+        frames.iter().for_each(|f| whole.ingest(f));
+        whole.attribute_ready(u64::MAX, true);
+        let (streamed, at_once) = (summarize(j.timeline()), summarize(&whole));
+        assert!(at_once.job.iterations > 1_900, "{:?}", at_once.job);
+        assert_eq!(streamed, at_once);
+        // Attributed with the peaks seen so far, the early iterations' communication would
+        // go to the interconnect (no NIC byte yet), unlike attributing everything at the end.
+        let so_far = summarize(Journal::replay(&frames, "").timeline());
+        assert_ne!(so_far.job.categories, at_once.job.categories);
     }
 }

@@ -11,6 +11,12 @@
 //!
 //! A run stands alone (it needs no earlier frame), so a damaged frame costs its own run and
 //! no other, as with every frame of the profile.
+//!
+//! A step that repeats the previous batch costs a few bytes, so a crafted run of one wide
+//! batch and 99 empty steps unpacked to about 50 values per byte of file, and a 16 MB file
+//! held gigabytes downstream. A run may unpack to at most [`RUN_MAX_VALUES_PER_BYTE`] values
+//! per byte of its encoding (real runs: under 1): the builder ends a run before it would pass
+//! that, and a reader refuses a run over it as damage.
 
 use std::collections::{HashMap, HashSet};
 
@@ -20,6 +26,11 @@ use crate::series::{SampleBatch, SeriesId};
 
 /// Batches packed into one run at most (a second of the 100 Hz fast tier).
 pub const RUN_MAX_BATCHES: usize = 100;
+
+/// Values (summed over its batches) a run may unpack to per byte of its encoded frame. A
+/// real fast tier's runs come to under 1 (counters move, so most steps carry them); only a
+/// run of many unchanging series comes near this, and the builder then ends it early.
+pub const RUN_MAX_VALUES_PER_BYTE: u64 = 4;
 
 /// Sample batches that followed each other, packed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,17 +199,62 @@ impl SampleRun {
         false
     }
 
-    /// The batches, in order, exactly as they were packed.
-    pub fn unpack(&self) -> Result<Vec<SampleBatch>, RunTooLong> {
-        Ok(self.clone().into_batches()?.collect())
+    /// The batches, in order, exactly as they were packed (checked against the run's own
+    /// encoded size, as [`into_batches`](Self::into_batches) does).
+    pub fn unpack(&self) -> Result<Vec<SampleBatch>, BadRun> {
+        let encoded = encoded_len(self) as usize;
+        Ok(self.clone().into_batches(encoded)?.collect())
+    }
+
+    /// Whether the run unpacks to at most `limit` values, summed over its batches: counted
+    /// from the series each step keeps and adds (no value is unpacked), and stopped as soon
+    /// as the count passes `limit`, so the count costs at most `limit` steps of work.
+    fn unpacks_within(&self, limit: u64) -> bool {
+        // Values per series in the batch (a crafted batch may repeat a series).
+        let mut counts: HashMap<SeriesId, u64> = HashMap::new();
+        for (id, _) in &self.first.values {
+            *counts.entry(*id).or_default() += 1;
+        }
+        let mut width = self.first.values.len() as u64;
+        let mut total = width;
+        for step in &self.steps {
+            if total > limit {
+                return false;
+            }
+            // As `SampleStep::apply` makes the batch: the previous batch's values less the
+            // series dropped, then each value of a series not in it that has a place.
+            let added: Vec<SeriesId> = step
+                .changed
+                .iter()
+                .filter(|(id, _)| !counts.contains_key(id))
+                .zip(&step.added_at)
+                .map(|((id, _), _)| *id)
+                .collect();
+            for id in &step.dropped {
+                width -= counts.remove(id).unwrap_or(0);
+            }
+            for id in added {
+                *counts.entry(id).or_default() += 1;
+                width += 1;
+            }
+            total = total.saturating_add(width);
+        }
+        total <= limit
     }
 
     /// The batches, in order, exactly as they were packed, one at a time: a reader holds one
     /// batch, not the run unpacked (a few bytes of steps can stand for many batches of many
-    /// values). A run of more batches than a writer packs ([`RUN_MAX_BATCHES`]) is refused.
-    pub fn into_batches(self) -> Result<Unpacking, RunTooLong> {
+    /// values). `encoded_bytes` is the size of the frame it was read from. A run of more
+    /// batches than a writer packs ([`RUN_MAX_BATCHES`]), or of more values than
+    /// [`RUN_MAX_VALUES_PER_BYTE`] per encoded byte, is refused.
+    pub fn into_batches(self, encoded_bytes: usize) -> Result<Unpacking, BadRun> {
         if self.len() > RUN_MAX_BATCHES {
-            return Err(RunTooLong(self.len()));
+            return Err(BadRun::TooLong(self.len()));
+        }
+        if !self.unpacks_within(RUN_MAX_VALUES_PER_BYTE.saturating_mul(encoded_bytes as u64)) {
+            return Err(BadRun::TooWide {
+                bytes: encoded_bytes,
+            });
         }
         Ok(Unpacking {
             p: Prediction::starting_at(&self.first),
@@ -209,10 +265,22 @@ impl SampleRun {
     }
 }
 
-/// A run read from a file holds more batches than a writer packs: damaged or not a profile.
+/// A run read from a file that no writer packs: damaged, crafted or not a profile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("a run of {0} sample batches, over the {RUN_MAX_BATCHES} a writer packs")]
-pub struct RunTooLong(pub usize);
+pub enum BadRun {
+    /// It holds more batches than a writer packs.
+    #[error("a run of {0} sample batches, over the {RUN_MAX_BATCHES} a writer packs")]
+    TooLong(usize),
+    /// It unpacks to more values than its encoded size allows.
+    #[error(
+        "a run of {bytes} bytes that unpacks to more than {RUN_MAX_VALUES_PER_BYTE} sample \
+         values per byte, more than a writer packs"
+    )]
+    TooWide {
+        /// bytes, its encoded frame.
+        bytes: usize,
+    },
+}
 
 /// The batches of a run, unpacked as they are asked for ([`SampleRun::into_batches`]).
 #[derive(Debug)]
@@ -246,6 +314,11 @@ pub struct SampleRunBuilder {
     run: SampleRun,
     last: SampleBatch,
     prediction: Prediction,
+    /// Values in the run so far, summed over its batches.
+    values: u64,
+    /// bytes, the run's encoding so far less its frame tag and the steps' count (so at
+    /// most the frame's size).
+    encoded: u64,
 }
 
 impl SampleRunBuilder {
@@ -253,6 +326,8 @@ impl SampleRunBuilder {
     pub fn new(first: SampleBatch) -> SampleRunBuilder {
         SampleRunBuilder {
             prediction: Prediction::starting_at(&first),
+            values: first.values.len() as u64,
+            encoded: encoded_len(&first),
             last: first.clone(),
             run: SampleRun {
                 first,
@@ -272,12 +347,20 @@ impl SampleRunBuilder {
     }
 
     /// Adds `next`; `false` when the step form cannot give it back exactly (the series it
-    /// shares with the last batch in another order), and the caller starts a new run with it.
+    /// shares with the last batch in another order), or when the run would unpack to more
+    /// than [`RUN_MAX_VALUES_PER_BYTE`] values per byte, and the caller starts a new run
+    /// with it.
     pub fn push(&mut self, next: &SampleBatch) -> bool {
         let step = SampleStep::between(&self.last, next, &self.prediction);
         if step.apply(&self.last, &self.prediction) != *next {
             return false;
         }
+        let values = self.values + next.values.len() as u64;
+        let encoded = self.encoded + encoded_len(&step);
+        if values > RUN_MAX_VALUES_PER_BYTE.saturating_mul(encoded) {
+            return false;
+        }
+        (self.values, self.encoded) = (values, encoded);
         self.prediction.observe(&self.last, next);
         self.last = next.clone();
         self.run.steps.push(step);
@@ -288,6 +371,12 @@ impl SampleRunBuilder {
     pub fn finish(self) -> SampleRun {
         self.run
     }
+}
+
+/// bytes, the postcard encoding of `v` (counted, not written).
+fn encoded_len(v: &impl Serialize) -> u64 {
+    postcard::serialize_with_flavor(v, postcard::ser_flavors::Size::default())
+        .map_or(0, |n: usize| n as u64)
 }
 
 #[cfg(test)]
@@ -384,5 +473,74 @@ mod tests {
             packed * 2 < single,
             "packed {packed} bytes, single {single}"
         );
+    }
+
+    impl SampleRun {
+        /// The batches, with no check of the run's size.
+        fn unpack_unchecked(self) -> Vec<SampleBatch> {
+            self.into_batches(usize::MAX / 8).unwrap().collect()
+        }
+    }
+
+    /// One wide batch and steps that repeat it: a few bytes per batch of 2,000 values.
+    fn repeating(steps: usize) -> SampleRun {
+        let first = batch(0, &(0..2_000).map(|i| (i, 7)).collect::<Vec<_>>());
+        SampleRun {
+            first,
+            steps: vec![
+                SampleStep {
+                    dt_ns: 1,
+                    ..SampleStep::default()
+                };
+                steps
+            ],
+        }
+    }
+
+    #[test]
+    fn a_run_unpacking_to_far_more_values_than_its_bytes_is_refused() {
+        let run = repeating(RUN_MAX_BATCHES - 1);
+        let bytes = postcard::to_allocvec(&run).unwrap().len();
+        assert!(bytes * 20 < 200_000, "{bytes} bytes");
+        let err = run.clone().into_batches(bytes).unwrap_err();
+        assert_eq!(err, BadRun::TooWide { bytes });
+        assert!(err
+            .to_string()
+            .contains("unpacks to more than 4 sample values per byte"));
+        // Refused before anything is unpacked, whatever the frame's claimed size.
+        assert!(run.unpack().is_err());
+    }
+
+    #[test]
+    fn the_builder_ends_a_run_of_unchanging_series_before_a_reader_would_refuse_it() {
+        let batches: Vec<SampleBatch> = repeating(RUN_MAX_BATCHES - 1).unpack_unchecked();
+        let runs = pack(&batches);
+        assert!(runs.len() > 1, "one run of {} batches", runs[0].len());
+        for r in &runs {
+            let bytes = postcard::to_allocvec(&crate::frame::Frame::SampleRun(Box::new(r.clone())))
+                .unwrap()
+                .len();
+            assert!(r.clone().into_batches(bytes).is_ok(), "{} batches", r.len());
+        }
+        let back: Vec<SampleBatch> = runs.iter().flat_map(|r| r.unpack().unwrap()).collect();
+        assert_eq!(back, batches);
+    }
+
+    #[test]
+    fn a_series_read_every_other_batch_is_counted_once_per_batch() {
+        // A worker's thread series, read every other tick: dropped, then added again.
+        let batches: Vec<SampleBatch> = (0..100u64)
+            .map(|k| {
+                let mut v: Vec<(u32, u64)> = vec![(1, 1_000 * k)];
+                if k % 2 == 0 {
+                    v.extend((10..40).map(|i| (i, 5)));
+                }
+                batch(10_000_000 * k, &v)
+            })
+            .collect();
+        let runs = pack(&batches);
+        assert_eq!(runs.len(), 1);
+        let bytes = postcard::to_allocvec(&runs[0]).unwrap().len();
+        assert_eq!(runs[0].clone().into_batches(bytes).unwrap().count(), 100);
     }
 }

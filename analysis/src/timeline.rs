@@ -60,6 +60,8 @@ pub struct SeriesStore {
     first: Option<Nanos>,
     peaks: LinkPeaks,
     last_link_totals: Option<(Nanos, u64, u64)>,
+    /// The peaks of the whole run, when known before its samples ([`Self::assume_link_peaks`]).
+    assumed_peaks: Option<LinkPeaks>,
     /// The GPUs (label `gpu`) with link series, in the order first declared.
     gpus: Vec<String>,
     /// Per GPU of `gpus`: when, and the NVLink and PCIe byte totals then.
@@ -105,6 +107,37 @@ pub struct LinkPeaks {
     pub nvlink: f64,
     /// bytes/s over the PCIe link of one GPU (rx + tx), the highest of any GPU.
     pub pcie: f64,
+}
+
+/// The link peaks of a profile's series and samples, taken one at a time (holding one sample
+/// per series): what a store given them all would report at the end.
+#[derive(Debug, Default)]
+pub struct PeaksPass {
+    store: SeriesStore,
+    batches: u64,
+}
+
+impl PeaksPass {
+    /// Takes a declaration.
+    pub fn declare(&mut self, decl: SeriesDecl) {
+        self.store.declare(decl);
+    }
+
+    /// Takes a batch.
+    pub fn ingest(&mut self, batch: &SampleBatch) {
+        self.store.ingest(batch);
+        self.batches += 1;
+        if self.batches % 1024 == 0 {
+            if let Some(w) = self.store.watermark() {
+                self.store.prune_before(w);
+            }
+        }
+    }
+
+    /// The peaks of every batch taken.
+    pub fn peaks(&self) -> LinkPeaks {
+        self.store.link_peaks()
+    }
 }
 
 /// Byte totals of one batch: per link class, and per GPU (index, NVLink, PCIe).
@@ -195,8 +228,11 @@ impl SeriesStore {
         }
     }
 
-    /// Records one round of samples. Values for undeclared series are kept too (a reader may
-    /// see the declaration later only if frames were reordered, which writers never do).
+    /// Records one round of samples. Values of undeclared series are dropped (writers
+    /// declare a series before its first sample; nothing could name one that is not), and a
+    /// series read again at the instant of its last point keeps that point: a second value
+    /// at one instant has no interval to spread over or hold for, and a file repeating
+    /// batches at one instant must not grow the store.
     pub fn ingest(&mut self, batch: &SampleBatch) {
         let at = batch.at();
         if self.watermark.is_some_and(|w| at < w) {
@@ -204,8 +240,12 @@ impl SeriesStore {
         }
         let mut totals = BatchTotals::default();
         for (id, v) in &batch.values {
-            let series = self.points.entry(*id).or_default();
-            series.pts.push_back((at, *v));
+            let Some(series) = self.points.get_mut(id) else {
+                continue;
+            };
+            if series.pts.back().is_none_or(|(t, _)| *t < at) {
+                series.pts.push_back((at, *v));
+            }
             totals.add(series.link, *v);
         }
         self.watermark = Some(at);
@@ -303,9 +343,16 @@ impl SeriesStore {
         self.watermark
     }
 
-    /// Peak link rates seen so far.
+    /// Peak link rates seen so far, or the whole run's when assumed.
     pub fn link_peaks(&self) -> LinkPeaks {
-        self.peaks
+        self.assumed_peaks.unwrap_or(self.peaks)
+    }
+
+    /// Takes `peaks` (a first pass over a profile: [`PeaksPass`]) as the link
+    /// peaks from now on, so that iterations attributed as a replay goes get what attributing
+    /// them all at the end would.
+    pub fn assume_link_peaks(&mut self, peaks: LinkPeaks) {
+        self.assumed_peaks = Some(peaks);
     }
 
     /// The sample times of a series inside `[a, b]`, ns.
@@ -532,5 +579,38 @@ mod tests {
         assert!((p.nic - 100_000_000.0).abs() < 1.0, "{p:?}");
         assert!((p.loopback - 5_000.0).abs() < 1.0, "{p:?}");
         assert_eq!(p.nic_bytes_total, 1_500_000);
+    }
+
+    #[test]
+    fn samples_of_undeclared_series_are_not_kept() {
+        let (mut s, id) = store_with(SeriesKind::Counter, &[(0, 0)]);
+        s.ingest(&SampleBatch {
+            t_ns: 10,
+            dur_ns: 0,
+            values: (0..1_000).map(|i| (SeriesId(i), 5)).collect(),
+        });
+        assert_eq!(s.held(), (1, 2));
+        assert_eq!(s.counter_delta(id, 0, 10), Some(5.0));
+    }
+
+    #[test]
+    fn a_batch_repeated_at_one_instant_adds_no_point_and_loses_no_increase() {
+        let (mut s, id) = store_with(SeriesKind::Counter, &[(0, 0), (10, 100)]);
+        for v in [100, 150, 150] {
+            s.ingest(&SampleBatch {
+                t_ns: 10,
+                dur_ns: 0,
+                values: vec![(id, v)],
+            });
+        }
+        s.ingest(&SampleBatch {
+            t_ns: 20,
+            dur_ns: 0,
+            values: vec![(id, 200)],
+        });
+        assert_eq!(s.held(), (1, 3));
+        assert_eq!(s.times_within(id, 0, 20), vec![0, 10, 20]);
+        assert_eq!(s.counter_delta(id, 0, 20), Some(200.0));
+        assert_eq!(s.counter_delta(id, 0, 10), Some(100.0));
     }
 }

@@ -177,7 +177,10 @@ fn hello() -> impl Strategy<Value = AgentMsg> {
 /// Decodes a frame payload as the profile reader does, unpacking a run one batch at a time.
 fn decode_frame(bytes: &[u8]) -> Result<usize, String> {
     match Frame::decode(bytes).map_err(|e| e.to_string())? {
-        Frame::SampleRun(run) => Ok(run.into_batches().map_err(|e| e.to_string())?.count()),
+        Frame::SampleRun(run) => Ok(run
+            .into_batches(bytes.len())
+            .map_err(|e| e.to_string())?
+            .count()),
         _ => Ok(1),
     }
 }
@@ -309,7 +312,8 @@ fn length_prefixes_of_4_gib_allocate_nothing_like_it() {
 
 /// A run of few bytes that unpacks into a great many samples (a wide first batch and many
 /// empty steps) is refused, not unpacked into gigabytes: the writer never packs more than
-/// `RUN_MAX_BATCHES` batches into a run.
+/// `RUN_MAX_BATCHES` batches into a run, nor more than `RUN_MAX_VALUES_PER_BYTE` values per
+/// byte of it.
 #[test]
 fn a_run_that_would_unpack_into_gigabytes_is_refused() {
     let run = SampleRun {
@@ -335,18 +339,42 @@ fn a_run_that_would_unpack_into_gigabytes_is_refused() {
     let e = r.expect_err("refused");
     assert!(e.contains("run of 1000001 sample batches"), "{e}");
 
-    // As many batches as a writer packs, each of 100 000 values: read one at a time.
+    // As many batches as a writer packs, each repeating 100 000 values in a few bytes:
+    // refused before anything is unpacked (it would be 10 million values).
+    let wide = SampleBatch {
+        t_ns: 0,
+        dur_ns: 0,
+        values: (0..100_000).map(|i| (SeriesId(i), 0)).collect(),
+    };
     let run = SampleRun {
-        first: SampleBatch {
-            t_ns: 0,
-            dur_ns: 0,
-            values: (0..100_000).map(|i| (SeriesId(i), 0)).collect(),
-        },
+        first: wide.clone(),
         steps: vec![SampleStep::default(); 99],
     };
     let bytes = Frame::SampleRun(Box::new(run)).encode();
     let (peak, r) = peak_of(|| decode_frame(&bytes));
-    assert_eq!(r, Ok(100));
+    let e = r.expect_err("refused");
+    assert!(
+        e.contains("unpacks to more than 4 sample values per byte"),
+        "{e}"
+    );
+    assert!(
+        peak <= allowed(bytes.len()),
+        "{peak} bytes for {}",
+        bytes.len()
+    );
+
+    // Ten batches of 100 000 values that each step moves: read one at a time.
+    let step = SampleStep {
+        changed: (0..100_000).map(|i| (SeriesId(i), 1)).collect(),
+        ..SampleStep::default()
+    };
+    let run = SampleRun {
+        first: wide,
+        steps: vec![step; 9],
+    };
+    let bytes = Frame::SampleRun(Box::new(run)).encode();
+    let (peak, r) = peak_of(|| decode_frame(&bytes));
+    assert_eq!(r, Ok(10));
     assert!(
         peak <= allowed(bytes.len()),
         "{peak} bytes for {}",

@@ -1,16 +1,22 @@
 //! A profile replayed as the live run saw it: the model at every step of the run's time, so
 //! `stallscope top PROFILE` shows the same screens as the live dashboard with a time cursor.
 //!
-//! The frames go through the same [`Journal`] as live, attributed as time passes, and each
-//! step keeps only what changed ([`ViewUpdate`]): memory grows with the profile's iterations
-//! once, not with the steps. Moving the cursor forward applies the next updates; moving it
-//! back rebuilds from the start, which costs one pass over the updates.
+//! The frames go through the same [`Journal`] as live, one at a time (a profile's reader
+//! streams them twice: once for the [`Span`], once to replay), attributed as time passes and
+//! pruned at every step, and each step keeps only what changed ([`ViewUpdate`]), less what
+//! a view would push out at once ([`trimmed`]): memory is bounded by [`MAX_STEPS`] times
+//! the ranks' recent windows, not by the profile's length (a day-long profile held every
+//! frame decoded, and every iteration's parts). Moving the cursor forward applies the next
+//! updates; moving it back rebuilds from the start, which costs one pass over the updates.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
 
 use crate::frame::Frame;
 use crate::journal::Journal;
 use crate::Nanos;
 
-use super::{JobView, ViewUpdate};
+use super::{JobView, ViewUpdate, RECENT_ITERATIONS, STRAGGLER_WINDOWS};
 
 /// At most this many cursor positions, whatever the profile's length.
 pub const MAX_STEPS: usize = 600;
@@ -33,6 +39,25 @@ pub fn frame_time(frame: &Frame) -> Option<Nanos> {
     }
 }
 
+/// `u` less what applying it would push out of any view at once: per rank all but its last
+/// [`RECENT_ITERATIONS`] new iterations' parts, all but the last [`STRAGGLER_WINDOWS`] new
+/// straggler windows. A step of a long profile spans many iterations; this keeps a step's
+/// memory bounded by the ranks. `view.apply(trimmed(u))` equals `view.apply(u)`.
+pub fn trimmed(mut u: ViewUpdate) -> ViewUpdate {
+    let mut left: HashMap<u32, usize> = HashMap::new();
+    for (rank, _) in &u.parts {
+        *left.entry(*rank).or_default() += 1;
+    }
+    u.parts.retain(|(rank, _)| {
+        let n = left.get_mut(rank).expect("counted above");
+        *n -= 1;
+        *n < RECENT_ITERATIONS
+    });
+    let extra = u.stragglers.len().saturating_sub(STRAGGLER_WINDOWS);
+    u.stragglers.drain(..extra);
+    u
+}
+
 /// One cursor position: the model's change up to `t_ns`.
 #[derive(Clone, Debug)]
 struct Step {
@@ -48,22 +73,57 @@ pub struct Replay {
     steps: Vec<Step>,
 }
 
+/// The first and last instants of a profile's frames, ns: what a replay's steps divide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    /// ns, the earliest [`frame_time`] (0 when no frame has one).
+    pub first_ns: Nanos,
+    /// ns, the latest.
+    pub last_ns: Nanos,
+}
+
+impl Span {
+    /// The span of `frames` (a profile's, in order), taken one at a time.
+    pub fn of<F: Borrow<Frame>>(frames: impl IntoIterator<Item = F>) -> Span {
+        let times = frames.into_iter().filter_map(|f| frame_time(f.borrow()));
+        let (first, last) = times.fold((Nanos::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
+        let first_ns = if first == Nanos::MAX { 0 } else { first };
+        Span {
+            first_ns,
+            last_ns: last.max(first_ns),
+        }
+    }
+}
+
 impl Replay {
     /// Replays `frames` (a profile's, in order) as job `name`, in steps of at least
     /// [`MIN_STEP_NS`] and at most [`MAX_STEPS`] of them; the last step is the end of the
     /// run, everything attributed.
     pub fn of_frames(frames: &[Frame], name: &str) -> Replay {
-        let times = frames.iter().filter_map(frame_time);
-        let (first, last) = times.fold((Nanos::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
-        let first = if first == Nanos::MAX { 0 } else { first };
-        let span = last.saturating_sub(first);
-        let step_ns = MIN_STEP_NS.max(span.div_ceil(MAX_STEPS as Nanos));
+        Replay::of_stream(Span::of(frames), frames, name)
+    }
+
+    /// Replays `frames`, whose [`Span`] is `span` (a first pass over the profile), taking
+    /// them one at a time: the journal forgets what no pending iteration needs at every
+    /// step, and each step keeps only what a view keeps of its change ([`trimmed`]), so
+    /// memory is bounded by [`MAX_STEPS`] and the ranks, whatever the profile's length.
+    pub fn of_stream<F: Borrow<Frame>>(
+        span: Span,
+        frames: impl IntoIterator<Item = F>,
+        name: &str,
+    ) -> Replay {
+        let Span {
+            first_ns: first,
+            last_ns: last,
+        } = span;
+        let step_ns = MIN_STEP_NS.max(last.saturating_sub(first).div_ceil(MAX_STEPS as Nanos));
 
         let mut journal = Journal::reader(name);
         let mut steps = Vec::new();
         let mut next = first + step_ns;
         let mut start: Option<JobView> = None;
         for f in frames {
+            let f = f.borrow();
             if let Some(t) = frame_time(f) {
                 if start.is_none() {
                     journal.take_update();
@@ -75,8 +135,9 @@ impl Replay {
                     journal.attribute(boundary, false);
                     steps.push(Step {
                         t_ns: boundary,
-                        update: journal.take_update(),
+                        update: trimmed(journal.take_update()),
                     });
+                    journal.prune();
                     next = boundary + step_ns;
                 }
             }
@@ -88,14 +149,19 @@ impl Replay {
         });
         journal.attribute(u64::MAX, true);
         steps.push(Step {
-            t_ns: last.max(first),
-            update: journal.take_update(),
+            t_ns: last,
+            update: trimmed(journal.take_update()),
         });
         Replay {
             start,
             first_ns: first,
             steps,
         }
+    }
+
+    /// Iterations' parts held over every step (what a replay's memory grows with).
+    pub fn parts_held(&self) -> usize {
+        self.steps.iter().map(|s| s.update.parts.len()).sum()
     }
 
     /// Cursor positions: 1 (the end) and up.
@@ -225,5 +291,66 @@ mod tests {
         assert_eq!(replay.len(), 1);
         assert_eq!(replay.cursor().view().iterations(), 0);
         assert_eq!(replay.seconds_at(0), 0.0);
+    }
+
+    /// A loop stepping every millisecond for 3 s: far more iterations per step than a view
+    /// keeps.
+    fn fast_profile() -> Vec<Frame> {
+        let mut frames = vec![Frame::Header(RunHeader::default())];
+        for i in 0..3_000u64 {
+            frames.push(Frame::Markers(vec![Marker {
+                seq: i,
+                t_ns: 1_000 * MS + (i + 1) * MS,
+                pid: 7,
+                rank: Some(0),
+                iter: i,
+                event: MarkerEvent::Step,
+            }]));
+        }
+        frames.push(Frame::End(RunEnd {
+            ended_mono_ns: 1_000 * MS + 3_001 * MS,
+            ..RunEnd::default()
+        }));
+        frames
+    }
+
+    #[test]
+    fn a_step_keeps_no_more_of_its_iterations_than_a_view_shows() {
+        let frames = fast_profile();
+        let replay = Replay::of_frames(&frames, "");
+        assert!(
+            replay.parts_held() <= replay.len() * RECENT_ITERATIONS,
+            "{} parts held over {} steps",
+            replay.parts_held(),
+            replay.len()
+        );
+        let mut cursor = replay.cursor();
+        let whole = Journal::replay(&frames, "");
+        cursor.seek(replay.len() - 1);
+        assert_eq!(cursor.view().iterations(), whole.view().iterations());
+        assert_eq!(cursor.view().ranks, whole.view().ranks);
+        assert_eq!(cursor.view().ranks[&0].recent.len(), RECENT_ITERATIONS);
+        // Back and forth: the same model at the middle both ways.
+        cursor.seek(1);
+        let middle = cursor.view().clone();
+        cursor.seek(replay.len() - 1);
+        cursor.seek(1);
+        assert_eq!(cursor.view().ranks, middle.ranks);
+    }
+
+    #[test]
+    fn trimming_an_update_changes_no_view_it_is_applied_to() {
+        let frames = fast_profile();
+        let mut j = Journal::reader("");
+        for f in &frames {
+            j.ingest(f);
+        }
+        j.attribute(u64::MAX, true);
+        let u = j.take_update();
+        assert!(u.parts.len() > RECENT_ITERATIONS);
+        let (mut a, mut b) = (JobView::new(""), JobView::new(""));
+        a.apply(u.clone());
+        b.apply(trimmed(u));
+        assert_eq!(a, b);
     }
 }

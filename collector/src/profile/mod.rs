@@ -49,6 +49,10 @@
 //!   frame header. The reader reports a [`ReadIssue::Corrupt`] at that offset, scans forward
 //!   byte by byte for the next frame header whose CRC checks, and carries on from there, so
 //!   one bad frame costs that frame and no other.
+//! * **Fake frame headers** (a crafted file, or an unlucky payload): every `SF` + version
+//!   may claim 16 MiB whose checksum must be computed to reject it. Failed checks may hash
+//!   16 MiB plus 8 bytes per byte read so far; a header beyond that is stepped over unchecked
+//!   ([`Corruption::Unchecked`]), so no file costs more than linear work to read.
 //! * **A newer writer**: a file whose header names a format version above
 //!   [`FORMAT_VERSION`] is refused with [`ProfileError::NewerVersion`] ("upgrade
 //!   stallscope"), never half-read. A newer stallscope that appended a [`Frame`] variant

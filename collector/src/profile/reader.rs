@@ -14,6 +14,15 @@ use super::{
 /// bytes read from the file at a time.
 const CHUNK: usize = 64 * 1024;
 
+/// bytes of checksum work a reader may spend on frame headers whose CRC then fails, before
+/// any file offset earns more: enough to check one frame of the largest size.
+const CRC_WASTE_ALLOWANCE: u64 = MAX_PAYLOAD as u64 + FRAME_HEADER_LEN as u64;
+
+/// bytes of failed checksum work each byte read past earns. Each `SF` + version look-alike
+/// may claim up to 16 MiB, so without a bound a file of fake headers costs 16 MiB of CRC per
+/// 7 bytes (hours for 100 MiB); with it the work is linear in the file's size.
+const CRC_WASTE_PER_BYTE: u64 = 8;
+
 /// Why bytes in the middle of a profile were skipped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Corruption {
@@ -35,6 +44,10 @@ pub enum Corruption {
     },
     /// The CRC checks but the payload is not a frame this build knows (postcard's message).
     Undecodable(String),
+    /// A frame header claims a payload (bytes) whose checksum was not computed: the failed
+    /// checks before it already spent what the bytes read so far allow
+    /// (`CRC_WASTE_PER_BYTE` per byte). Only a file of many fake frame headers gets here.
+    Unchecked(u32),
 }
 
 impl fmt::Display for Corruption {
@@ -60,6 +73,11 @@ impl fmt::Display for Corruption {
                 f,
                 "a frame's checksum matches but its contents do not decode ({msg}); \
                  a newer stallscope may have written it"
+            ),
+            Corruption::Unchecked(len) => write!(
+                f,
+                "a frame claims {len} bytes, and the damage before it already cost more \
+                 checksum work than the file's size allows, so it was not checked"
             ),
         }
     }
@@ -161,6 +179,12 @@ pub struct ProfileReader<R = File> {
     issues: Vec<ReadIssue>,
     /// The run being read, unpacked one batch at a time.
     unpacked: Option<stallscope_analysis::sample_run::Unpacking>,
+    /// bytes, the payload of the frame last read (what a run's width is checked against).
+    last_payload: usize,
+    /// bytes hashed by CRC checks that failed (the cost of damage and fake headers).
+    crc_wasted: u64,
+    /// bytes hashed by every CRC check.
+    crc_hashed: u64,
 }
 
 impl ProfileReader<File> {
@@ -189,6 +213,9 @@ impl<R: Read> ProfileReader<R> {
             done: false,
             issues: Vec::new(),
             unpacked: None,
+            last_payload: 0,
+            crc_wasted: 0,
+            crc_hashed: 0,
         };
         let got = r.fill(FILE_HEADER_LEN).map_err(|e| r.io(e))?;
         let head = &r.buf[..got.min(FILE_HEADER_LEN)];
@@ -292,21 +319,33 @@ impl<R: Read> ProfileReader<R> {
         u32::from_le_bytes([b[0], b[1], b[2], b[3]])
     }
 
-    /// Checks the CRC of the whole frame at `buf[pos..]`; `Ok` or (stored, computed).
-    fn check_crc(&self, len: u32) -> Result<(), (u32, u32)> {
+    /// Whether the checksum of a frame claiming `len` bytes may be computed: failed checks
+    /// may cost [`CRC_WASTE_ALLOWANCE`] plus [`CRC_WASTE_PER_BYTE`] per byte read so far.
+    fn may_check(&self, len: u32) -> bool {
+        let allowed = CRC_WASTE_ALLOWANCE + CRC_WASTE_PER_BYTE * self.offset();
+        self.crc_wasted + u64::from(len) <= allowed
+    }
+
+    /// Checks the CRC of the whole frame at `buf[pos..]`; `Ok` or (stored, computed). A
+    /// failed check is charged to the waste [`may_check`](Self::may_check) bounds.
+    fn check_crc(&mut self, len: u32) -> Result<(), (u32, u32)> {
         let h = &self.buf[self.pos..self.pos + FRAME_HEADER_LEN];
         let payload = &self.buf[self.pos + FRAME_HEADER_LEN..][..len as usize];
         let stored = u32::from_le_bytes([h[7], h[8], h[9], h[10]]);
         let computed = frame_crc(h[2], [h[3], h[4], h[5], h[6]], payload);
+        self.crc_hashed += u64::from(len);
         if stored == computed {
             Ok(())
         } else {
+            self.crc_wasted += u64::from(len);
             Err((stored, computed))
         }
     }
 
     /// Moves past the bad byte at `pos` to the next frame whose header and CRC check, or to
-    /// the end of the file. Returns whether a good frame was found.
+    /// the end of the file. Returns whether a good frame was found. A candidate header whose
+    /// check the waste bound no longer allows ([`may_check`](Self::may_check)) is passed
+    /// over unchecked, so the scan costs at most a constant times the bytes it passes.
     fn resync(&mut self) -> io::Result<bool> {
         self.pos += 1;
         loop {
@@ -330,7 +369,7 @@ impl<R: Read> ProfileReader<R> {
                 return Ok(false);
             }
             let len = self.claimed_len();
-            if len <= MAX_PAYLOAD {
+            if len <= MAX_PAYLOAD && self.may_check(len) {
                 let total = FRAME_HEADER_LEN + len as usize;
                 if self.fill(total)? >= total && self.check_crc(len).is_ok() {
                     return Ok(true);
@@ -399,12 +438,17 @@ impl<R: Read> ProfileReader<R> {
                 });
                 return Ok(None);
             }
+            if !self.may_check(len) {
+                self.skip_corrupt(Corruption::Unchecked(len))?;
+                continue;
+            }
             if let Err((stored, computed)) = self.check_crc(len) {
                 self.skip_corrupt(Corruption::Crc { stored, computed })?;
                 continue;
             }
             let decoded = Frame::decode(&self.buf[self.pos + FRAME_HEADER_LEN..][..len as usize]);
             self.pos += total;
+            self.last_payload = len as usize;
             match decoded {
                 Ok(frame) => return Ok(Some(frame)),
                 Err(e) => self.issues.push(ReadIssue::Corrupt {
@@ -431,7 +475,7 @@ impl<R: Read> Iterator for ProfileReader<R> {
             }
             let start = self.offset();
             match self.next_frame() {
-                Ok(Some(Frame::SampleRun(run))) => match run.into_batches() {
+                Ok(Some(Frame::SampleRun(run))) => match run.into_batches(self.last_payload) {
                     Ok(batches) => self.unpacked = Some(batches),
                     // Its checksum held, so it is whole: it was written so (or crafted).
                     Err(e) => {
@@ -691,6 +735,54 @@ mod tests {
         );
     }
 
+    /// A crafted file of many fake frame headers, each claiming a megabyte that is there to
+    /// check: the checksum work stays linear in the file's size (it was 1 MiB per fake), and
+    /// every good frame around them is read.
+    #[test]
+    fn many_fake_frame_headers_cost_checksum_work_linear_in_the_file() {
+        let frames = frames();
+        let (good, spans) = written(&frames);
+        let (start, _) = spans[5];
+        let fake_len: u32 = 1 << 20;
+        let fakes = 500;
+        let mut bytes = good[..start].to_vec();
+        for _ in 0..fakes {
+            bytes.extend_from_slice(&FRAME_MAGIC);
+            bytes.push(FORMAT_VERSION);
+            bytes.extend_from_slice(&fake_len.to_le_bytes());
+            bytes.extend_from_slice(&[0xee; 4]);
+        }
+        let damage = bytes.len() - start + fake_len as usize;
+        bytes.resize(start + damage, b'x');
+        bytes.extend_from_slice(&good[start..]);
+
+        let mut r = ProfileReader::new(io::Cursor::new(&bytes), "mem").unwrap();
+        let got: Vec<Frame> = r.by_ref().map(Result::unwrap).collect();
+        assert_eq!(got, frames);
+        assert_eq!(
+            r.issues(),
+            [ReadIssue::Corrupt {
+                offset: start as u64,
+                bytes: damage as u64,
+                reason: Corruption::Crc {
+                    stored: 0xeeee_eeee,
+                    computed: frame_crc(
+                        FORMAT_VERSION,
+                        fake_len.to_le_bytes(),
+                        &bytes[start + FRAME_HEADER_LEN..][..fake_len as usize]
+                    ),
+                },
+            }]
+        );
+        let generous = 2 * u64::from(MAX_PAYLOAD) + 16 * bytes.len() as u64;
+        assert!(
+            r.crc_hashed <= generous,
+            "{} bytes hashed for a file of {}",
+            r.crc_hashed,
+            bytes.len()
+        );
+    }
+
     #[test]
     fn a_zeroed_tail_after_a_crash_keeps_everything_before_it() {
         let frames = frames();
@@ -863,6 +955,49 @@ mod tests {
         let mut expected = frames.clone();
         expected.drain(100..200);
         assert_eq!(read.frames, expected);
+    }
+
+    /// A checksummed run of one wide batch and steps repeating it (50 values per byte) is
+    /// stepped over as damage, and the frames around it are read.
+    #[test]
+    fn a_run_unpacking_to_far_more_values_than_its_bytes_is_stepped_over() {
+        use stallscope_analysis::sample_run::{SampleRun, SampleStep};
+        let frames = frames();
+        let (good, spans) = written(&frames);
+        let (start, _) = spans[2];
+        let run = SampleRun {
+            first: SampleBatch {
+                t_ns: 0,
+                dur_ns: 0,
+                values: (0..10_000).map(|i| (SeriesId(i), 0)).collect(),
+            },
+            steps: vec![
+                SampleStep {
+                    dt_ns: 1,
+                    ..SampleStep::default()
+                };
+                99
+            ],
+        };
+        let wide = raw_frame(&Frame::SampleRun(Box::new(run)).encode());
+        let mut bytes = good[..start].to_vec();
+        bytes.extend_from_slice(&wide);
+        bytes.extend_from_slice(&good[start..]);
+        let read = read_bytes(&bytes).unwrap();
+        assert_eq!(read.frames, frames);
+        let [ReadIssue::Corrupt {
+            offset,
+            bytes: skipped,
+            reason: Corruption::Undecodable(why),
+        }] = read.issues.as_slice()
+        else {
+            panic!("{:?}", read.issues);
+        };
+        assert_eq!((*offset, *skipped), (start as u64, wide.len() as u64));
+        assert!(
+            why.contains("unpacks to more than 4 sample values per byte"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -21,8 +21,8 @@ use anyhow::Context;
 use clap::Args;
 use ratatui::DefaultTerminal;
 use stallscope_analysis::frame::Frame;
-use stallscope_analysis::view::replay::Replay;
-use stallscope_collector::profile::read_profile;
+use stallscope_analysis::view::replay::{Replay, Span};
+use stallscope_collector::profile::{ProfileReader, ReadIssue};
 use stallscope_dashboards::top::{App, Mode, ReplayCursor};
 
 use live::FollowedModel;
@@ -109,18 +109,40 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
     Ok(if exit == Exit::Interrupt { 130 } else { 0 })
 }
 
+/// Runs `f` over the frames of `profile` as its reader streams them; returns what `f` made
+/// and the reader's issues, or the I/O error that cut the stream.
+fn streamed<T>(
+    profile: &Path,
+    f: impl FnOnce(&mut dyn Iterator<Item = Frame>) -> T,
+) -> anyhow::Result<(T, Vec<ReadIssue>)> {
+    let cannot_read = || format!("cannot read {}", profile.display());
+    let mut reader = ProfileReader::open(profile).with_context(cannot_read)?;
+    let mut failure = None;
+    let mut frames = reader
+        .by_ref()
+        .map_while(|f| f.map_err(|e| failure = Some(e)).ok());
+    let made = f(&mut frames);
+    if let Some(e) = failure {
+        return Err(e).with_context(cannot_read);
+    }
+    Ok((made, reader.take_issues()))
+}
+
 /// Replays `profile` with a time cursor.
 fn replay(profile: &Path, fps: f64) -> anyhow::Result<i32> {
-    let read =
-        read_profile(profile).with_context(|| format!("cannot read {}", profile.display()))?;
-    let notes: Vec<String> = read.issues.iter().map(|i| i.describe()).collect();
-    if !read.frames.iter().any(|f| matches!(f, Frame::Header(_))) {
+    // Two passes over the file, neither holding its frames: the span, then the replay.
+    let mut header = false;
+    let (span, issues) = streamed(profile, |frames| {
+        Span::of(frames.inspect(|f| header |= matches!(f, Frame::Header(_))))
+    })?;
+    let notes: Vec<String> = issues.iter().map(|i| i.describe()).collect();
+    if !header {
         anyhow::bail!(
             "{} holds no run header: it is empty or was cut before its first frame",
             profile.display()
         );
     }
-    let replay = Replay::of_frames(&read.frames, "");
+    let (replay, _) = streamed(profile, |frames| Replay::of_stream(span, frames, ""))?;
     let name = profile.file_name().map_or_else(
         || profile.display().to_string(),
         |n| n.to_string_lossy().to_string(),
