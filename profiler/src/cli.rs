@@ -26,7 +26,7 @@ pub enum Command {
     Feed(FeedArgs),
     /// The live terminal dashboard: attach to the run or agent on this node (or --attach
     /// SOCKET), to a whole job (--collector HOST:PORT), or replay a PROFILE.
-    Top(crate::top::TopArgs),
+    Top(TopArgs),
     /// Measure the stalls by difference between controlled runs of the training (Stash,
     /// DS-Analyzer): 1 process and all processes on synthetic data, over the nodes, real
     /// data with a warm and a cold page cache.
@@ -509,6 +509,28 @@ pub struct ReportBenchArgs {
     /// The report's format, by extension.
     #[arg(long, default_value = "html")]
     pub format: String,
+}
+
+/// `stallscope top`'s arguments.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// A profile to replay (`stallscope run`'s, a collector's job profile) with a time cursor.
+    pub profile: Option<PathBuf>,
+    /// The feed socket of a given run or agent (default: the newest of this user's).
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["profile", "collector"])]
+    pub attach: Option<PathBuf>,
+    /// The whole job: a collector's HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "profile")]
+    pub collector: Option<String>,
+    /// With --collector: the job's token file.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// With --collector: TLS to a collector started with --tls-cert.
+    #[command(flatten)]
+    pub tls: TlsClientArgs,
+    /// Redraws per second at most (above 0, at most 60).
+    #[arg(long, default_value_t = 4.0, value_parser = frames_per_second)]
+    pub fps: f64,
 }
 
 /// A number of seconds given on the command line: finite, above 0, at most a day (86,400 s).

@@ -18,37 +18,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Args;
 use ratatui::DefaultTerminal;
 use stallscope_analysis::frame::Frame;
 use stallscope_analysis::view::replay::{Replay, Span};
 use stallscope_collector::profile::{ProfileReader, ReadIssue};
 use stallscope_dashboards::top::{App, Mode, ReplayCursor};
 
+use crate::cli::TopArgs;
 use live::FollowedModel;
 use screen::{Exit, Model, Options, TerminalKeys};
-
-/// `stallscope top`'s arguments.
-#[derive(Debug, Args)]
-pub struct TopArgs {
-    /// A profile to replay (`stallscope run`'s, a collector's job profile) with a time cursor.
-    pub profile: Option<PathBuf>,
-    /// The feed socket of a given run or agent (default: the newest of this user's).
-    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["profile", "collector"])]
-    pub attach: Option<PathBuf>,
-    /// The whole job: a collector's HOST:PORT.
-    #[arg(long, value_name = "HOST:PORT", conflicts_with = "profile")]
-    pub collector: Option<String>,
-    /// With --collector: the job's token file.
-    #[arg(long, value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
-    /// With --collector: TLS to a collector started with --tls-cert.
-    #[command(flatten)]
-    pub tls: crate::cli::TlsClientArgs,
-    /// Redraws per second at most (above 0, at most 60).
-    #[arg(long, default_value_t = 4.0, value_parser = crate::cli::frames_per_second)]
-    pub fps: f64,
-}
 
 /// Whether stdin and stdout are both a terminal (a dashboard needs keys and a screen).
 pub fn is_terminal() -> bool {
