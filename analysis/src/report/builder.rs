@@ -2,7 +2,7 @@
 //! frames go through a [`Journal`] as in the live run, attributed one second of the run's
 //! time after another, and every update of the live model is folded into whole-run columns.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use crate::category::{Category, Split};
 use crate::crossnode::{IterationArrivals, StragglerWindows};
@@ -12,7 +12,7 @@ use crate::frame::{Frame, NodeClock, RunEnd, RunHeader};
 use crate::journal::Journal;
 use crate::resources::NodeResources;
 use crate::view::replay::frame_time;
-use crate::view::{NodeMeter, ViewUpdate};
+use crate::view::ViewUpdate;
 use crate::Nanos;
 
 use super::columns::{
@@ -121,7 +121,6 @@ impl RankTrack {
 /// Reads a profile's frames and builds its [`Report`].
 pub struct ReportBuilder {
     journal: Journal,
-    meter: NodeMeter,
     header: Option<RunHeader>,
     is_collector: bool,
     end: Option<RunEnd>,
@@ -140,7 +139,6 @@ pub struct ReportBuilder {
     /// the iterations on it.
     critical: Split,
     critical_iterations: u64,
-    clocks: HashMap<String, NodeClock>,
     experiment: Option<ExperimentReport>,
     frames: u64,
     sources: Vec<SourceProfile>,
@@ -156,7 +154,6 @@ impl ReportBuilder {
                 j.set_summary_every(SUMMARY_EVERY_NS);
                 j
             },
-            meter: NodeMeter::default(),
             header: None,
             is_collector: false,
             end: None,
@@ -172,7 +169,6 @@ impl ReportBuilder {
             local_stragglers: StragglerWindows::default(),
             critical: Split::default(),
             critical_iterations: 0,
-            clocks: HashMap::new(),
             experiment: None,
             frames: 0,
             sources: Vec::new(),
@@ -221,27 +217,7 @@ impl ReportBuilder {
             }
             Frame::End(e) => self.end = Some(e.clone()),
             Frame::Experiment(r) => self.experiment = Some((**r).clone()),
-            Frame::NodeClock(c) => {
-                self.clocks.insert(c.node.clone(), c.clone());
-            }
-            Frame::NodeResources(r) => {
-                let mut res = r.resources.clone();
-                if let Some(c) = self.clocks.get(&r.node) {
-                    res.t_ns = c.to_collector(res.t_ns);
-                }
-                self.resources(&r.node.clone(), &res);
-            }
             _ => {}
-        }
-        if !self.is_collector {
-            let reading = match frame {
-                Frame::End(_) => self.meter.flush(),
-                _ => self.meter.ingest(frame),
-            };
-            if let Some(reading) = reading {
-                let node = self.local_node();
-                self.resources(&node, &reading);
-            }
         }
         if let Some(t) = self.time_of(frame) {
             if self.axis.is_none() {
@@ -266,7 +242,7 @@ impl ReportBuilder {
     fn time_of(&self, frame: &Frame) -> Option<Nanos> {
         let t = frame_time(frame)?;
         match frame.node_iteration() {
-            Some(it) => Some(self.clocks.get(&it.node).map_or(t, |c| c.to_collector(t))),
+            Some(it) => Some(self.clock(&it.node).map_or(t, |c| c.to_collector(t))),
             None => Some(t),
         }
     }
@@ -304,7 +280,21 @@ impl ReportBuilder {
     }
 
     /// Folds one update of the live model into the whole-run series.
+    /// Node `node`'s clock as the collector estimated it so far (the journal's).
+    fn clock(&self, node: &str) -> Option<&NodeClock> {
+        self.journal.timeline().nodes.clocks.get(node)
+    }
+
+    /// Folds one of the journal's updates: the iterations' parts and every resource reading
+    /// (a job profile's agents' readings taken to the collector's clock).
     fn fold(&mut self, u: ViewUpdate) {
+        for reading in &u.readings {
+            let mut r = reading.resources.clone();
+            if let Some(c) = self.clock(&reading.node) {
+                r.t_ns = c.to_collector(r.t_ns);
+            }
+            self.resources(&reading.node, &r);
+        }
         for r in &u.ranks {
             self.ranks.entry(r.rank).or_default().node = r.node.clone();
         }

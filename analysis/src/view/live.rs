@@ -127,7 +127,13 @@ impl LiveModel {
                 }
             }
             _ => {
-                if let Some(reading) = self.meter.ingest(frame) {
+                // The run's last second is rarely whole: at its end the open bucket is a
+                // reading too (resource charts stopped up to a second before the run did).
+                let reading = match frame {
+                    Frame::End(_) => self.meter.flush(),
+                    _ => self.meter.ingest(frame),
+                };
+                if let Some(reading) = reading {
                     if let Some(node) = self.local_node.clone() {
                         self.resources(&node, reading);
                         let nics = self.meter.nics();
@@ -167,6 +173,10 @@ impl LiveModel {
     }
 
     fn resources(&mut self, node: &str, r: super::NodeResources) {
+        self.pending.readings.push(super::NodeReading {
+            node: node.to_string(),
+            resources: r.clone(),
+        });
         let n = self.node_mut(node);
         n.resources = Some(r.clone());
         push_bounded(&mut n.history, r, RESOURCE_HISTORY);

@@ -265,6 +265,11 @@ impl JobView {
                 .remove(&n.node)
                 .map(|old| old.history)
                 .unwrap_or_default();
+            for r in u.readings.iter().filter(|r| r.node == n.node) {
+                if history.back().is_none_or(|h| h.t_ns != r.resources.t_ns) {
+                    push_bounded(&mut history, r.resources.clone(), RESOURCE_HISTORY);
+                }
+            }
             if let Some(res) = &n.resources {
                 if history.back().is_none_or(|h| h.t_ns != res.t_ns) {
                     push_bounded(&mut history, res.clone(), RESOURCE_HISTORY);
@@ -280,7 +285,7 @@ impl JobView {
 
 /// What changed in a [`JobView`] since the last update: the feed sends these after its first
 /// snapshot. Ranks and nodes that changed are sent whole but without their histories, which
-/// grow by `parts` and by each node's latest resource reading.
+/// grow by `parts` and by the node's `readings`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ViewUpdate {
     /// See [`JobView::now_ns`].
@@ -303,6 +308,20 @@ pub struct ViewUpdate {
     pub nodes: Vec<NodeView>,
     /// New straggler windows.
     pub stragglers: Vec<StragglerWindow>,
+    /// Every resource reading since the last update, in order (a node may have several: an
+    /// update is taken when its owner attributes, not when a reading closes): what the
+    /// report folds, and what a node's `history` grows by.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readings: Vec<NodeReading>,
+}
+
+/// One node's resources over one reading.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeReading {
+    /// The node.
+    pub node: String,
+    /// The reading, on the node's clock.
+    pub resources: NodeResources,
 }
 
 /// Appends `item`, dropping the oldest beyond `cap`.
