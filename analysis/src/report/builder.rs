@@ -9,9 +9,9 @@ use crate::crossnode::{IterationArrivals, StragglerWindows};
 use crate::experiment::ExperimentReport;
 use crate::figures::Categories;
 use crate::frame::{Frame, NodeClock, RunEnd, RunHeader};
+use crate::journal::replay::frame_time;
 use crate::journal::Journal;
 use crate::resources::NodeResources;
-use crate::view::replay::frame_time;
 use crate::view::ViewUpdate;
 use crate::Nanos;
 

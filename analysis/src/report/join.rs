@@ -13,9 +13,9 @@ use crate::frame::{
     CommSpan, Frame, GpuIdentity, NodeClock, NodeGpus, NodeHealth, NodeIteration,
     NodeResourcesReport, RunEnd, RunHeader,
 };
+use crate::journal::replay::frame_time;
 use crate::journal::Journal;
 use crate::marker::phase;
-use crate::view::replay::frame_time;
 use crate::view::NodeMeter;
 use crate::Nanos;
 

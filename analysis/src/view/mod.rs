@@ -15,7 +15,6 @@
 pub mod hub;
 mod live;
 mod meter;
-pub mod replay;
 
 pub use crate::resources::NodeResources;
 pub use live::{job_name, LiveModel};

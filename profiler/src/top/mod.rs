@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::Context;
 use ratatui::DefaultTerminal;
 use stallscope_analysis::frame::Frame;
-use stallscope_analysis::view::replay::{Replay, Span};
+use stallscope_analysis::journal::replay::{Replay, Span};
 use stallscope_collector::profile::{ProfileReader, ReadIssue};
 use stallscope_dashboards::top::{App, Mode, ReplayCursor};
 

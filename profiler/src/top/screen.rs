@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ratatui::backend::Backend;
 use ratatui::crossterm::event::{self, Event, KeyEvent, KeyEventKind};
 use ratatui::Terminal;
-use stallscope_analysis::view::replay::{Replay, ReplayCursor};
+use stallscope_analysis::journal::replay::{Replay, ReplayCursor};
 use stallscope_analysis::view::JobView;
 use stallscope_dashboards::top::{self, App, Mode, Outcome};
 

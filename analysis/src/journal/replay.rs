@@ -12,11 +12,11 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 
+use super::Journal;
 use crate::frame::Frame;
-use crate::journal::Journal;
 use crate::Nanos;
 
-use super::{JobView, ViewUpdate, RECENT_ITERATIONS, STRAGGLER_WINDOWS};
+use crate::view::{JobView, ViewUpdate, RECENT_ITERATIONS, STRAGGLER_WINDOWS};
 
 /// At most this many cursor positions, whatever the profile's length.
 pub const MAX_STEPS: usize = 600;

@@ -7,6 +7,8 @@
 //! the profile ([`Journal::replay`]) rebuilds them. Where the frames go is a [`FrameSink`]
 //! (the profile writer, or nothing on an agent), so this stays free of I/O.
 
+pub mod replay;
+
 use crate::attribution::IterationBreakdown;
 use crate::frame::{Frame, RunEnd, RunHeader};
 use crate::job::JobTimeline;
@@ -15,9 +17,9 @@ use std::borrow::Borrow;
 
 use crate::timeline::{LinkPeaks, PeaksPass};
 
-use crate::view::replay::frame_time;
 use crate::view::{JobView, LiveModel, ViewUpdate};
 use crate::Nanos;
+use replay::frame_time;
 
 /// ns of the frames' time between two attribution rounds of a replay, as the live run
 /// attributes.
