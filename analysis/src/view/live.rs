@@ -172,6 +172,27 @@ impl LiveModel {
         self.dirty_nodes.insert(node);
     }
 
+    /// A process that now reports as `rank` and was another rank before (an elastic restart
+    /// renumbering, a hook that learnt its rank late): its former rank leaves the model, so
+    /// that a rank's label changing does not leave a rank behind in every view and a
+    /// `/metrics` series per label for ever (issue 30, item 12). The summary keeps its
+    /// iterations.
+    fn forget_former_rank_of(&mut self, rank: u32, pid: u32, node: &str) {
+        let former: Vec<u32> = self
+            .view
+            .ranks
+            .values()
+            .filter(|r| r.rank != rank && r.pid == pid && r.node == node)
+            .map(|r| r.rank)
+            .collect();
+        for old in former {
+            self.view.ranks.remove(&old);
+            self.dirty_ranks.remove(&old);
+            self.pending.parts.retain(|(r, _)| *r != old);
+            self.pending.removed_ranks.push(old);
+        }
+    }
+
     fn resources(&mut self, node: &str, r: super::NodeResources) {
         self.pending.readings.push(super::NodeReading {
             node: node.to_string(),
@@ -242,6 +263,7 @@ impl LiveModel {
                 split: b.split,
                 gpu_busy_ppm,
             };
+            self.forget_former_rank_of(b.rank, b.pid, &node);
             let r = self.view.ranks.entry(b.rank).or_insert_with(|| RankView {
                 rank: b.rank,
                 node: node.clone(),

@@ -245,6 +245,10 @@ impl JobView {
         if let Some(s) = u.summary {
             self.summary = *s;
         }
+        // Before the ranks: a rank removed may be taken again by another process since.
+        for rank in &u.removed_ranks {
+            self.ranks.remove(rank);
+        }
         for r in u.ranks {
             let recent = self
                 .ranks
@@ -312,6 +316,9 @@ pub struct ViewUpdate {
     /// report folds, and what a node's `history` grows by.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub readings: Vec<NodeReading>,
+    /// Ranks that left the model: their process now reports as another rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_ranks: Vec<u32>,
 }
 
 /// One node's resources over one reading.

@@ -264,3 +264,32 @@ fn the_meter_gives_the_runs_last_partial_second_at_its_end() {
     );
     assert!(meter.flush().is_none(), "nothing left after it");
 }
+
+/// Issue 30, item 12: a process whose rank label changes (pid 100 reports as rank 0, then as
+/// rank 5, then as rank 7) leaves no rank behind in the model, on the server or on a client
+/// that applies the updates; another process taking a freed rank is that rank.
+#[test]
+fn a_process_whose_rank_changes_leaves_no_rank_behind() {
+    let job = JobTimeline::default();
+    let mut server = LiveModel::new("");
+    server.ingest(&header("node-a"));
+    let mut client = server.view().clone();
+    let mut round = 0u64;
+    for (rank, pid) in [(0u32, 100u32), (5, 100), (7, 100), (0, 200)] {
+        for _ in 0..3 {
+            let mut b = iteration(rank, round, 100, 0);
+            b.pid = pid;
+            server.observe(&job, &[b], (round + 1) * 100 * MS, false);
+            client.apply(server.take_update());
+            round += 1;
+        }
+    }
+    let ranks: Vec<(u32, u32)> = server
+        .view()
+        .ranks
+        .values()
+        .map(|r| (r.rank, r.pid))
+        .collect();
+    assert_eq!(ranks, [(0, 200), (7, 100)]);
+    assert_eq!(&client, server.view());
+}
