@@ -4,8 +4,8 @@
 //! The frames go through the same [`Journal`] as live, one at a time (a profile's reader
 //! streams them twice: once for the [`Span`], once to replay), attributed as time passes and
 //! pruned at every step, and each step keeps only what changed ([`ViewUpdate`]), less what
-//! a view would push out at once ([`trimmed`]): memory is bounded by [`MAX_STEPS`] times
-//! the ranks' recent windows, not by the profile's length (a day-long profile held every
+//! a view would push out at once ([`trimmed`]); past [`PARTS_BUDGET`] parts held, neighbouring
+//! steps are merged, so memory is bounded whatever the profile's length and ranks (a day-long profile held every
 //! frame decoded, and every iteration's parts). Moving the cursor forward applies the next
 //! updates; moving it back rebuilds from the start, which costs one pass over the updates.
 
@@ -16,10 +16,15 @@ use super::Journal;
 use crate::frame::Frame;
 use crate::Nanos;
 
-use crate::view::{JobView, ViewUpdate, RECENT_ITERATIONS, STRAGGLER_WINDOWS};
+use crate::view::{JobView, ViewUpdate, RECENT_ITERATIONS, RESOURCE_HISTORY, STRAGGLER_WINDOWS};
 
 /// At most this many cursor positions, whatever the profile's length.
 pub const MAX_STEPS: usize = 600;
+
+/// Iterations' parts the steps may hold together (about 90 bytes each): beyond, neighbouring
+/// steps are merged into one ([`ViewUpdate::then`]), halving the positions. A day of 64
+/// ranks held 600 steps × 64 ranks × up to 512 parts, 2.1 GB; a small job keeps its 600.
+pub const PARTS_BUDGET: usize = 1_500_000;
 
 /// The shortest step between cursor positions, ns.
 pub const MIN_STEP_NS: Nanos = 1_000_000_000;
@@ -41,7 +46,7 @@ pub fn frame_time(frame: &Frame) -> Option<Nanos> {
 
 /// `u` less what applying it would push out of any view at once: per rank all but its last
 /// [`RECENT_ITERATIONS`] new iterations' parts, all but the last [`STRAGGLER_WINDOWS`] new
-/// straggler windows. A step of a long profile spans many iterations; this keeps a step's
+/// straggler windows, per node all but its last [`RESOURCE_HISTORY`] readings. A step of a long profile spans many iterations; this keeps a step's
 /// memory bounded by the ranks. `view.apply(trimmed(u))` equals `view.apply(u)`.
 pub fn trimmed(mut u: ViewUpdate) -> ViewUpdate {
     let mut left: HashMap<u32, usize> = HashMap::new();
@@ -55,7 +60,35 @@ pub fn trimmed(mut u: ViewUpdate) -> ViewUpdate {
     });
     let extra = u.stragglers.len().saturating_sub(STRAGGLER_WINDOWS);
     u.stragglers.drain(..extra);
+    let mut readings: HashMap<String, usize> = HashMap::new();
+    for r in &u.readings {
+        *readings.entry(r.node.clone()).or_default() += 1;
+    }
+    u.readings.retain(|r| {
+        let n = readings.get_mut(&r.node).expect("counted above");
+        *n -= 1;
+        *n < RESOURCE_HISTORY
+    });
     u
+}
+
+/// Merges each pair of neighbouring steps into the later one's position (the first step, the
+/// model's start, stays as it is); returns the parts then held.
+fn coarsen(steps: &mut Vec<Step>) -> usize {
+    let mut merged = Vec::with_capacity(steps.len() / 2 + 2);
+    let mut it = std::mem::take(steps).into_iter();
+    merged.extend(it.next());
+    while let Some(a) = it.next() {
+        merged.push(match it.next() {
+            Some(b) => Step {
+                t_ns: b.t_ns,
+                update: trimmed(a.update.then(b.update)),
+            },
+            None => a,
+        });
+    }
+    *steps = merged;
+    steps.iter().map(|s| s.update.parts.len()).sum()
 }
 
 /// One cursor position: the model's change up to `t_ns`.
@@ -112,6 +145,16 @@ impl Replay {
         frames: impl IntoIterator<Item = F>,
         name: &str,
     ) -> Replay {
+        Replay::of_stream_within(span, frames, name, PARTS_BUDGET)
+    }
+
+    /// As [`Replay::of_stream`], holding at most about `budget` parts.
+    fn of_stream_within<F: Borrow<Frame>>(
+        span: Span,
+        frames: impl IntoIterator<Item = F>,
+        name: &str,
+        budget: usize,
+    ) -> Replay {
         let Span {
             first_ns: first,
             last_ns: last,
@@ -122,6 +165,7 @@ impl Replay {
         let mut steps = Vec::new();
         let mut next = first + step_ns;
         let mut start: Option<JobView> = None;
+        let mut held = 0;
         for f in frames {
             let f = f.borrow();
             if let Some(t) = frame_time(f) {
@@ -133,10 +177,15 @@ impl Replay {
                     // Whole steps passed: one cursor position at the last boundary before t.
                     let boundary = next + (t - next) / step_ns * step_ns;
                     journal.attribute(boundary, false);
+                    let update = trimmed(journal.take_update());
+                    held += update.parts.len();
                     steps.push(Step {
                         t_ns: boundary,
-                        update: trimmed(journal.take_update()),
+                        update,
                     });
+                    if held > budget {
+                        held = coarsen(&mut steps);
+                    }
                     journal.prune();
                     next = boundary + step_ns;
                 }
@@ -351,6 +400,56 @@ mod tests {
         let (mut a, mut b) = (JobView::new(""), JobView::new(""));
         a.apply(u.clone());
         b.apply(trimmed(u));
+        assert_eq!(a, b);
+    }
+
+    /// A replay past its parts budget merges neighbouring steps: it holds no more than the
+    /// budget and a step's worth, and still ends on the model the whole profile makes (a day
+    /// of 64 ranks held 2.1 GB before).
+    #[test]
+    fn a_replay_over_its_budget_merges_steps_and_ends_on_the_same_model() {
+        let frames = fast_profile();
+        let full = Replay::of_frames(&frames, "");
+        let budget = full.parts_held() / 4;
+        let small = Replay::of_stream_within(Span::of(&frames), &frames, "", budget);
+        assert!(
+            small.len() < full.len(),
+            "{} vs {}",
+            small.len(),
+            full.len()
+        );
+        assert!(
+            small.parts_held() <= budget + 2 * RECENT_ITERATIONS,
+            "{} parts held, budget {budget}",
+            small.parts_held()
+        );
+        let (mut a, mut b) = (full.cursor(), small.cursor());
+        a.seek(full.len() - 1);
+        b.seek(small.len() - 1);
+        assert_eq!(a.view().ranks, b.view().ranks);
+        assert_eq!(a.view().iterations(), b.view().iterations());
+    }
+
+    /// Applying an update then another does what applying the two merged does.
+    #[test]
+    fn two_updates_merged_apply_as_both_in_turn() {
+        let frames = fast_profile();
+        let mut j = Journal::reader("");
+        let half = frames.len() / 2;
+        let mut updates = Vec::new();
+        for part in [&frames[..half], &frames[half..]] {
+            for f in part {
+                j.ingest(f);
+            }
+            j.attribute(u64::MAX, part.len() != half);
+            updates.push(j.take_update());
+        }
+        let (mut a, mut b) = (JobView::new(""), JobView::new(""));
+        for u in updates.clone() {
+            a.apply(u);
+        }
+        let [first, second]: [ViewUpdate; 2] = updates.try_into().unwrap();
+        b.apply(first.then(second));
         assert_eq!(a, b);
     }
 }

@@ -330,6 +330,53 @@ pub struct NodeReading {
     pub resources: NodeResources,
 }
 
+impl ViewUpdate {
+    /// One update standing for `self` and then `later`: applying it does what applying both
+    /// in turn does (a replay merges its steps' updates to keep its memory within a budget).
+    /// Parts and readings are concatenated, the rest is `later`'s where it says, `self`'s
+    /// where it does not.
+    pub fn then(mut self, later: ViewUpdate) -> ViewUpdate {
+        let ViewUpdate {
+            now_ns,
+            attributed,
+            samples_per_second,
+            batch_size,
+            records_dropped,
+            summary,
+            ranks,
+            parts,
+            nodes,
+            stragglers,
+            readings,
+            removed_ranks,
+        } = later;
+        self.now_ns = now_ns;
+        self.attributed = attributed;
+        self.samples_per_second = samples_per_second;
+        self.batch_size = batch_size;
+        self.records_dropped = records_dropped;
+        if summary.is_some() {
+            self.summary = summary;
+        }
+        // A rank removed later leaves with its earlier figures and parts.
+        self.ranks.retain(|r| !removed_ranks.contains(&r.rank));
+        self.parts.retain(|(r, _)| !removed_ranks.contains(r));
+        self.removed_ranks.extend(removed_ranks);
+        for r in ranks {
+            self.ranks.retain(|old| old.rank != r.rank);
+            self.ranks.push(r);
+        }
+        self.parts.extend(parts);
+        for n in nodes {
+            self.nodes.retain(|old| old.node != n.node);
+            self.nodes.push(n);
+        }
+        self.stragglers.extend(stragglers);
+        self.readings.extend(readings);
+        self
+    }
+}
+
 /// Appends `item`, dropping the oldest beyond `cap`.
 pub(crate) fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) {
     q.push_back(item);
