@@ -23,8 +23,9 @@ pub const MAX_STEPS: usize = 600;
 
 /// Iterations' parts the steps may hold together (about 90 bytes each): beyond, neighbouring
 /// steps are merged into one ([`ViewUpdate::then`]), halving the positions. A day of 64
-/// ranks held 600 steps × 64 ranks × up to 512 parts, 2.1 GB; a small job keeps its 600.
-pub const PARTS_BUDGET: usize = 1_500_000;
+/// ranks held 600 steps × 64 ranks × up to 512 parts, 2.1 GB (392 MB with a budget of 1.5 M
+/// parts); a small job keeps its 600 positions.
+pub const PARTS_BUDGET: usize = 600_000;
 
 /// The shortest step between cursor positions, ns.
 pub const MIN_STEP_NS: Nanos = 1_000_000_000;
