@@ -6,7 +6,8 @@ Telling the two apart needs each operation's identity on every rank, so each cal
 ``comm`` span whose ``B`` event names it: ``op=`` the function, ``g=`` a small id of its
 process group (torch numbers groups in creation order, the same on every rank; the default
 group is 0), ``n=`` its number (per group and op for a collective, per peer and direction for
-a send or receive), ``b=`` the bytes of its tensors on this rank, and ``p=`` the peer's global
+a send or receive), ``b=`` the bytes of its tensors on this rank (for a reduce-scatter its
+input, the whole tensor reduced, not the shard it returns), and ``p=`` the peer's global
 rank for a send or receive. Each group's size and global ranks go once as meta
 ``group.<id>=<size>/<r0:r1:…>``. The analysis matches the operation across ranks by that
 identity.
@@ -49,6 +50,7 @@ COLLECTIVES = (
     "barrier",
     "batch_isend_irecv",
 )
+REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base")
 SENDS = ("send", "isend")
 RECEIVES = ("recv", "irecv")
 
@@ -156,8 +158,11 @@ def _identify(torch, c10d, name, bound, result, start):
         group = getattr(ops[0], "group", None) if ops else None
         nbytes = sum(_bytes(torch, getattr(op, "tensor", None)) for op in ops)
     else:
-        first = next(iter(bound.values()), None) if bound else None
-        nbytes = _bytes(torch, first)
+        tensors = list(bound.values())[:2]
+        # A reduce-scatter's output is this rank's shard; its input is the whole tensor it
+        # reduces, as an all-gather's output is the whole tensor it gathers.
+        scatters = name in REDUCE_SCATTERS and len(tensors) == 2
+        nbytes = _bytes(torch, tensors[1] if scatters else (tensors[0] if tensors else None))
     gid = _group_id(c10d, group)
     if gid is None:
         return None
