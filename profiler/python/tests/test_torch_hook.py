@@ -264,6 +264,27 @@ DESTROY_RIGHT_AFTER_BACKWARD = """
 
 # Every operation a program calls itself, on two ranks over gloo; DDP's own communication
 # (its comm hook's all-reduce) and a failing call are not marked.
+# A model compiled with torch.compile's default backend (inductor: on the CPU it compiles C++
+# with the machine's compiler, tens of seconds cold, cached after), trained without DDP.
+COMPILED = """
+    import torch
+    if not hasattr(torch, "compile"):
+        print("no torch.compile")
+        raise SystemExit(0)
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model = torch.compile(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(6):
+        x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print("compiled frames", counters["frames"]["ok"])
+"""
+
 DIST_OPS = """
     import os
     import torch
@@ -506,6 +527,15 @@ class TorchHookTest(unittest.TestCase):
             # An asynchronous operation lasts until its wait() returned.
             for b, e in pairs:
                 self.assertLessEqual(b.t_ns, e.t_ns)
+
+    def test_a_compiled_models_iterations_are_counted(self):
+        stdout, stderr, markers = self.run_script(COMPILED)
+        if "no torch.compile" in stdout:
+            self.skipTest("torch 1.x has no torch.compile")
+        self.assertTrue(_complete(markers), "markers were dropped on every attempt")
+        self.assertIn("compiled frames 1", stdout, stderr)  # compiled, not run eagerly
+        steps = [m for m in markers if m.event == "S"]
+        self.assertEqual([m.iter for m in steps], list(range(6)))
 
     def test_training_loop_is_marked(self):
         stdout, stderr, markers = self.run_script(TRAIN)
