@@ -129,16 +129,36 @@ const P2P_OPS: [&str; 5] = ["send", "recv", "isend", "irecv", "batch_isend_irecv
 
 /// What the summary knows of the job when it lists a rank's operations.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct JobComm {
+pub struct JobComm<'a> {
     /// The job used DDP (a loop sent its gradient buckets).
     pub ddp: bool,
     /// bytes DDP all-reduced per iteration on this rank, when its hook said (`comm_bytes`).
     pub ddp_bytes_per_iteration: Option<f64>,
+    /// Groups of a DeviceMesh dimension named `tp` (the hook's `group_dim.<g>=tp`).
+    pub tensor_parallel_groups: &'a [u32],
 }
 
-/// The role of `op`; `None` when nothing says.
-fn role(op: &str, job: JobComm) -> Option<Role> {
-    if P2P_OPS.contains(&op) {
+/// The DeviceMesh dimension name that marks a tensor-parallel group.
+pub const TENSOR_PARALLEL_DIM: &str = "tp";
+
+/// The meta key prefix naming a group's DeviceMesh dimension: `group_dim.<g>=<name>`.
+pub const GROUP_DIM_PREFIX: &str = "group_dim.";
+
+/// The groups `meta` (one process's latest metadata) says are a `tp` mesh dimension's.
+pub fn tensor_parallel_groups(meta: &BTreeMap<String, String>) -> Vec<u32> {
+    meta.iter()
+        .filter_map(|(k, v)| {
+            let g = k.strip_prefix(GROUP_DIM_PREFIX)?;
+            (v == TENSOR_PARALLEL_DIM).then(|| g.parse().ok()).flatten()
+        })
+        .collect()
+}
+
+/// The role of `op` on group `group`; `None` when nothing says.
+fn role(op: &str, group: Option<u32>, job: JobComm) -> Option<Role> {
+    if group.is_some_and(|g| job.tensor_parallel_groups.contains(&g)) {
+        Some(Role::TensorParallel)
+    } else if P2P_OPS.contains(&op) {
         Some(Role::Pipeline)
     } else if FSDP_OPS.contains(&op) && !job.ddp {
         Some(Role::Fsdp)
@@ -161,7 +181,7 @@ pub fn collectives(t: &CommTotals, iterations: u64, job: JobComm) -> Vec<Collect
                 (Some(op), g) => (
                     op.clone(),
                     g.map(|g| g.to_string()),
-                    role(op, job),
+                    role(op, *g, job),
                     s.bytes as f64,
                 ),
                 (None, _) if job.ddp => (
@@ -303,6 +323,7 @@ mod tests {
         let ddp = JobComm {
             ddp: true,
             ddp_bytes_per_iteration: Some(4096.0),
+            ..JobComm::default()
         };
         let c = collectives(&t, 1, ddp);
         let find = |op: &str| c.iter().find(|c| c.op == op).unwrap();
@@ -320,6 +341,42 @@ mod tests {
         );
         let own = c.iter().find(|c| c.op == "comm").unwrap();
         assert_eq!((own.group.as_deref(), own.role), (None, None));
+    }
+
+    #[test]
+    fn a_tp_mesh_dimensions_group_is_tensor_parallel() {
+        let meta: BTreeMap<String, String> = [
+            ("group.2", "2/0:1"),
+            ("group_dim.1", "dp"),
+            ("group_dim.2", "tp"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let tp = tensor_parallel_groups(&meta);
+        assert_eq!(tp, [2]);
+        let mut t = CommTotals::default();
+        for g in [1, 2] {
+            t.add(&OpTime {
+                group: Some(g),
+                ..span(Some("all_gather_into_tensor"), true, 64, 1, 0)
+            });
+        }
+        let job = JobComm {
+            tensor_parallel_groups: &tp,
+            ..JobComm::default()
+        };
+        let c = collectives(&t, 1, job);
+        let role = |g: &str| {
+            c.iter()
+                .find(|c| c.group.as_deref() == Some(g))
+                .unwrap()
+                .role
+        };
+        assert_eq!(
+            (role("1"), role("2")),
+            (Some(Role::Fsdp), Some(Role::TensorParallel))
+        );
     }
 
     #[test]

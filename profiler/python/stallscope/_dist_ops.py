@@ -9,7 +9,8 @@ group is 0), ``n=`` its number (per group and op for a collective, per peer and 
 a send or receive), ``b=`` the bytes of its tensors on this rank (for a reduce-scatter its
 input, the whole tensor reduced, not the shard it returns), and ``p=`` the peer's global
 rank for a send or receive. Each group's size and global ranks go once as meta
-``group.<id>=<size>/<r0:r1:…>``. The analysis matches the operation across ranks by that
+``group.<id>=<size>/<r0:r1:…>``, and the name of the DeviceMesh dimension it is, when it is
+one, as ``group_dim.<id>=<name>`` (``tp``, ``dp``, as the mesh's ``mesh_dim_names`` say). The analysis matches the operation across ranks by that
 identity.
 
 Both events are sent when the operation has completed, with the time it was called as the
@@ -240,7 +241,12 @@ def _group_meta(c10d, gid, group):
         text = "%d/%s" % (len(ranks), ":".join(str(r) for r in ranks))
         if len(text) > 256:
             text = str(len(ranks))
-        stallscope.meta(**{"group.%d" % gid: text})
+        fields = {"group.%d" % gid: text}
+        # A DeviceMesh names each dimension's group "mesh_<dim>" (torch 2.x): "tp", "dp", …
+        desc = str(getattr(group, "group_desc", "") or "")
+        if desc.startswith("mesh_") and not desc.startswith("mesh_dim_"):
+            fields["group_dim.%d" % gid] = desc[len("mesh_"):]
+        stallscope.meta(**fields)
     except Exception:
         pass
 
