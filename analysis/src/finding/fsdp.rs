@@ -20,23 +20,56 @@ const COMM: [Category; 3] = [
     Category::Network,
 ];
 
-/// s per iteration, averaged over the ranks: (all-gather, reduce-scatter, waiting in either).
-fn exposed_per_iteration(input: &FindingInput) -> (f64, f64, f64) {
-    let mut sums = (0.0, 0.0, 0.0);
+/// FSDP's operations per iteration, averaged over the ranks.
+#[derive(Default)]
+struct Exposed {
+    /// s in all-gathers.
+    gather: f64,
+    /// s in reduce-scatters.
+    scatter: f64,
+    /// s of those waiting for a peer.
+    waited: f64,
+    /// All-gathers.
+    gathers: f64,
+    /// Reduce-scatters.
+    scatters: f64,
+}
+
+fn exposed_per_iteration(input: &FindingInput) -> Exposed {
+    let mut e = Exposed::default();
     let mut ranks = 0;
     for r in input.ranks.iter().filter(|r| r.figures.iterations > 0) {
         ranks += 1;
         for c in r.collectives.iter().filter(|c| c.role == Some(Role::Fsdp)) {
             if c.op.contains("gather") {
-                sums.0 += c.seconds_per_iteration;
+                e.gather += c.seconds_per_iteration;
+                e.gathers += c.count_per_iteration;
             } else {
-                sums.1 += c.seconds_per_iteration;
+                e.scatter += c.seconds_per_iteration;
+                e.scatters += c.count_per_iteration;
             }
-            sums.2 += c.waited_seconds_per_iteration;
+            e.waited += c.waited_seconds_per_iteration;
         }
     }
     let n = f64::from(ranks.max(1));
-    (sums.0 / n, sums.1 / n, sums.2 / n)
+    Exposed {
+        gather: e.gather / n,
+        scatter: e.scatter / n,
+        waited: e.waited / n,
+        gathers: e.gathers / n,
+        scatters: e.scatters / n,
+    }
+}
+
+/// The advice. Parameters resharded after forward are gathered twice per reduce-scatter
+/// (forward and backward); about once means `reshard_after_forward=False` is already in use.
+fn suggestion(e: &Exposed) -> String {
+    let keep = if e.scatters > 0.0 && e.gathers < 1.5 * e.scatters {
+        ""
+    } else {
+        " keep the gathered parameters from forward to backward with reshard_after_forward=False (one all-gather per layer instead of two, for the memory of the unsharded layers);"
+    };
+    format!("prefetch, so that the next layer's all-gather runs while this one computes (FSDP2: set_modules_to_forward_prefetch and set_modules_to_backward_prefetch; FSDP1: forward_prefetch=True, backward_prefetch=BACKWARD_PRE);{keep} or shard over fewer ranks — HSDP (a 2-D DeviceMesh: shard within a node, replicate across nodes) or a smaller shard group — so that each all-gather crosses faster links")
 }
 
 /// The FSDP finding, when FSDP's exposed operations (with no DDP in the job) take at least
@@ -45,7 +78,8 @@ pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
     if input.parallelism.ddp {
         return None;
     }
-    let (gather, scatter, waited) = exposed_per_iteration(input);
+    let e = exposed_per_iteration(input);
+    let (gather, scatter, waited) = (e.gather, e.scatter, e.waited);
     let lost = gather + scatter;
     let t = input.job.median_iteration_seconds;
     let mean = input.job.wall_seconds / input.job.iterations.max(1) as f64;
@@ -83,7 +117,7 @@ pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
             gain * 1e3,
             t - gain,
         ),
-        suggestion: "prefetch, so that the next layer's all-gather runs while this one computes (FSDP2: set_modules_to_forward_prefetch and set_modules_to_backward_prefetch; FSDP1: forward_prefetch=True, backward_prefetch=BACKWARD_PRE); keep the gathered parameters from forward to backward with reshard_after_forward=False (one all-gather per layer instead of two, for the memory of the unsharded layers); or shard over fewer ranks — HSDP (a 2-D DeviceMesh: shard within a node, replicate across nodes) or a smaller shard group — so that each all-gather crosses faster links".into(),
+        suggestion: suggestion(&e),
         max_speedup: speedup,
     })
 }
@@ -107,7 +141,7 @@ mod tests {
             op: op.into(),
             group: Some("0".into()),
             role: Some(Role::Fsdp),
-            count_per_iteration: 8.0,
+            count_per_iteration: if op.contains("gather") { 8.0 } else { 4.0 },
             bytes_per_iteration: 1e6,
             seconds_per_iteration: ms / 1e3,
             waited_seconds_per_iteration: ms / 4e3,
@@ -177,6 +211,25 @@ mod tests {
         for text in [&f.sentence, &f.suggestion] {
             assert!(!text.contains("no_sync") && !text.contains("DDP"), "{text}");
         }
+    }
+
+    #[test]
+    fn parameters_kept_from_forward_to_backward_are_not_advised_again() {
+        let mut ranks = [rank(0, 40.0, (30.0, 10.0)), rank(1, 40.0, (30.0, 10.0))];
+        for r in &mut ranks {
+            r.collectives[0].count_per_iteration = 4.0; // one all-gather per reduce-scatter
+        }
+        let f = finding(&ranks, &Parallelism::default());
+        assert!(
+            f.suggestion.contains("set_modules_to_forward_prefetch"),
+            "{}",
+            f.suggestion
+        );
+        assert!(
+            !f.suggestion.contains("reshard_after_forward"),
+            "{}",
+            f.suggestion
+        );
     }
 
     #[test]
