@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::collectives::Collective;
+
 use crate::aggregate::Totals;
 use crate::category::{Category, Split};
 use crate::gpu_usage::RankGpu;
@@ -114,6 +116,10 @@ pub struct RankSummary {
     /// Its GPU per counted iteration, when the node had NVML and the rank was mapped to a GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<RankGpu>,
+    /// Its communication operations per counted iteration, per (op, group), the most exposed
+    /// first; empty for a rank of another node (its agent reports categories only).
+    #[serde(default)]
+    pub collectives: Vec<Collective>,
 }
 
 /// The figures of a set of counted iterations, from their running totals.

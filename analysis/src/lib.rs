@@ -15,6 +15,7 @@ pub mod aggregate;
 pub mod attribution;
 pub mod category;
 pub mod clock;
+pub mod collectives;
 pub mod critical;
 pub mod crossnode;
 pub mod experiment;

@@ -17,10 +17,12 @@ use crate::figures::figures;
 pub use crate::figures::{Categories, CoverageShare, Figures, RankSummary, Share};
 
 use crate::category::Category;
+use crate::collectives::{collectives, tensor_parallel_groups, Collective, JobComm};
 use crate::crossnode::StragglerWindow;
 use crate::finding::{find, Finding, FindingInput};
 use crate::gpu_usage::{render_line, GpuUsage, UNMEASURED_PREFIX};
 use crate::job::JobTimeline;
+use crate::parallelism::Parallelism;
 use crate::secs;
 
 /// The schema name written into every summary.
@@ -110,6 +112,7 @@ pub struct NodeSummary {
 pub fn summarize(job: &JobTimeline) -> Summary {
     let header = job.header.clone().unwrap_or_default();
     let warmup = header.warmup_iters;
+    let parallelism = crate::parallelism::of_markers(&job.node.markers);
     let ranks: Vec<RankSummary> = job
         .summary
         .totals
@@ -121,12 +124,12 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             node: job.nodes.rank_nodes.get(rank).cloned(),
             figures: figures(totals),
             gpu: job.summary.gpu_usage.get(rank).map(GpuUsage::figures),
+            collectives: rank_collectives(job, (*rank, *pid), totals.iterations, &parallelism),
         })
         .collect();
     let job_figures = figures(&job.summary.totals.job);
     let workers = job.node.markers.loader_workers();
     let critical = critical_path(job, &job_figures);
-    let parallelism = crate::parallelism::of_markers(&job.node.markers);
     let finding = find(&FindingInput {
         job: critical.as_ref().unwrap_or(&job_figures),
         ranks: &ranks,
@@ -166,6 +169,33 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             .chain(gpus_unmeasured(job))
             .collect(),
     }
+}
+
+/// Loop `pid`'s (rank `rank`'s) communication operations over its `iterations` counted ones.
+fn rank_collectives(
+    job: &JobTimeline,
+    (rank, pid): (u32, u32),
+    iterations: u64,
+    parallelism: &Parallelism,
+) -> Vec<Collective> {
+    let Some(totals) = job.summary.comm.get(&(rank, pid)) else {
+        return Vec::new();
+    };
+    let meta = job.node.markers.procs.get(&pid).map(|m| m.info());
+    let mut tp: Vec<u32> = job
+        .node
+        .markers
+        .loops()
+        .flat_map(|p| tensor_parallel_groups(&p.meta))
+        .collect();
+    tp.sort_unstable();
+    tp.dedup();
+    let context = JobComm {
+        ddp: parallelism.ddp,
+        ddp_bytes_per_iteration: meta.and_then(|m| m.comm_bytes),
+        tensor_parallel_groups: &tp,
+    };
+    collectives(totals, iterations, context)
 }
 
 /// A sentence for each rank that ran on a GPU (its iterations were timed with CUDA events) on
@@ -295,6 +325,11 @@ pub fn render_text(s: &Summary) -> String {
     for r in &s.ranks {
         if let Some(g) = &r.gpu {
             let _ = writeln!(out, "{}", render_line(r.rank, r.node.as_deref(), g));
+        }
+    }
+    for r in s.ranks.iter().take(MAX_RANK_COLUMNS) {
+        if let Some(line) = crate::collectives::render_line(r.rank, &r.collectives) {
+            let _ = writeln!(out, "{line}");
         }
     }
     write_nodes(&mut out, s);

@@ -50,6 +50,24 @@ fn the_lighter_stage_waits_for_the_heavier_one() {
     for r in ranks {
         assert_eq!(r["iterations"].as_u64(), Some(ITERS - warmup), "{s:#}");
     }
+    for r in ranks {
+        // Each rank sends and receives once per micro-batch, 16 kB of activations or
+        // gradients (32 samples × 128 float32), the receive the one it waits in.
+        for op in ["send", "recv"] {
+            let c = r["collectives"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["op"] == op)
+                .unwrap_or_else(|| panic!("no {op}: {s:#}"));
+            assert_eq!(c["role"], "pipeline", "{s:#}");
+            let count = c["count_per_iteration"].as_f64().unwrap();
+            // A datagram dropped on a loaded machine loses one span of 44.
+            assert!((3.5..=4.0).contains(&count), "{s:#}");
+            let bytes = c["bytes_per_iteration"].as_f64().unwrap();
+            assert!((bytes - count * 16_384.0).abs() < 1.0, "{s:#}");
+        }
+    }
     let share = |r: usize, c: &str| ranks[r]["categories"][c]["fraction"].as_f64().unwrap();
     // Stage 0 works 40 ms of stage 1's 120 per iteration: ideally it waits 2/3 of its time.
     assert!(share(0, "peer_wait") > 0.3, "{s:#}");

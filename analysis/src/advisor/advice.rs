@@ -91,6 +91,12 @@ pub fn communication(m: &Measured, cur: &Instance) -> (CommBound, Vec<Advice>, V
         return (bound, out, not);
     }
     let k = 4.0;
+    if m.collectives_per_iteration.is_none() {
+        // No DDP gradient buckets: the exposed time is not one gradient all-reduce per batch
+        // (FSDP gathers parameters for every micro-batch, a pipeline sends activations), so
+        // accumulating would not divide it by k, and DDP's knobs do not apply.
+        return (bound, out, not);
+    }
     push(
         &mut out,
         m,

@@ -710,3 +710,31 @@ fn a_prediction_that_is_not_a_number_is_never_ranked() {
     let line = text.lines().find(|l| l.starts_with("broken")).unwrap_or("");
     assert!(!line.contains("NaN") && !line.contains("pareto"), "{text}");
 }
+
+#[test]
+fn a_job_without_ddp_is_not_told_to_accumulate_with_no_sync() {
+    // An FSDP job: exposed all-gathers and reduce-scatters, no DDP gradient buckets.
+    let cat = catalog();
+    let m = Measured {
+        iteration_seconds: 0.05,
+        breakdown: Breakdown {
+            compute: 0.02,
+            interconnect: 0.03,
+            ..Default::default()
+        },
+        ranks: 2,
+        nodes: 1,
+        comm_bytes_per_iteration: None,
+        collectives_per_iteration: None,
+        ..network_bound()
+    };
+    let r = advise(&m, &cat[0], &cat, &gpus(), &Request::default());
+    assert!(
+        r.communication
+            .iter()
+            .all(|a| !a.change.contains("no_sync")),
+        "{:?}",
+        r.communication
+    );
+    assert!(!render_text(&r).contains("no_sync"));
+}

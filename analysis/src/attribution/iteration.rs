@@ -192,6 +192,38 @@ fn attribute_h2d(
     }
 }
 
+/// How the CPU-side attribution split one `comm` span's exposed time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommSpanTime {
+    /// ns of the iteration the span was the phase that decided (the first-begun `comm` span
+    /// covering a piece decides it, so overlapping spans are not counted twice).
+    pub exposed_ns: u64,
+    /// ns of those spent waiting for the last peer to begin the same operation (`peer_wait`);
+    /// the rest moved data.
+    pub waited_ns: u64,
+}
+
+/// For each `comm` span of `input`, in the order they began (the order of
+/// [`IterationInput::peer_arrivals`]), the time [`attribute`] gave it and its peer wait, by
+/// the same rule; on a CUDA-timed rank, as the CPU side saw it, before the GPU's times
+/// re-split the iteration.
+pub fn comm_span_times(input: &IterationInput) -> Vec<CommSpanTime> {
+    let count = input
+        .spans
+        .iter()
+        .filter(|s| s.phase == phase::COMM)
+        .count();
+    let mut out = vec![CommSpanTime::default(); count];
+    for (a, b, label) in pieces(input) {
+        let Label::Comm(i) = label else { continue };
+        out[i].exposed_ns += b - a;
+        if let Some(t) = input.peer_arrivals.get(i).copied().flatten() {
+            out[i].waited_ns += t.clamp(a, b) - a;
+        }
+    }
+    out
+}
+
 /// Attributes one iteration. The parts of the result sum to `end - start` exactly.
 pub fn attribute(
     input: &IterationInput,

@@ -129,7 +129,7 @@ pub use inputs::{
     GpuSeries, IterationInput, Links, RankSeries, ThreadSeries, IDLE_LOADER_CORES,
     QUIET_LINK_BYTES_PER_S,
 };
-pub use iteration::attribute;
+pub use iteration::{attribute, comm_span_times, CommSpanTime};
 
 #[cfg(test)]
 mod tests;

@@ -7,8 +7,9 @@
 //!
 //! A pipeline-parallel job (its ranks sent to each other point to point) whose lighter stages
 //! wait for a heavier one is told so in stages (`finding/pipeline.rs`): the cure is to balance the
-//! stages, which no per-category advice would say. Advice naming DDP's knobs is given only to
-//! a job that uses DDP.
+//! stages, which no per-category advice would say. A fully sharded job (FSDP's all-gathers and
+//! reduce-scatters, no DDP) whose exposed operations are its largest stall is told FSDP's
+//! knobs (`finding/fsdp.rs`). Advice naming DDP's knobs is given only to a job that uses DDP.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +17,7 @@ use crate::category::Category;
 use crate::figures::{Figures, RankSummary};
 use crate::parallelism::Parallelism;
 
+mod fsdp;
 mod pipeline;
 
 /// A stall share below which no change is suggested, 0–1.
@@ -124,6 +126,9 @@ pub fn find(input: &FindingInput) -> Finding {
         return no_iterations();
     }
     if let Some(f) = pipeline::imbalance(input) {
+        return f;
+    }
+    if let Some(f) = fsdp::exposed(input) {
         return f;
     }
     let stall = largest_stall(job);

@@ -105,6 +105,9 @@ impl JobTimeline {
             if let Some(g) = done.gpu.as_ref().filter(|_| b.iter >= warmup) {
                 self.summary.add_gpu(b.rank, g, b.wall_ns());
             }
+            if b.iter >= warmup {
+                self.summary.add_comm((b.rank, b.pid), &done.comm);
+            }
             out.push(b);
         }
         out.extend(self.nodes.join_ready(now, finishing));

@@ -5,9 +5,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::attribution::{
-    attribute, CudaIteration, IterationBreakdown, IterationInput, Links, RankSeries, ThreadSeries,
+    attribute, comm_span_times, CudaIteration, IterationBreakdown, IterationInput, Links,
+    RankSeries, ThreadSeries,
 };
 use crate::category::Category;
+use crate::collectives::OpTime;
 use crate::frame::{Frame, ProcessInfo, SourceStatus};
 use crate::gpu_usage::NvmlReading;
 use crate::loops::{MarkerLog, ProcessMarks, Span};
@@ -32,6 +34,8 @@ pub struct Attributed {
     pub breakdown: IterationBreakdown,
     /// NVML's readings over the iteration.
     pub gpu: Option<NvmlReading>,
+    /// Each `comm` span's share of it, in the order they began.
+    pub comm: Vec<OpTime>,
 }
 
 /// Everything known about the ranks of this node.
@@ -376,6 +380,18 @@ impl NodeTimeline {
             gpu: gpu_index.as_deref().map(|g| self.gpu_series(pid, g)),
         };
         let breakdown = attribute(&input, &self.series, &rank_series, links);
+        let comm = comm
+            .iter()
+            .zip(comm_span_times(&input))
+            .map(|(span, t)| OpTime {
+                op: span.op.as_ref().map(|o| o.op.clone()),
+                group: span.op.as_ref().map(|o| o.group),
+                ended_here: span.end < end,
+                bytes: span.op.as_ref().map_or(0, |o| o.bytes),
+                exposed_ns: t.exposed_ns,
+                waited_ns: t.waited_ns,
+            })
+            .collect();
         let gpu = match gpu_index {
             Some(gpu) => Some(NvmlReading::read(
                 &self.series,
@@ -394,7 +410,11 @@ impl NodeTimeline {
             )),
             None => None,
         };
-        Attributed { breakdown, gpu }
+        Attributed {
+            breakdown,
+            gpu,
+            comm,
+        }
     }
 
     /// Forgets samples and marks that no unattributed iteration can need any more, and the

@@ -100,3 +100,41 @@ fn a_receive_waits_for_the_senders_send_of_the_same_number() {
     assert!((moved(0) - 0.10).abs() < 0.01, "{}", moved(0));
     assert!((moved(2) - 0.02).abs() < 0.01, "{}", moved(2));
 }
+
+/// The summary lists each rank's sends and receives, per iteration, with the part of their
+/// time that was waiting for the peer: what the categories say in total, per operation.
+#[test]
+fn each_ranks_operations_are_listed_with_their_wait() {
+    let s = summarize(&pipeline_job());
+    let rank0 = &s.ranks[0];
+    let iterations = rank0.figures.iterations;
+    assert!(iterations >= 19, "{iterations}");
+    let op = |name: &str| {
+        rank0
+            .collectives
+            .iter()
+            .find(|c| c.op == name)
+            .unwrap_or_else(|| panic!("{name}: {:?}", rank0.collectives))
+    };
+    let recv = op("recv");
+    assert_eq!(recv.role, Some(crate::collectives::Role::Pipeline));
+    assert_eq!(recv.group.as_deref(), Some("0"));
+    assert_eq!(recv.count_per_iteration, 1.0);
+    assert_eq!(recv.bytes_per_iteration, 16_384.0);
+    // Rank 0's receive spans 3→99 ms; rank 1 begins its send at 90 ms.
+    assert!(
+        (recv.seconds_per_iteration - 0.096).abs() < 1e-6,
+        "{recv:?}"
+    );
+    assert!(
+        (recv.waited_seconds_per_iteration - 0.087).abs() < 1e-6,
+        "{recv:?}"
+    );
+    let send = op("send");
+    assert!(
+        (send.seconds_per_iteration - 0.001).abs() < 1e-6,
+        "{send:?}"
+    );
+    // The most exposed first.
+    assert_eq!(rank0.collectives[0].op, "recv");
+}

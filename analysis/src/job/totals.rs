@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::aggregate::RunningSummary;
 use crate::attribution::IterationBreakdown;
+use crate::collectives::{CommTotals, OpTime};
 use crate::gpu_usage::{GpuUsage, NvmlReading};
 
 /// Breakdowns [`JobTotals::recent`] keeps, the most recent (a few hundred bytes each: tens of
@@ -23,6 +24,9 @@ pub struct JobTotals {
     /// What each rank's GPU did over its counted (post-warm-up) iterations, by rank: the
     /// node's own ranks, and other nodes' as their agents read them.
     pub gpu_usage: BTreeMap<u32, GpuUsage>,
+    /// Each of this node's loops' communication operations over its counted iterations, by
+    /// (rank, pid) as [`RunningSummary::ranks`].
+    pub comm: BTreeMap<(u32, u32), CommTotals>,
 }
 
 impl JobTotals {
@@ -36,6 +40,12 @@ impl JobTotals {
         let overflow = (self.recent.len() + keep).saturating_sub(RECENT_BREAKDOWNS);
         self.recent.drain(..overflow);
         self.recent.extend(new[new.len() - keep..].iter().cloned());
+    }
+
+    /// Counts the communication spans of a counted iteration of loop `pid` (rank `rank`).
+    pub fn add_comm(&mut self, (rank, pid): (u32, u32), spans: &[OpTime]) {
+        let totals = self.comm.entry((rank, pid)).or_default();
+        spans.iter().for_each(|s| totals.add(s));
     }
 
     /// Counts what rank `rank`'s GPU did in an iteration of `wall_ns`.

@@ -85,6 +85,7 @@ fn model(name: &str, specs: &[Spec], iters: u64) -> JobView {
             node: Some(s.node.into()),
             figures: fig.clone(),
             gpu: None,
+            collectives: Vec::new(),
         });
         v.ranks.insert(
             s.rank,

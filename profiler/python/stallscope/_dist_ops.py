@@ -6,9 +6,11 @@ Telling the two apart needs each operation's identity on every rank, so each cal
 ``comm`` span whose ``B`` event names it: ``op=`` the function, ``g=`` a small id of its
 process group (torch numbers groups in creation order, the same on every rank; the default
 group is 0), ``n=`` its number (per group and op for a collective, per peer and direction for
-a send or receive), ``b=`` the bytes of its tensors on this rank, and ``p=`` the peer's global
+a send or receive), ``b=`` the bytes of its tensors on this rank (for a reduce-scatter its
+input, the whole tensor reduced, not the shard it returns), and ``p=`` the peer's global
 rank for a send or receive. Each group's size and global ranks go once as meta
-``group.<id>=<size>/<r0:r1:…>``. The analysis matches the operation across ranks by that
+``group.<id>=<size>/<r0:r1:…>``, and the name of the DeviceMesh dimension it is, when it is
+one, as ``group_dim.<id>=<name>`` (``tp``, ``dp``, as the mesh's ``mesh_dim_names`` say). The analysis matches the operation across ranks by that
 identity.
 
 Both events are sent when the operation has completed, with the time it was called as the
@@ -49,6 +51,7 @@ COLLECTIVES = (
     "barrier",
     "batch_isend_irecv",
 )
+REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base")
 SENDS = ("send", "isend")
 RECEIVES = ("recv", "irecv")
 
@@ -156,8 +159,11 @@ def _identify(torch, c10d, name, bound, result, start):
         group = getattr(ops[0], "group", None) if ops else None
         nbytes = sum(_bytes(torch, getattr(op, "tensor", None)) for op in ops)
     else:
-        first = next(iter(bound.values()), None) if bound else None
-        nbytes = _bytes(torch, first)
+        tensors = list(bound.values())[:2]
+        # A reduce-scatter's output is this rank's shard; its input is the whole tensor it
+        # reduces, as an all-gather's output is the whole tensor it gathers.
+        scatters = name in REDUCE_SCATTERS and len(tensors) == 2
+        nbytes = _bytes(torch, tensors[1] if scatters else (tensors[0] if tensors else None))
     gid = _group_id(c10d, group)
     if gid is None:
         return None
@@ -235,7 +241,12 @@ def _group_meta(c10d, gid, group):
         text = "%d/%s" % (len(ranks), ":".join(str(r) for r in ranks))
         if len(text) > 256:
             text = str(len(ranks))
-        stallscope.meta(**{"group.%d" % gid: text})
+        fields = {"group.%d" % gid: text}
+        # A DeviceMesh names each dimension's group "mesh_<dim>" (torch 2.x): "tp", "dp", …
+        desc = str(getattr(group, "group_desc", "") or "")
+        if desc.startswith("mesh_") and not desc.startswith("mesh_dim_"):
+            fields["group_dim.%d" % gid] = desc[len("mesh_"):]
+        stallscope.meta(**fields)
     except Exception:
         pass
 

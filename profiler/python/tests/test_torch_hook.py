@@ -264,6 +264,48 @@ DESTROY_RIGHT_AFTER_BACKWARD = """
 
 # Every operation a program calls itself, on two ranks over gloo; DDP's own communication
 # (its comm hook's all-reduce) and a failing call are not marked.
+# A model compiled with torch.compile's default backend (inductor: on the CPU it compiles C++
+# with the machine's compiler, tens of seconds cold, cached after), trained without DDP.
+COMPILED = """
+    import torch
+    if not hasattr(torch, "compile"):
+        print("no torch.compile")
+        raise SystemExit(0)
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model = torch.compile(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(6):
+        x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print("compiled frames", counters["frames"]["ok"])
+"""
+
+# Collectives on the groups of a 2-D DeviceMesh (torch 2.x), world size 1.
+MESH_OPS = """
+    import torch
+    import torch.distributed as dist
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+    except ImportError:
+        print("no DeviceMesh")
+        raise SystemExit(0)
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for dim in ("dp", "tp"):
+        model(torch.randn(2, 4)).sum().backward()
+        dist.all_reduce(torch.ones(4), group=mesh.get_group(dim))
+        opt.step()
+    dist.destroy_process_group()
+    print("done")
+"""
+
 DIST_OPS = """
     import os
     import torch
@@ -506,6 +548,29 @@ class TorchHookTest(unittest.TestCase):
             # An asynchronous operation lasts until its wait() returned.
             for b, e in pairs:
                 self.assertLessEqual(b.t_ns, e.t_ns)
+
+    def test_a_compiled_models_iterations_are_counted(self):
+        stdout, stderr, markers = self.run_script(COMPILED)
+        if "no torch.compile" in stdout:
+            self.skipTest("torch 1.x has no torch.compile")
+        self.assertTrue(_complete(markers), "markers were dropped on every attempt")
+        self.assertIn("compiled frames 1", stdout, stderr)  # compiled, not run eagerly
+        steps = [m for m in markers if m.event == "S"]
+        self.assertEqual([m.iter for m in steps], list(range(6)))
+
+    def test_a_device_mesh_dimensions_group_says_its_name(self):
+        stdout, stderr, markers = self.run_script(MESH_OPS)
+        if "no DeviceMesh" in stdout:
+            self.skipTest("torch 1.x has no DeviceMesh")
+        self.assertIn("done", stdout, stderr)
+        metas = {}
+        for m in markers:
+            if m.event == "M":
+                metas.update(m.fields)
+        ops = [m.fields for m in markers if m.event == "B" and "op" in m.fields]
+        self.assertEqual([f["op"] for f in ops], ["all_reduce", "all_reduce"], ops)
+        dims = [metas.get("group_dim." + f["g"]) for f in ops]
+        self.assertEqual(dims, ["dp", "tp"], metas)
 
     def test_training_loop_is_marked(self):
         stdout, stderr, markers = self.run_script(TRAIN)
