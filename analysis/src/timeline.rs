@@ -82,7 +82,7 @@ enum LinkRole {
     /// Nothing (and undeclared series).
     #[default]
     None,
-    /// `net.rx_bytes`/`net.tx_bytes` of a network interface.
+    /// `net.rx_bytes`/`net.tx_bytes` of a network interface, or `rdma.*_bytes` of an RDMA port.
     Nic,
     /// The same of loopback.
     Loopback,
@@ -97,7 +97,7 @@ enum LinkRole {
 /// The highest byte rates seen per link class, bytes/s (rx + tx over every interface).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LinkPeaks {
-    /// bytes/s over the network interfaces.
+    /// bytes/s over the network interfaces and RDMA ports.
     pub nic: f64,
     /// bytes/s over loopback.
     pub loopback: f64,
@@ -198,9 +198,12 @@ impl SeriesStore {
     fn link_role(&mut self, d: &SeriesDecl) -> LinkRole {
         use crate::series::names::{
             GPU_NVLINK_RX_BYTES, GPU_NVLINK_TX_BYTES, GPU_PCIE_RX_BYTES, GPU_PCIE_TX_BYTES,
-            NET_RX_BYTES, NET_TX_BYTES,
+            NET_RX_BYTES, NET_TX_BYTES, RDMA_RX_BYTES, RDMA_TX_BYTES,
         };
         let name = d.name.as_str();
+        if name == RDMA_RX_BYTES || name == RDMA_TX_BYTES {
+            return LinkRole::Nic;
+        }
         if name == NET_RX_BYTES || name == NET_TX_BYTES {
             return match d.label("link") {
                 Some(LINK_LOOPBACK) => LinkRole::Loopback,

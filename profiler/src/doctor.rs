@@ -9,6 +9,7 @@ use stallscope_agent::gpu::nvml::NvmlBackend;
 use stallscope_agent::gpu::probe_all;
 use stallscope_agent::sampler::default_sources;
 use stallscope_agent::sources::perf::probe_software_event;
+use stallscope_agent::sources::rdma::class_dir;
 use stallscope_agent::sources::{Registry, Roots, Watched};
 
 use crate::cli::DoctorArgs;
@@ -86,6 +87,8 @@ fn node_sources_report(out: &mut String, roots: &Roots) {
             "net" => "nic (interface byte counters)",
             "disk" => "disk (diskstats)",
             "psi" => "psi (pressure stall information)",
+            "rdma" => "rdma (port byte counters)",
+            "rdma_counters" => "rdma (port wait, congestion, retransmission counters)",
             other => other,
         };
         let _ = match source.sample(&watched, &mut registry) {
@@ -93,6 +96,14 @@ fn node_sources_report(out: &mut String, roots: &Roots) {
             Err(e) => writeln!(out, "  missing  {label}: {e}"),
         };
         registry.take_values();
+    }
+    let rdma = class_dir(roots);
+    if !rdma.is_dir() {
+        let _ = writeln!(
+            out,
+            "  missing  rdma: no RDMA devices ({} missing)",
+            rdma.display()
+        );
     }
     let _ = match probe_software_event(&roots.proc) {
         Ok(what) => writeln!(out, "  present  perf: {what}"),
@@ -116,7 +127,7 @@ mod tests {
             &Roots::default(),
         );
         assert!(text.contains("missing  no NVIDIA driver found"), "{text}");
-        for source in ["cpu (process", "nic (", "disk (", "psi (", "perf"] {
+        for source in ["cpu (process", "nic (", "disk (", "psi (", "perf", "rdma"] {
             assert!(text.contains(source), "{source} in {text}");
         }
         assert!(text.contains("present  cpu (process schedstat"), "{text}");
