@@ -288,7 +288,7 @@ type NodeFigure = (
     fn(&NodeTotals) -> Option<f64>,
 );
 
-const NODE_COUNTERS: [NodeFigure; 8] = [
+const NODE_COUNTERS: [NodeFigure; 10] = [
     (
         "stallscope_node_disk_read_bytes_total",
         "Bytes read from whole disks.",
@@ -336,6 +336,18 @@ const NODE_COUNTERS: [NodeFigure; 8] = [
         "",
         Some(("direction", "tx")),
         |t| t.nvlink_tx_bytes,
+    ),
+    (
+        "stallscope_node_rdma_bytes_total",
+        "Bytes on the node's RDMA ports (InfiniBand, RoCE, EFA), which the NICs' counters miss.",
+        Some(("direction", "rx")),
+        |t| t.rdma_rx_bytes,
+    ),
+    (
+        "stallscope_node_rdma_bytes_total",
+        "",
+        Some(("direction", "tx")),
+        |t| t.rdma_tx_bytes,
     ),
 ];
 
@@ -534,6 +546,7 @@ fn sources(n: &NodeView) -> Vec<(String, bool)> {
             ("cpu", r.cpu_busy_cores.is_some()),
             ("runq", r.runq_delay.is_some()),
             ("net", r.nic_rx_bytes_per_s.is_some()),
+            ("rdma", r.rdma_rx_bytes_per_s.is_some()),
             ("disk", r.disk_read_bytes_per_s.is_some()),
             ("psi", r.psi_cpu.is_some()),
             ("nvml", r.gpu_busy.is_some()),

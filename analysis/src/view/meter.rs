@@ -1,8 +1,8 @@
 //! A node's resources over the last second, from the raw samples the journal sees.
 //!
 //! The attribution reads counters per iteration; the views want the node as a whole: how
-//! many cores the job used, how long its threads queued for a CPU, what the NICs, disks and
-//! GPUs moved. The meter folds every sample batch into one-second buckets as it arrives
+//! many cores the job used, how long its threads queued for a CPU, what the NICs, RDMA ports,
+//! disks and GPUs moved. The meter folds every sample batch into one-second buckets as it arrives
 //! (counters as deltas between consecutive raw values of the same series, gauges as means),
 //! so it needs no history and replays the same from a profile. It also counts each NIC's bytes
 //! since the start, which `/metrics` exposes per interface, and every counter's increases
@@ -38,9 +38,11 @@ enum Quantity {
     PcieTx,
     NvlinkRx,
     NvlinkTx,
+    RdmaRx,
+    RdmaTx,
 }
 
-const QUANTITIES: usize = 14;
+const QUANTITIES: usize = 16;
 
 impl Quantity {
     fn of(d: &SeriesDecl) -> Option<Quantity> {
@@ -62,6 +64,8 @@ impl Quantity {
             names::GPU_PCIE_TX_BYTES => Quantity::PcieTx,
             names::GPU_NVLINK_RX_BYTES => Quantity::NvlinkRx,
             names::GPU_NVLINK_TX_BYTES => Quantity::NvlinkTx,
+            names::RDMA_RX_BYTES => Quantity::RdmaRx,
+            names::RDMA_TX_BYTES => Quantity::RdmaTx,
             _ => return None,
         })
     }
@@ -212,6 +216,8 @@ impl NodeMeter {
             pcie_tx_bytes: total(Quantity::PcieTx, 1.0),
             nvlink_rx_bytes: total(Quantity::NvlinkRx, 1.0),
             nvlink_tx_bytes: total(Quantity::NvlinkTx, 1.0),
+            rdma_rx_bytes: total(Quantity::RdmaRx, 1.0),
+            rdma_tx_bytes: total(Quantity::RdmaTx, 1.0),
         }
     }
 
@@ -258,6 +264,8 @@ impl NodeMeter {
             pcie_tx_bytes_per_s: rate(Quantity::PcieTx, 1.0),
             nvlink_rx_bytes_per_s: rate(Quantity::NvlinkRx, 1.0),
             nvlink_tx_bytes_per_s: rate(Quantity::NvlinkTx, 1.0),
+            rdma_rx_bytes_per_s: rate(Quantity::RdmaRx, 1.0),
+            rdma_tx_bytes_per_s: rate(Quantity::RdmaTx, 1.0),
         }
     }
 }
@@ -289,5 +297,49 @@ mod tests {
         let c = m.counters();
         assert_eq!(c.disk_read_bytes, Some(500.0 + 2_500.0 + 600.0));
         assert_eq!(c.nic_rx_bytes, None);
+    }
+
+    /// RDMA ports' bytes (already in bytes: the source multiplied the 4-octet units) are a
+    /// quantity of their own, summed over ports, beside the NICs; a node without them has none.
+    #[test]
+    fn rdma_bytes_are_summed_over_ports_beside_the_nics() {
+        let mut m = NodeMeter::default();
+        for (id, name, device) in [
+            (1, names::RDMA_RX_BYTES, "mlx5_0"),
+            (2, names::RDMA_RX_BYTES, "mlx5_1"),
+            (3, names::RDMA_TX_BYTES, "mlx5_0"),
+        ] {
+            m.ingest(&Frame::Series(SeriesDecl {
+                id: SeriesId(id),
+                name: name.into(),
+                unit: "bytes".into(),
+                kind: SeriesKind::Counter,
+                labels: vec![
+                    ("device".into(), device.into()),
+                    ("port".into(), "1".into()),
+                ],
+            }));
+        }
+        let mut readings = Vec::new();
+        for k in 0..=4u64 {
+            let values = vec![
+                (SeriesId(1), k * 1_000_000_000),
+                (SeriesId(2), k * 500_000_000),
+                (SeriesId(3), k * 4_000),
+            ];
+            readings.extend(m.ingest(&Frame::Samples(SampleBatch {
+                t_ns: k * 500_000_000,
+                dur_ns: 0,
+                values,
+            })));
+        }
+        let r = &readings[0];
+        assert_eq!(r.rdma_rx_bytes_per_s, Some(3e9));
+        assert_eq!(r.rdma_tx_bytes_per_s, Some(8_000.0));
+        assert_eq!(r.nic_rx_bytes_per_s, None);
+        let c = m.counters();
+        assert_eq!(c.rdma_rx_bytes, Some(6e9));
+        assert_eq!(c.rdma_tx_bytes, Some(16_000.0));
+        assert_eq!(NodeMeter::default().counters().rdma_rx_bytes, None);
     }
 }
