@@ -133,6 +133,34 @@ mod tests {
         assert!(text.contains("present  cpu (process schedstat"), "{text}");
     }
 
+    /// Issue 29: each RDMA port with the counters read of it, on the recorded mlx5 and EFA
+    /// tree; "no RDMA devices" where there is none (the first test, on this machine).
+    #[test]
+    fn rdma_ports_are_listed_with_their_counters() {
+        let sys = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/testdata/rdma");
+        let roots = Roots {
+            sys,
+            ..Roots::default()
+        };
+        let text = report(Err(&GpuError::NoDriver("none".into())), &roots);
+        assert!(!text.contains("no RDMA devices"), "{text}");
+        assert!(
+            text.contains("present  rdma (port byte counters): efa_0/1: rx_bytes, tx_bytes; mlx5_0/1: port_rcv_data (× 4 bytes)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mlx5_0/1: port_xmit_wait, port_xmit_discards, np_cnp_sent, rp_cnp_handled, out_of_sequence, packet_seq_err"),
+            "{text}"
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let roots = Roots {
+            sys: empty.path().to_path_buf(),
+            ..Roots::default()
+        };
+        let text = report(Err(&GpuError::NoDriver("none".into())), &roots);
+        assert!(text.contains("missing  rdma: no RDMA devices ("), "{text}");
+    }
+
     #[test]
     fn each_gpu_lists_every_capability_with_the_reason_for_a_missing_one() {
         let mut gpu = ScriptedGpu::h100_node(2, Arc::new(AtomicU64::new(0)));

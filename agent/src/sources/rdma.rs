@@ -224,23 +224,33 @@ impl Source for RdmaSource {
         }
     }
 
+    /// Each port (`device/port`) with the files read of it, e.g.
+    /// `mlx5_0/1: port_rcv_data, port_xmit_data (× 4 bytes)`.
     fn describe(&self) -> String {
-        let ports = |r: &Vec<Reading>| {
-            let mut p: Vec<String> = r
-                .iter()
-                .map(|r| format!("{}/{}", r.labels[0].1, r.labels[1].1))
-                .collect();
-            p.dedup();
-            p.join(", ")
+        let Some(readings) = &self.readings else {
+            return format!("RDMA port counters under {}", self.class.display());
         };
-        let what = match self.set {
-            Set::Bytes => "port byte counters",
-            Set::Events => "port wait, congestion and retransmission counters",
-        };
-        match &self.readings {
-            Some(r) => format!("{what} of {} under {}", ports(r), self.class.display()),
-            None => format!("{what} under {}", self.class.display()),
+        let mut ports: Vec<(String, Vec<String>)> = Vec::new();
+        for r in readings {
+            let port = format!("{}/{}", r.labels[0].1, r.labels[1].1);
+            let file = r.path.file_name().map_or(String::new(), |f| {
+                let f = f.to_string_lossy();
+                if r.scale == 1 {
+                    f.into_owned()
+                } else {
+                    format!("{f} (× {} bytes)", r.scale)
+                }
+            });
+            match ports.iter_mut().find(|(p, _)| *p == port) {
+                Some((_, files)) => files.push(file),
+                None => ports.push((port, vec![file])),
+            }
         }
+        let ports: Vec<String> = ports
+            .into_iter()
+            .map(|(port, files)| format!("{port}: {}", files.join(", ")))
+            .collect();
+        format!("{} under {}", ports.join("; "), self.class.display())
     }
 
     fn sample(&mut self, _watched: &Watched, out: &mut Registry) -> Result<(), SourceError> {
@@ -342,7 +352,8 @@ mod tests {
         assert_eq!(with(&r, rx, "efa_0", None), Some(4_294_967_296));
         assert_eq!(r.values.len(), 4);
         assert!(r.decls.iter().all(|d| d.unit == "bytes"));
-        assert!(source.describe().contains("efa_0/1, mlx5_0/1"));
+        let said = source.describe();
+        assert!(said.starts_with("efa_0/1: rx_bytes, tx_bytes; mlx5_0/1: port_rcv_data (× 4 bytes), port_xmit_data (× 4 bytes) under "), "{said}");
     }
 
     #[test]
