@@ -8,8 +8,8 @@
 //! added later are therefore [`json_only`]: in the JSON model (the feed, `top`) they are
 //! ordinary fields; in postcard they take no byte, so the frames encode as before. The meter
 //! fills them wherever it reads the series (a run, its profile replayed, an agent's own
-//! view); they do not travel from an agent to its collector until a frame appended last to
-//! `Frame` carries them.
+//! view); an agent sends the RDMA ones to its collector in `Frame::NodeRdma` (appended last to
+//! `Frame`, protocol 9), just before the reading and counters they complete.
 
 use serde::{Deserialize, Serialize};
 
@@ -51,7 +51,8 @@ pub struct NodeResources {
     /// bytes/s sent over NVLink, summed.
     pub nvlink_tx_bytes_per_s: Option<f64>,
     /// bytes/s received on the RDMA ports (InfiniBand, RoCE, EFA), summed; `None` on a node
-    /// without them. In the JSON model only, not in the binary frames (see [the module](self)).
+    /// without them. In the JSON model, not in postcard: agents send it in `Frame::NodeRdma`
+    /// (see [the module](self)).
     #[serde(default, with = "json_only")]
     pub rdma_rx_bytes_per_s: Option<f64>,
     /// bytes/s sent on the RDMA ports, summed. JSON only.

@@ -42,6 +42,8 @@ pub struct LiveModel {
     /// ns between summaries when set ([`LiveModel::set_summary_every`]), instead of the
     /// live pace.
     summary_every: Option<Nanos>,
+    /// Per node, the RDMA bytes its agent sent last, for the reading and counters that follow.
+    rdma: BTreeMap<String, crate::frame::NodeRdma>,
 }
 
 /// Reported GPU readings held for iterations not yet joined.
@@ -75,7 +77,16 @@ impl LiveModel {
                     self.local_node = Some(node.to_string());
                 }
             }
-            Frame::NodeResources(r) => self.resources(&r.node, r.resources.clone()),
+            Frame::NodeResources(r) => {
+                let mut resources = r.resources.clone();
+                if let Some(rdma) = self.rdma.get(&r.node) {
+                    rdma.complete_reading(&mut resources);
+                }
+                self.resources(&r.node, resources)
+            }
+            Frame::NodeRdma(x) => {
+                self.rdma.insert(x.node.clone(), x.clone());
+            }
             Frame::NodeGpus(g) => {
                 let mut gpus = g.gpus.clone();
                 gpus.sort();
@@ -87,9 +98,13 @@ impl LiveModel {
                 }
             }
             Frame::NodeCounters(c) => {
+                let mut counters = c.counters.clone();
+                if let Some(rdma) = self.rdma.get(&c.node) {
+                    rdma.complete_counters(&mut counters);
+                }
                 let node = self.node_mut(&c.node);
-                if node.counters.as_ref() != Some(&c.counters) {
-                    node.counters = Some(c.counters.clone());
+                if node.counters.as_ref() != Some(&counters) {
+                    node.counters = Some(counters);
                     self.dirty_nodes.insert(c.node.clone());
                 }
             }
