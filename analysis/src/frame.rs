@@ -312,6 +312,22 @@ pub struct NodeRdma {
     pub rx_bytes: Option<f64>,
     /// bytes sent since the agent started counting.
     pub tx_bytes: Option<f64>,
+    /// Each port's wait, congestion and retransmission counters since the agent started
+    /// counting.
+    pub counters: Vec<RdmaCount>,
+}
+
+/// What one counter of an RDMA port moved since its agent or run started counting.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RdmaCount {
+    /// The RDMA device (`mlx5_0`, `efa_0`).
+    pub device: String,
+    /// The port number.
+    pub port: String,
+    /// The sysfs file: `port_xmit_wait` (ticks), a `*_bytes` one (bytes), else events.
+    pub counter: String,
+    /// Its increases since the first read.
+    pub value: u64,
 }
 
 impl NodeRdma {

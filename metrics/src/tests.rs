@@ -382,12 +382,19 @@ fn rdma_bytes_are_exposed_per_direction() {
     without.fold(FeedMessage::Snapshot(Arc::new(view.clone())));
     let text = expose::render_with(&without, None);
     assert!(!text.contains("stallscope_node_rdma_bytes"), "{text}");
-    view.nodes.get_mut(&node).unwrap().counters = Some(NodeCounters {
+    let n = view.nodes.get_mut(&node).unwrap();
+    n.counters = Some(NodeCounters {
         nic_rx_bytes: Some(1e3),
         rdma_rx_bytes: Some(4e9),
         rdma_tx_bytes: Some(2e9),
         ..NodeCounters::default()
     });
+    n.rdma_counters = vec![stallscope_analysis::frame::RdmaCount {
+        device: "mlx5_0".into(),
+        port: "1".into(),
+        counter: "np_cnp_sent".into(),
+        value: 4210,
+    }];
     let mut state = MetricsState::default();
     state.fold(FeedMessage::Snapshot(Arc::new(view)));
     let text = expose::render_with(&state, None);
@@ -406,5 +413,13 @@ fn rdma_bytes_are_exposed_per_direction() {
     assert!(
         text.contains("# TYPE stallscope_node_rdma_bytes counter"),
         "{text}"
+    );
+    let counter = text
+        .lines()
+        .find(|l| l.starts_with("stallscope_node_rdma_counter_total{"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        counter.contains(r#"device="mlx5_0",port="1",counter="np_cnp_sent"} 4210"#),
+        "{counter}"
     );
 }

@@ -103,8 +103,15 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
                 last_resources_at = Some(r.t_ns);
                 r.t_ns = shift(r.t_ns, offset);
                 let counters = view.nodes.values().find_map(|n| n.counters.clone());
+                let rdma_counters = view
+                    .nodes
+                    .values()
+                    .find(|n| !n.rdma_counters.is_empty())
+                    .map(|n| n.rdma_counters.clone())
+                    .unwrap_or_default();
                 // Before the frames it completes: their RDMA fields are not encoded.
-                if r.rdma_rx_bytes_per_s.is_some() || r.rdma_tx_bytes_per_s.is_some() {
+                let rdma_rates = r.rdma_rx_bytes_per_s.is_some() || r.rdma_tx_bytes_per_s.is_some();
+                if rdma_rates || !rdma_counters.is_empty() {
                     let c = counters.clone().unwrap_or_default();
                     shipper.push(Frame::NodeRdma(NodeRdma {
                         node: String::new(),
@@ -113,6 +120,7 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
                         tx_bytes_per_s: r.rdma_tx_bytes_per_s,
                         rx_bytes: c.rdma_rx_bytes,
                         tx_bytes: c.rdma_tx_bytes,
+                        counters: rdma_counters,
                     }));
                 }
                 shipper.push(Frame::NodeResources(Box::new(NodeResourcesReport {

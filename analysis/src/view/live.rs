@@ -85,6 +85,13 @@ impl LiveModel {
                 self.resources(&r.node, resources)
             }
             Frame::NodeRdma(x) => {
+                let mut counters = x.counters.clone();
+                counters.sort();
+                let node = self.node_mut(&x.node);
+                if node.rdma_counters != counters {
+                    node.rdma_counters = counters;
+                    self.dirty_nodes.insert(x.node.clone());
+                }
                 self.rdma.insert(x.node.clone(), x.clone());
             }
             Frame::NodeGpus(g) => {
@@ -153,10 +160,12 @@ impl LiveModel {
                         self.resources(&node, reading);
                         let nics = self.meter.nics();
                         let counters = self.meter.counters();
+                        let rdma_counters = self.meter.rdma_counters();
                         let n = self.node_mut(&node);
                         if !nics.is_empty() {
                             n.nics = nics;
                         }
+                        n.rdma_counters = rdma_counters;
                         n.counters = Some(counters);
                     }
                 }

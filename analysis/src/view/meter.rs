@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use crate::frame::{Frame, NicBytes};
+use crate::frame::{Frame, NicBytes, RdmaCount};
 use crate::resources::{NodeCounters, NodeResources};
 use crate::series::{names, SeriesDecl, SeriesId, SeriesKind, LINK_NIC};
 use crate::Nanos;
@@ -101,6 +101,11 @@ pub struct NodeMeter {
     nics: Vec<NicBytes>,
     /// Per quantity, the counters' increases since the first sample; `None` until one moved.
     totals: [Option<f64>; QUANTITIES],
+    /// RDMA ports' wait, congestion and retransmission counters: by series, the index in
+    /// `rdma_counts` and the last raw value.
+    rdma_followed: HashMap<SeriesId, (usize, Option<u64>)>,
+    /// Their increases since the first sample, in the order first declared.
+    rdma_counts: Vec<RdmaCount>,
 }
 
 impl NodeMeter {
@@ -108,6 +113,7 @@ impl NodeMeter {
     pub fn ingest(&mut self, frame: &Frame) -> Option<NodeResources> {
         match frame {
             Frame::Series(d) => {
+                self.follow_rdma_counter(d);
                 match Quantity::of(d) {
                     Some(quantity) => {
                         let nic = matches!(quantity, Quantity::NicRx | Quantity::NicTx)
@@ -137,6 +143,13 @@ impl NodeMeter {
                 let start = *self.bucket.start.get_or_insert(at);
                 self.bucket.last = Some(at);
                 for (id, raw) in &batch.values {
+                    if let Some((i, last)) = self.rdma_followed.get_mut(id) {
+                        if let Some(last) = last {
+                            self.rdma_counts[*i].value += raw.saturating_sub(*last);
+                        }
+                        *last = Some(*raw);
+                        continue;
+                    }
                     let Some(f) = self.followed.get_mut(id) else {
                         continue;
                     };
@@ -200,6 +213,44 @@ impl NodeMeter {
         let mut out = self.nics.clone();
         out.sort();
         out
+    }
+
+    /// Each RDMA port's wait, congestion and retransmission counters' increases since the
+    /// first sample, sorted by device, port and counter.
+    pub fn rdma_counters(&self) -> Vec<RdmaCount> {
+        let mut out = self.rdma_counts.clone();
+        out.sort();
+        out
+    }
+
+    /// Follows `d` when it is an RDMA port's wait or event counter (a series declared again,
+    /// by a restarted source, keeps its count).
+    fn follow_rdma_counter(&mut self, d: &SeriesDecl) {
+        let counter = match d.name.as_str() {
+            names::RDMA_XMIT_WAIT => "port_xmit_wait",
+            names::RDMA_COUNTER => match d.label("counter") {
+                Some(c) => c,
+                None => return,
+            },
+            _ => return,
+        };
+        let count = RdmaCount {
+            device: d.label("device").unwrap_or_default().to_string(),
+            port: d.label("port").unwrap_or_default().to_string(),
+            counter: counter.to_string(),
+            value: 0,
+        };
+        let same = |c: &RdmaCount| {
+            c.device == count.device && c.port == count.port && c.counter == count.counter
+        };
+        let i = match self.rdma_counts.iter().position(same) {
+            Some(i) => i,
+            None => {
+                self.rdma_counts.push(count);
+                self.rdma_counts.len() - 1
+            }
+        };
+        self.rdma_followed.insert(d.id, (i, None));
     }
 
     /// What the node's counters moved since the first sample (exact sums of increases).
@@ -341,5 +392,48 @@ mod tests {
         assert_eq!(c.rdma_rx_bytes, Some(6e9));
         assert_eq!(c.rdma_tx_bytes, Some(16_000.0));
         assert_eq!(NodeMeter::default().counters().rdma_rx_bytes, None);
+    }
+
+    /// A port's wait and event counters are counted per device, port and counter from the
+    /// first sample on, and are not node resources.
+    #[test]
+    fn rdma_port_counters_count_their_increases() {
+        let mut m = NodeMeter::default();
+        let labels = |counter: Option<&str>| {
+            let mut l = vec![
+                ("device".into(), "mlx5_0".into()),
+                ("port".into(), "1".into()),
+            ];
+            l.extend(counter.map(|c| ("counter".into(), c.into())));
+            l
+        };
+        for (id, name, counter) in [
+            (1, names::RDMA_XMIT_WAIT, None),
+            (2, names::RDMA_COUNTER, Some("np_cnp_sent")),
+        ] {
+            m.ingest(&Frame::Series(SeriesDecl {
+                id: SeriesId(id),
+                name: name.into(),
+                unit: "count".into(),
+                kind: SeriesKind::Counter,
+                labels: labels(counter),
+            }));
+        }
+        for (k, (wait, cnp)) in [(73_421u64, 4_210u64), (73_500, 4_215), (74_000, 4_215)]
+            .into_iter()
+            .enumerate()
+        {
+            m.ingest(&Frame::Samples(SampleBatch {
+                t_ns: k as u64 * 100_000_000,
+                dur_ns: 0,
+                values: vec![(SeriesId(1), wait), (SeriesId(2), cnp)],
+            }));
+        }
+        let c = m.rdma_counters();
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].counter.as_str(), c[0].value), ("np_cnp_sent", 5));
+        assert_eq!((c[1].counter.as_str(), c[1].value), ("port_xmit_wait", 579));
+        assert_eq!((c[0].device.as_str(), c[0].port.as_str()), ("mlx5_0", "1"));
+        assert_eq!(m.counters(), NodeCounters::default(), "not node resources");
     }
 }

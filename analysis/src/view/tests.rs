@@ -320,6 +320,12 @@ fn another_nodes_rdma_bytes_complete_its_reading_and_counters() {
         tx_bytes_per_s: Some(11e9),
         rx_bytes: Some(1e12),
         tx_bytes: Some(9e11),
+        counters: vec![crate::frame::RdmaCount {
+            device: "mlx5_0".into(),
+            port: "1".into(),
+            counter: "np_cnp_sent".into(),
+            value: 4210,
+        }],
     }));
     m.ingest(&reading(5));
     m.ingest(&Frame::NodeCounters(NodeCountersReport {
@@ -338,6 +344,7 @@ fn another_nodes_rdma_bytes_complete_its_reading_and_counters() {
     let c = node.counters.as_ref().unwrap();
     assert_eq!((c.rdma_rx_bytes, c.rdma_tx_bytes), (Some(1e12), Some(9e11)));
     assert_eq!(c.nic_rx_bytes, Some(1e6));
+    assert_eq!(node.rdma_counters[0].value, 4210);
     m.ingest(&reading(1_000_000_005));
     let r = m.view().nodes["node-b"].resources.clone().unwrap();
     assert_eq!(

@@ -363,6 +363,12 @@ fn every_variant() -> Vec<Frame> {
         tx_bytes_per_s: None,
         rx_bytes: Some(1e12),
         tx_bytes: Some(3.0),
+        counters: vec![stallscope_analysis::frame::RdmaCount {
+            device: "mlx5_0".into(),
+            port: "1".into(),
+            counter: "np_cnp_sent".into(),
+            value: 4210,
+        }],
     }));
     // A new variant makes this match fail to compile until it is added above.
     let mut seen = [false; 20];
