@@ -29,6 +29,7 @@ use crate::sources::disk::DiskSource;
 use crate::sources::net::NetSource;
 use crate::sources::process::{ProcessSource, ProcessTotalsSource, WorkerThreadsSource};
 use crate::sources::psi::PsiSource;
+use crate::sources::rdma::{self, RdmaSource};
 use crate::sources::{Registry, Roots, Source, Tier, Watched};
 
 /// ns between two attempts to read a source that failed.
@@ -156,9 +157,10 @@ impl Drop for SamplerHandle {
 }
 
 /// The sources every node reads: processes (fast, and launchers and totals slow), network,
-/// disks, PSI.
+/// disks, PSI; and RDMA ports (bytes fast, the other counters slow) on a node that has
+/// `<sys>/class/infiniband` — none, and nothing said, on one that has not.
 pub fn default_sources(roots: &Roots) -> Vec<Box<dyn Source>> {
-    vec![
+    let mut sources: Vec<Box<dyn Source>> = vec![
         Box::new(ProcessSource::new(roots)),
         Box::new(WorkerThreadsSource::new(roots)),
         Box::new(NetSource::new(roots)),
@@ -166,7 +168,12 @@ pub fn default_sources(roots: &Roots) -> Vec<Box<dyn Source>> {
         Box::new(ProcessTotalsSource::new(roots)),
         Box::new(DiskSource::new(roots)),
         Box::new(PsiSource::new(roots)),
-    ]
+    ];
+    if rdma::class_dir(roots).is_dir() {
+        sources.push(Box::new(RdmaSource::bytes(roots)));
+        sources.push(Box::new(RdmaSource::counters(roots)));
+    }
+    sources
 }
 
 /// Starts the sampler thread. It runs until [`SamplerHandle::stop`], until the handle is

@@ -289,6 +289,61 @@ pub enum Frame {
     /// on), shipped with its resources every 2 s. Last, so that profiles written before it
     /// still read.
     NodeCounters(NodeCountersReport),
+    /// A node's RDMA bytes (agents of protocol 9 on), sent just before the
+    /// [`Frame::NodeResources`] and [`Frame::NodeCounters`] it completes: postcard does not
+    /// carry their RDMA fields (see `crate::resources`). Last, so that profiles written before
+    /// it still read.
+    NodeRdma(NodeRdma),
+}
+
+/// What a node's RDMA ports moved, for the reading that follows (same node, same `t_ns`) and
+/// the node's counters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeRdma {
+    /// The node (set by the collector from the agent's Hello).
+    pub node: String,
+    /// ns, the start of the reading it completes ([`NodeResources::t_ns`](crate::resources::NodeResources::t_ns), the agent's clock shifted as that reading's).
+    pub t_ns: Nanos,
+    /// bytes/s received over that reading.
+    pub rx_bytes_per_s: Option<f64>,
+    /// bytes/s sent over that reading.
+    pub tx_bytes_per_s: Option<f64>,
+    /// bytes received since the agent started counting.
+    pub rx_bytes: Option<f64>,
+    /// bytes sent since the agent started counting.
+    pub tx_bytes: Option<f64>,
+    /// Each port's wait, congestion and retransmission counters since the agent started
+    /// counting.
+    pub counters: Vec<RdmaCount>,
+}
+
+/// What one counter of an RDMA port moved since its agent or run started counting.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RdmaCount {
+    /// The RDMA device (`mlx5_0`, `efa_0`).
+    pub device: String,
+    /// The port number.
+    pub port: String,
+    /// The sysfs file: `port_xmit_wait` (ticks), a `*_bytes` one (bytes), else events.
+    pub counter: String,
+    /// Its increases since the first read.
+    pub value: u64,
+}
+
+impl NodeRdma {
+    /// Puts the rates into `r` when it is the reading this one goes with.
+    pub fn complete_reading(&self, r: &mut crate::resources::NodeResources) {
+        if r.t_ns == self.t_ns {
+            r.rdma_rx_bytes_per_s = self.rx_bytes_per_s;
+            r.rdma_tx_bytes_per_s = self.tx_bytes_per_s;
+        }
+    }
+
+    /// Puts the totals into `c`.
+    pub fn complete_counters(&self, c: &mut crate::resources::NodeCounters) {
+        c.rdma_rx_bytes = self.rx_bytes;
+        c.rdma_tx_bytes = self.tx_bytes;
+    }
 }
 
 /// A rank's `key=value` facts (the PyTorch hook's `M` events) of the keys in

@@ -89,6 +89,19 @@ pub mod names {
     pub const NET_RX_BYTES: &str = "net.rx_bytes";
     /// bytes, counter: sent on an interface.
     pub const NET_TX_BYTES: &str = "net.tx_bytes";
+    /// bytes, counter: received on an RDMA port (InfiniBand, RoCE, EFA), labels `device` and
+    /// `port`: `counters/port_rcv_data` × 4, or EFA's `hw_counters/rx_bytes`. The attribution
+    /// counts them as NIC bytes.
+    pub const RDMA_RX_BYTES: &str = "rdma.rx_bytes";
+    /// bytes, counter: sent on an RDMA port (`port_xmit_data` × 4, or EFA's `tx_bytes`).
+    pub const RDMA_TX_BYTES: &str = "rdma.tx_bytes";
+    /// ticks, counter: `counters/port_xmit_wait`, ticks in which the port had data to send and
+    /// could not (no flow-control credits: congestion downstream); the tick length is the
+    /// hardware's.
+    pub const RDMA_XMIT_WAIT: &str = "rdma.xmit_wait";
+    /// count or bytes (the series' unit), counter: one congestion or retransmission counter of
+    /// an RDMA port, label `counter` = its sysfs file name (`np_cnp_sent`, `retrans_pkts`, …).
+    pub const RDMA_COUNTER: &str = "rdma.counter";
     /// bytes, counter: read from a block device (`diskstats` sectors × 512).
     pub const DISK_READ_BYTES: &str = "disk.read_bytes";
     /// bytes, counter: written to a block device.

@@ -59,7 +59,8 @@ pub struct SeriesStore {
     /// Time of the oldest batch still held, ns.
     first: Option<Nanos>,
     peaks: LinkPeaks,
-    last_link_totals: Option<(Nanos, u64, u64)>,
+    /// When, NIC and loopback byte totals, and how many link counters made them.
+    last_link_totals: Option<(Nanos, u64, u64, u32)>,
     /// The peaks of the whole run, when known before its samples ([`Self::assume_link_peaks`]).
     assumed_peaks: Option<LinkPeaks>,
     /// The GPUs (label `gpu`) with link series, in the order first declared.
@@ -82,7 +83,7 @@ enum LinkRole {
     /// Nothing (and undeclared series).
     #[default]
     None,
-    /// `net.rx_bytes`/`net.tx_bytes` of a network interface.
+    /// `net.rx_bytes`/`net.tx_bytes` of a network interface, or `rdma.*_bytes` of an RDMA port.
     Nic,
     /// The same of loopback.
     Loopback,
@@ -97,7 +98,7 @@ enum LinkRole {
 /// The highest byte rates seen per link class, bytes/s (rx + tx over every interface).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LinkPeaks {
-    /// bytes/s over the network interfaces.
+    /// bytes/s over the network interfaces and RDMA ports.
     pub nic: f64,
     /// bytes/s over loopback.
     pub loopback: f64,
@@ -144,6 +145,8 @@ impl PeaksPass {
 #[derive(Default)]
 struct BatchTotals {
     net_seen: bool,
+    /// How many NIC and loopback counters the totals sum.
+    links: u32,
     nic: u64,
     loopback: u64,
     gpus: Vec<(usize, u64, u64)>,
@@ -155,10 +158,12 @@ impl BatchTotals {
             LinkRole::None => {}
             LinkRole::Nic => {
                 self.net_seen = true;
+                self.links += 1;
                 self.nic = self.nic.wrapping_add(v);
             }
             LinkRole::Loopback => {
                 self.net_seen = true;
+                self.links += 1;
                 self.loopback = self.loopback.wrapping_add(v);
             }
             LinkRole::OtherNet => self.net_seen = true,
@@ -198,9 +203,12 @@ impl SeriesStore {
     fn link_role(&mut self, d: &SeriesDecl) -> LinkRole {
         use crate::series::names::{
             GPU_NVLINK_RX_BYTES, GPU_NVLINK_TX_BYTES, GPU_PCIE_RX_BYTES, GPU_PCIE_TX_BYTES,
-            NET_RX_BYTES, NET_TX_BYTES,
+            NET_RX_BYTES, NET_TX_BYTES, RDMA_RX_BYTES, RDMA_TX_BYTES,
         };
         let name = d.name.as_str();
+        if name == RDMA_RX_BYTES || name == RDMA_TX_BYTES {
+            return LinkRole::Nic;
+        }
         if name == NET_RX_BYTES || name == NET_TX_BYTES {
             return match d.label("link") {
                 Some(LINK_LOOPBACK) => LinkRole::Loopback,
@@ -269,20 +277,25 @@ impl SeriesStore {
         if !totals.net_seen {
             return;
         }
-        let (nic, lo) = (totals.nic, totals.loopback);
-        if let Some((t0, nic0, lo0)) = self.last_link_totals {
+        let (nic, lo, links) = (totals.nic, totals.loopback, totals.links);
+        if let Some((t0, nic0, lo0, links0)) = self.last_link_totals {
             let dt = at.saturating_sub(t0);
-            if dt >= MIN_RATE_WINDOW_NS {
+            if links != links0 {
+                // A counter came or went (an interface, an RDMA port, a source that failed a
+                // round): the totals are of other sums, and one that came holds everything
+                // since boot. Start again from these.
+                self.last_link_totals = Some((at, nic, lo, links));
+            } else if dt >= MIN_RATE_WINDOW_NS {
                 let dn = nic.saturating_sub(nic0);
                 let dl = lo.saturating_sub(lo0);
                 self.peaks.nic_bytes_total += dn;
                 let secs = dt as f64 / 1e9;
                 self.peaks.nic = self.peaks.nic.max(dn as f64 / secs);
                 self.peaks.loopback = self.peaks.loopback.max(dl as f64 / secs);
-                self.last_link_totals = Some((at, nic, lo));
+                self.last_link_totals = Some((at, nic, lo, links));
             }
         } else {
-            self.last_link_totals = Some((at, nic, lo));
+            self.last_link_totals = Some((at, nic, lo, links));
         }
     }
 
@@ -579,6 +592,43 @@ mod tests {
         assert!((p.nic - 100_000_000.0).abs() < 1.0, "{p:?}");
         assert!((p.loopback - 5_000.0).abs() < 1.0, "{p:?}");
         assert_eq!(p.nic_bytes_total, 1_500_000);
+    }
+
+    /// An RDMA port counts everything since boot: when its source comes up late (or misses a
+    /// round), the jump of the node's NIC total is not a rate.
+    #[test]
+    fn a_link_counter_that_comes_late_sets_no_peak() {
+        let mut s = SeriesStore::default();
+        for (id, name) in [(0, names::NET_RX_BYTES), (1, names::RDMA_RX_BYTES)] {
+            s.declare(SeriesDecl {
+                id: SeriesId(id),
+                name: name.into(),
+                unit: "bytes".into(),
+                kind: SeriesKind::Counter,
+                labels: vec![("link".into(), LINK_NIC.into())],
+            });
+        }
+        let ms = 1_000_000;
+        let rdma = 1u64 << 44; // 16 TiB since boot
+        let rounds: [(u64, u64, Option<u64>); 5] = [
+            (0, 0, None),
+            (10 * ms, 1_000, None),
+            (20 * ms, 2_000, Some(rdma)),
+            (30 * ms, 3_000, Some(rdma + 1_000_000)),
+            (40 * ms, 4_000, None),
+        ];
+        for (t, nic, port) in rounds {
+            let mut values = vec![(SeriesId(0), nic)];
+            values.extend(port.map(|v| (SeriesId(1), v)));
+            s.ingest(&SampleBatch {
+                t_ns: t,
+                dur_ns: 0,
+                values,
+            });
+        }
+        let p = s.link_peaks();
+        assert!((p.nic - 100_100_000.0).abs() < 1.0, "{p:?}");
+        assert_eq!(p.nic_bytes_total, 1_000 + 1_001_000);
     }
 
     #[test]

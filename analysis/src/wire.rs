@@ -33,8 +33,9 @@ use crate::Nanos;
 /// ([`Frame::NodeGpus`]) and bytes per NIC ([`Frame::NodeNics`]). 6: the collector challenges,
 /// the agent proves it holds the token ([`prove`]) instead of sending it. 7: agents forward
 /// their ranks' facts for the advisor ([`Frame::NodeMeta`]). 8: the proof binds the peer's
-/// role ([`Role`]), so a viewer's proof cannot be relayed as an agent's.
-pub const PROTOCOL_VERSION: u16 = 8;
+/// role ([`Role`]), so a viewer's proof cannot be relayed as an agent's. 9: agents send their
+/// node's RDMA bytes ([`Frame::NodeRdma`]).
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// bytes, the largest message either side accepts (1 MiB).
 pub const MAX_MESSAGE: u32 = 1 << 20;

@@ -288,7 +288,7 @@ type NodeFigure = (
     fn(&NodeTotals) -> Option<f64>,
 );
 
-const NODE_COUNTERS: [NodeFigure; 8] = [
+const NODE_COUNTERS: [NodeFigure; 10] = [
     (
         "stallscope_node_disk_read_bytes_total",
         "Bytes read from whole disks.",
@@ -337,6 +337,18 @@ const NODE_COUNTERS: [NodeFigure; 8] = [
         Some(("direction", "tx")),
         |t| t.nvlink_tx_bytes,
     ),
+    (
+        "stallscope_node_rdma_bytes_total",
+        "Bytes on the node's RDMA ports (InfiniBand, RoCE, EFA), which the NICs' counters miss.",
+        Some(("direction", "rx")),
+        |t| t.rdma_rx_bytes,
+    ),
+    (
+        "stallscope_node_rdma_bytes_total",
+        "",
+        Some(("direction", "tx")),
+        |t| t.rdma_tx_bytes,
+    ),
 ];
 
 fn nodes(out: &mut Out, state: &MetricsState) {
@@ -363,8 +375,37 @@ fn nodes(out: &mut Out, state: &MetricsState) {
             out.sample_owned(name, &l, v);
         }
     }
+    rdma_counters(out, job, &nodes);
     node_gauges(out, job, &nodes);
     node_health(out, job, &nodes);
+}
+
+/// `stallscope_node_rdma_counter_total`: each RDMA port's wait, congestion and retransmission
+/// counters, as the node's meter counted them since its agent or run started. One family for
+/// counters of three units, each named by its sysfs file: `port_xmit_wait` counts ticks, a
+/// `*_bytes` file bytes, the others events.
+fn rdma_counters(out: &mut Out, job: &str, nodes: &[&NodeView]) {
+    let name = "stallscope_node_rdma_counter_total";
+    let mut first = true;
+    for n in nodes {
+        for c in &n.rdma_counters {
+            if std::mem::take(&mut first) {
+                out.family(
+                    name,
+                    "counter",
+                    "RDMA port counters since counting began, by sysfs file (counter): port_xmit_wait in ticks, *_bytes in bytes, the others in events.",
+                );
+            }
+            let l = [
+                ("job", job.to_string()),
+                ("node", n.node.clone()),
+                ("device", c.device.clone()),
+                ("port", c.port.clone()),
+                ("counter", c.counter.clone()),
+            ];
+            out.sample_owned(name, &l, c.value as f64);
+        }
+    }
 }
 
 /// `stallscope_node_network_bytes_total`: per interface (`device`, as node_exporter names
@@ -534,6 +575,7 @@ fn sources(n: &NodeView) -> Vec<(String, bool)> {
             ("cpu", r.cpu_busy_cores.is_some()),
             ("runq", r.runq_delay.is_some()),
             ("net", r.nic_rx_bytes_per_s.is_some()),
+            ("rdma", r.rdma_rx_bytes_per_s.is_some()),
             ("disk", r.disk_read_bytes_per_s.is_some()),
             ("psi", r.psi_cpu.is_some()),
             ("nvml", r.gpu_busy.is_some()),

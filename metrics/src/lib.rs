@@ -128,6 +128,10 @@ pub struct NodeTotals {
     pub nvlink_rx_bytes: Option<f64>,
     /// bytes the GPUs sent over NVLink.
     pub nvlink_tx_bytes: Option<f64>,
+    /// bytes received on the RDMA ports (InfiniBand, RoCE, EFA).
+    pub rdma_rx_bytes: Option<f64>,
+    /// bytes sent on the RDMA ports.
+    pub rdma_tx_bytes: Option<f64>,
 }
 
 fn integrate(total: &mut Option<f64>, rate: Option<f64>, seconds: f64) {
@@ -149,6 +153,8 @@ impl NodeTotals {
         self.pcie_tx_bytes = c.pcie_tx_bytes;
         self.nvlink_rx_bytes = c.nvlink_rx_bytes;
         self.nvlink_tx_bytes = c.nvlink_tx_bytes;
+        self.rdma_rx_bytes = c.rdma_rx_bytes;
+        self.rdma_tx_bytes = c.rdma_tx_bytes;
     }
 
     /// Folds in one reading, once.
@@ -168,6 +174,8 @@ impl NodeTotals {
         integrate(&mut self.pcie_tx_bytes, r.pcie_tx_bytes_per_s, s);
         integrate(&mut self.nvlink_rx_bytes, r.nvlink_rx_bytes_per_s, s);
         integrate(&mut self.nvlink_tx_bytes, r.nvlink_tx_bytes_per_s, s);
+        integrate(&mut self.rdma_rx_bytes, r.rdma_rx_bytes_per_s, s);
+        integrate(&mut self.rdma_tx_bytes, r.rdma_tx_bytes_per_s, s);
     }
 }
 

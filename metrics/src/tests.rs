@@ -370,3 +370,56 @@ fn node_counters_are_the_models_exact_sums_not_integrated_readings() {
         "{text}"
     );
 }
+
+/// Issue 29: a node's RDMA bytes are a family of their own beside the NICs', per direction,
+/// from its exact counters; a node without RDMA ports has none.
+#[test]
+fn rdma_bytes_are_exposed_per_direction() {
+    use stallscope_analysis::resources::NodeCounters;
+    let mut view = model();
+    let node = view.nodes.keys().next().unwrap().clone();
+    let mut without = MetricsState::default();
+    without.fold(FeedMessage::Snapshot(Arc::new(view.clone())));
+    let text = expose::render_with(&without, None);
+    assert!(!text.contains("stallscope_node_rdma_bytes"), "{text}");
+    let n = view.nodes.get_mut(&node).unwrap();
+    n.counters = Some(NodeCounters {
+        nic_rx_bytes: Some(1e3),
+        rdma_rx_bytes: Some(4e9),
+        rdma_tx_bytes: Some(2e9),
+        ..NodeCounters::default()
+    });
+    n.rdma_counters = vec![stallscope_analysis::frame::RdmaCount {
+        device: "mlx5_0".into(),
+        port: "1".into(),
+        counter: "np_cnp_sent".into(),
+        value: 4210,
+    }];
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(view)));
+    let text = expose::render_with(&state, None);
+    for direction in ["rx", "tx"] {
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("stallscope_node_rdma_bytes_total{")
+                    && l.contains(&format!("direction=\"{direction}\""))
+            })
+            .unwrap_or_else(|| panic!("{direction} in {text}"));
+        let value = if direction == "rx" { 4e9 } else { 2e9 };
+        let read: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert_eq!(read, value, "{line}");
+    }
+    assert!(
+        text.contains("# TYPE stallscope_node_rdma_bytes counter"),
+        "{text}"
+    );
+    let counter = text
+        .lines()
+        .find(|l| l.starts_with("stallscope_node_rdma_counter_total{"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        counter.contains(r#"device="mlx5_0",port="1",counter="np_cnp_sent"} 4210"#),
+        "{counter}"
+    );
+}

@@ -9,6 +9,7 @@ use stallscope_agent::gpu::nvml::NvmlBackend;
 use stallscope_agent::gpu::probe_all;
 use stallscope_agent::sampler::default_sources;
 use stallscope_agent::sources::perf::probe_software_event;
+use stallscope_agent::sources::rdma::class_dir;
 use stallscope_agent::sources::{Registry, Roots, Watched};
 
 use crate::cli::DoctorArgs;
@@ -86,6 +87,8 @@ fn node_sources_report(out: &mut String, roots: &Roots) {
             "net" => "nic (interface byte counters)",
             "disk" => "disk (diskstats)",
             "psi" => "psi (pressure stall information)",
+            "rdma" => "rdma (port byte counters)",
+            "rdma_counters" => "rdma (port wait, congestion, retransmission counters)",
             other => other,
         };
         let _ = match source.sample(&watched, &mut registry) {
@@ -93,6 +96,14 @@ fn node_sources_report(out: &mut String, roots: &Roots) {
             Err(e) => writeln!(out, "  missing  {label}: {e}"),
         };
         registry.take_values();
+    }
+    let rdma = class_dir(roots);
+    if !rdma.is_dir() {
+        let _ = writeln!(
+            out,
+            "  missing  rdma: no RDMA devices ({} missing)",
+            rdma.display()
+        );
     }
     let _ = match probe_software_event(&roots.proc) {
         Ok(what) => writeln!(out, "  present  perf: {what}"),
@@ -116,10 +127,38 @@ mod tests {
             &Roots::default(),
         );
         assert!(text.contains("missing  no NVIDIA driver found"), "{text}");
-        for source in ["cpu (process", "nic (", "disk (", "psi (", "perf"] {
+        for source in ["cpu (process", "nic (", "disk (", "psi (", "perf", "rdma"] {
             assert!(text.contains(source), "{source} in {text}");
         }
         assert!(text.contains("present  cpu (process schedstat"), "{text}");
+    }
+
+    /// Issue 29: each RDMA port with the counters read of it, on the recorded mlx5 and EFA
+    /// tree; "no RDMA devices" where there is none (the first test, on this machine).
+    #[test]
+    fn rdma_ports_are_listed_with_their_counters() {
+        let sys = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/testdata/rdma");
+        let roots = Roots {
+            sys,
+            ..Roots::default()
+        };
+        let text = report(Err(&GpuError::NoDriver("none".into())), &roots);
+        assert!(!text.contains("no RDMA devices"), "{text}");
+        assert!(
+            text.contains("present  rdma (port byte counters): efa_0/1: rx_bytes, tx_bytes; mlx5_0/1: port_rcv_data (× 4 bytes)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mlx5_0/1: port_xmit_wait, port_xmit_discards, np_cnp_sent, rp_cnp_handled, out_of_sequence, packet_seq_err"),
+            "{text}"
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let roots = Roots {
+            sys: empty.path().to_path_buf(),
+            ..Roots::default()
+        };
+        let text = report(Err(&GpuError::NoDriver("none".into())), &roots);
+        assert!(text.contains("missing  rdma: no RDMA devices ("), "{text}");
     }
 
     #[test]

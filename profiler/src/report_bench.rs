@@ -187,6 +187,9 @@ fn resources(n: usize, t_ns: Nanos, offset_ns: i64, j: &mut Jitter) -> Frame {
             pcie_tx_bytes_per_s: wobble(j, 1e8),
             nvlink_rx_bytes_per_s: wobble(j, 1.2e11),
             nvlink_tx_bytes_per_s: wobble(j, 1.2e11),
+            // Not in the frames (see `stallscope_analysis::resources`).
+            rdma_rx_bytes_per_s: None,
+            rdma_tx_bytes_per_s: None,
         },
     }))
 }

@@ -11,7 +11,7 @@ use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::clock::shift;
 use stallscope_analysis::frame::{
     CommSpan, Frame, GpuIdentity, NodeCountersReport, NodeGpus, NodeHealth, NodeIteration,
-    NodeMeta, NodeNics, NodeReport, NodeResourcesReport,
+    NodeMeta, NodeNics, NodeRdma, NodeReport, NodeResourcesReport,
 };
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::marker::phase;
@@ -102,6 +102,27 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
             if let Some(mut r) = latest.filter(|r| last_resources_at != Some(r.t_ns)) {
                 last_resources_at = Some(r.t_ns);
                 r.t_ns = shift(r.t_ns, offset);
+                let counters = view.nodes.values().find_map(|n| n.counters.clone());
+                let rdma_counters = view
+                    .nodes
+                    .values()
+                    .find(|n| !n.rdma_counters.is_empty())
+                    .map(|n| n.rdma_counters.clone())
+                    .unwrap_or_default();
+                // Before the frames it completes: their RDMA fields are not encoded.
+                let rdma_rates = r.rdma_rx_bytes_per_s.is_some() || r.rdma_tx_bytes_per_s.is_some();
+                if rdma_rates || !rdma_counters.is_empty() {
+                    let c = counters.clone().unwrap_or_default();
+                    shipper.push(Frame::NodeRdma(NodeRdma {
+                        node: String::new(),
+                        t_ns: r.t_ns,
+                        rx_bytes_per_s: r.rdma_rx_bytes_per_s,
+                        tx_bytes_per_s: r.rdma_tx_bytes_per_s,
+                        rx_bytes: c.rdma_rx_bytes,
+                        tx_bytes: c.rdma_tx_bytes,
+                        counters: rdma_counters,
+                    }));
+                }
                 shipper.push(Frame::NodeResources(Box::new(NodeResourcesReport {
                     node: String::new(),
                     resources: r,
@@ -112,7 +133,7 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
                         nics: n.nics.clone(),
                     }));
                 }
-                if let Some(c) = view.nodes.values().find_map(|n| n.counters.clone()) {
+                if let Some(c) = counters {
                     shipper.push(Frame::NodeCounters(NodeCountersReport {
                         node: String::new(),
                         counters: c,

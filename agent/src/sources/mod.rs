@@ -17,6 +17,7 @@ pub mod net;
 pub mod perf;
 pub mod process;
 pub mod psi;
+pub mod rdma;
 pub(crate) mod text;
 
 /// Where /proc and /sys are (`/proc`, `/sys` on a live machine).

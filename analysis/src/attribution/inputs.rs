@@ -59,7 +59,8 @@ pub struct RankSeries {
 /// The node's links.
 #[derive(Clone, Debug, Default)]
 pub struct Links {
-    /// `net.rx_bytes`/`net.tx_bytes` of network interfaces.
+    /// `net.rx_bytes`/`net.tx_bytes` of network interfaces, and `rdma.rx_bytes`/`rdma.tx_bytes`
+    /// of RDMA ports (whose bytes the interfaces' counters never see).
     pub nic: Vec<SeriesId>,
     /// The same for loopback.
     pub local: Vec<SeriesId>,

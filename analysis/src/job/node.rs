@@ -142,6 +142,10 @@ impl NodeTimeline {
                 }
             }
         }
+        // RDMA ports are NICs whose bytes the kernel's interface table never sees.
+        for name in [names::RDMA_RX_BYTES, names::RDMA_TX_BYTES] {
+            links.nic.extend(self.series.named(name).map(|d| d.id));
+        }
         let peaks = self.series.link_peaks();
         links.nic_bytes_per_s = peaks.nic;
         links.local_bytes_per_s = peaks.loopback;

@@ -162,19 +162,40 @@ fn a_collector_shows_the_gpu_of_every_nodes_rank_once() {
 /// NIC and nothing is seen on loopback (shared memory); what the run attributes to network and
 /// interconnect, for a job whose world is `world` ranks of which `local_world` are here.
 fn comm_shares(world: &str, local_world: Option<&str>) -> (f64, f64) {
+    let eth0 = [("iface", "eth0"), ("link", "nic")];
+    comm_shares_over(
+        Some(world),
+        local_world,
+        crate::series::names::NET_RX_BYTES,
+        &eth0,
+    )
+}
+
+/// [`comm_shares`] with the moving bytes on series `nic` (labels `nic_labels`), and the world
+/// size said or not.
+fn comm_shares_over(
+    world: Option<&str>,
+    local_world: Option<&str>,
+    nic: &str,
+    nic_labels: &[(&str, &str)],
+) -> (f64, f64) {
     use crate::frame::Frame;
     use crate::marker::{phase, Marker, MarkerEvent};
     use crate::series::{names, SampleBatch, SeriesDecl, SeriesId, SeriesKind};
     const MS: u64 = 1_000_000;
     let mut job = JobTimeline::default();
     job.ingest(&Frame::Header(RunHeader::default()));
-    for (id, iface, link) in [(1, "eth0", "nic"), (2, "lo", "loopback")] {
+    let lo = [("iface", "lo"), ("link", "loopback")];
+    for (id, name, labels) in [(1, nic, nic_labels), (2, names::NET_RX_BYTES, &lo[..])] {
         job.ingest(&Frame::Series(SeriesDecl {
             id: SeriesId(id),
-            name: names::NET_RX_BYTES.into(),
+            name: name.into(),
             unit: "bytes".into(),
             kind: SeriesKind::Counter,
-            labels: vec![("iface".into(), iface.into()), ("link".into(), link.into())],
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         }));
     }
     let mut markers = Vec::new();
@@ -191,7 +212,10 @@ fn comm_shares(world: &str, local_world: Option<&str>) -> (f64, f64) {
         });
     };
     for pid in [100, 101] {
-        let mut kv = vec![("world_size".to_string(), world.to_string())];
+        let mut kv: Vec<(String, String)> = world
+            .map(|w| ("world_size".to_string(), w.to_string()))
+            .into_iter()
+            .collect();
         if let Some(l) = local_world {
             kv.push(("local_world_size".into(), l.into()));
         }
@@ -236,6 +260,22 @@ fn unrelated_nic_traffic_does_not_make_a_one_node_job_network_bound() {
     assert_eq!(interconnect, 0.0);
     let (network, _) = comm_shares("4", None);
     assert!((network - 0.4).abs() < 0.01, "{network}");
+}
+
+/// Issue 29: NCCL over InfiniBand, RoCE or EFA moves its bytes past the kernel, so only the
+/// RDMA port counters see them. A comm wait while they move is the network's, as with TCP
+/// bytes on a NIC; with nothing moving anywhere (and the peers' places unknown) it is not.
+#[test]
+fn rdma_bytes_moving_while_a_collective_waits_make_the_wait_network() {
+    use crate::series::names::{NET_RX_BYTES, RDMA_RX_BYTES};
+    let port = [("device", "mlx5_0"), ("port", "1")];
+    let (network, interconnect) = comm_shares_over(None, None, RDMA_RX_BYTES, &port);
+    assert!((network - 0.4).abs() < 0.01, "{network}");
+    assert_eq!(interconnect, 0.0);
+    // The same job with the bytes on a series no link reads: nothing moved on the NICs.
+    let (network, interconnect) = comm_shares_over(None, None, NET_RX_BYTES, &port);
+    assert_eq!(network, 0.0);
+    assert!((interconnect - 0.4).abs() < 0.01, "{interconnect}");
 }
 
 /// The GPU is read by a sampler of its own, which may lag the CPU sampler (NVML calls

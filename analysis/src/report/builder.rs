@@ -468,6 +468,8 @@ fn resource_values(r: &NodeResources) -> [Option<f64>; RESOURCE_FIELDS] {
         r.pcie_tx_bytes_per_s,
         r.nvlink_rx_bytes_per_s,
         r.nvlink_tx_bytes_per_s,
+        r.rdma_rx_bytes_per_s,
+        r.rdma_tx_bytes_per_s,
     ]
 }
 
@@ -485,6 +487,8 @@ const PCIE_RX: usize = 10;
 const PCIE_TX: usize = 11;
 const NVL_RX: usize = 12;
 const NVL_TX: usize = 13;
+const RDMA_RX: usize = 14;
+const RDMA_TX: usize = 15;
 
 fn mb(x: Option<f64>) -> Option<f64> {
     x.map(|b| b / 1e6)
@@ -750,6 +754,7 @@ impl Ctx<'_> {
                                 disk_write_mb_per_s: mb(c.mean(DISK_W)),
                                 pcie_mb_per_s: mb(both(c.mean(PCIE_RX), c.mean(PCIE_TX))),
                                 nvlink_mb_per_s: mb(both(c.mean(NVL_RX), c.mean(NVL_TX))),
+                                rdma_mb_per_s: mb(both(c.mean(RDMA_RX), c.mean(RDMA_TX))),
                                 psi_cpu: c.mean(PSI_CPU),
                                 psi_io: c.mean(PSI_IO),
                                 psi_memory: c.mean(PSI_MEM),

@@ -283,7 +283,7 @@ impl Merge for RankColumn {
 
 /// The resource quantities a [`ResourceColumn`] keeps, in [`crate::resources::NodeResources`]'
 /// order.
-pub const RESOURCE_FIELDS: usize = 14;
+pub const RESOURCE_FIELDS: usize = 16;
 
 /// One node's resource readings in one column: mean and peak of each quantity.
 #[derive(Clone, Copy, Debug, Default)]

@@ -388,6 +388,10 @@ pub struct ResourceRow {
     pub pcie_mb_per_s: Option<f64>,
     /// MB/s over NVLink, both ways.
     pub nvlink_mb_per_s: Option<f64>,
+    /// MB/s on the RDMA ports (InfiniBand, RoCE, EFA), both ways; absent from reports
+    /// written before them.
+    #[serde(default)]
+    pub rdma_mb_per_s: Option<f64>,
     /// PSI some, CPU, 0–1.
     pub psi_cpu: Option<f64>,
     /// PSI some, I/O, 0–1.

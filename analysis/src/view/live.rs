@@ -42,6 +42,8 @@ pub struct LiveModel {
     /// ns between summaries when set ([`LiveModel::set_summary_every`]), instead of the
     /// live pace.
     summary_every: Option<Nanos>,
+    /// Per node, the RDMA bytes its agent sent last, for the reading and counters that follow.
+    rdma: BTreeMap<String, crate::frame::NodeRdma>,
 }
 
 /// Reported GPU readings held for iterations not yet joined.
@@ -75,7 +77,23 @@ impl LiveModel {
                     self.local_node = Some(node.to_string());
                 }
             }
-            Frame::NodeResources(r) => self.resources(&r.node, r.resources.clone()),
+            Frame::NodeResources(r) => {
+                let mut resources = r.resources.clone();
+                if let Some(rdma) = self.rdma.get(&r.node) {
+                    rdma.complete_reading(&mut resources);
+                }
+                self.resources(&r.node, resources)
+            }
+            Frame::NodeRdma(x) => {
+                let mut counters = x.counters.clone();
+                counters.sort();
+                let node = self.node_mut(&x.node);
+                if node.rdma_counters != counters {
+                    node.rdma_counters = counters;
+                    self.dirty_nodes.insert(x.node.clone());
+                }
+                self.rdma.insert(x.node.clone(), x.clone());
+            }
             Frame::NodeGpus(g) => {
                 let mut gpus = g.gpus.clone();
                 gpus.sort();
@@ -87,9 +105,13 @@ impl LiveModel {
                 }
             }
             Frame::NodeCounters(c) => {
+                let mut counters = c.counters.clone();
+                if let Some(rdma) = self.rdma.get(&c.node) {
+                    rdma.complete_counters(&mut counters);
+                }
                 let node = self.node_mut(&c.node);
-                if node.counters.as_ref() != Some(&c.counters) {
-                    node.counters = Some(c.counters.clone());
+                if node.counters.as_ref() != Some(&counters) {
+                    node.counters = Some(counters);
                     self.dirty_nodes.insert(c.node.clone());
                 }
             }
@@ -138,10 +160,12 @@ impl LiveModel {
                         self.resources(&node, reading);
                         let nics = self.meter.nics();
                         let counters = self.meter.counters();
+                        let rdma_counters = self.meter.rdma_counters();
                         let n = self.node_mut(&node);
                         if !nics.is_empty() {
                             n.nics = nics;
                         }
+                        n.rdma_counters = rdma_counters;
                         n.counters = Some(counters);
                     }
                 }

@@ -1,8 +1,8 @@
 //! A node's resources over the last second, from the raw samples the journal sees.
 //!
 //! The attribution reads counters per iteration; the views want the node as a whole: how
-//! many cores the job used, how long its threads queued for a CPU, what the NICs, disks and
-//! GPUs moved. The meter folds every sample batch into one-second buckets as it arrives
+//! many cores the job used, how long its threads queued for a CPU, what the NICs, RDMA ports,
+//! disks and GPUs moved. The meter folds every sample batch into one-second buckets as it arrives
 //! (counters as deltas between consecutive raw values of the same series, gauges as means),
 //! so it needs no history and replays the same from a profile. It also counts each NIC's bytes
 //! since the start, which `/metrics` exposes per interface, and every counter's increases
@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use crate::frame::{Frame, NicBytes};
+use crate::frame::{Frame, NicBytes, RdmaCount};
 use crate::resources::{NodeCounters, NodeResources};
 use crate::series::{names, SeriesDecl, SeriesId, SeriesKind, LINK_NIC};
 use crate::Nanos;
@@ -38,9 +38,11 @@ enum Quantity {
     PcieTx,
     NvlinkRx,
     NvlinkTx,
+    RdmaRx,
+    RdmaTx,
 }
 
-const QUANTITIES: usize = 14;
+const QUANTITIES: usize = 16;
 
 impl Quantity {
     fn of(d: &SeriesDecl) -> Option<Quantity> {
@@ -62,6 +64,8 @@ impl Quantity {
             names::GPU_PCIE_TX_BYTES => Quantity::PcieTx,
             names::GPU_NVLINK_RX_BYTES => Quantity::NvlinkRx,
             names::GPU_NVLINK_TX_BYTES => Quantity::NvlinkTx,
+            names::RDMA_RX_BYTES => Quantity::RdmaRx,
+            names::RDMA_TX_BYTES => Quantity::RdmaTx,
             _ => return None,
         })
     }
@@ -97,6 +101,11 @@ pub struct NodeMeter {
     nics: Vec<NicBytes>,
     /// Per quantity, the counters' increases since the first sample; `None` until one moved.
     totals: [Option<f64>; QUANTITIES],
+    /// RDMA ports' wait, congestion and retransmission counters: by series, the index in
+    /// `rdma_counts` and the last raw value.
+    rdma_followed: HashMap<SeriesId, (usize, Option<u64>)>,
+    /// Their increases since the first sample, in the order first declared.
+    rdma_counts: Vec<RdmaCount>,
 }
 
 impl NodeMeter {
@@ -104,6 +113,7 @@ impl NodeMeter {
     pub fn ingest(&mut self, frame: &Frame) -> Option<NodeResources> {
         match frame {
             Frame::Series(d) => {
+                self.follow_rdma_counter(d);
                 match Quantity::of(d) {
                     Some(quantity) => {
                         let nic = matches!(quantity, Quantity::NicRx | Quantity::NicTx)
@@ -133,6 +143,13 @@ impl NodeMeter {
                 let start = *self.bucket.start.get_or_insert(at);
                 self.bucket.last = Some(at);
                 for (id, raw) in &batch.values {
+                    if let Some((i, last)) = self.rdma_followed.get_mut(id) {
+                        if let Some(last) = last {
+                            self.rdma_counts[*i].value += raw.saturating_sub(*last);
+                        }
+                        *last = Some(*raw);
+                        continue;
+                    }
                     let Some(f) = self.followed.get_mut(id) else {
                         continue;
                     };
@@ -198,6 +215,44 @@ impl NodeMeter {
         out
     }
 
+    /// Each RDMA port's wait, congestion and retransmission counters' increases since the
+    /// first sample, sorted by device, port and counter.
+    pub fn rdma_counters(&self) -> Vec<RdmaCount> {
+        let mut out = self.rdma_counts.clone();
+        out.sort();
+        out
+    }
+
+    /// Follows `d` when it is an RDMA port's wait or event counter (a series declared again,
+    /// by a restarted source, keeps its count).
+    fn follow_rdma_counter(&mut self, d: &SeriesDecl) {
+        let counter = match d.name.as_str() {
+            names::RDMA_XMIT_WAIT => "port_xmit_wait",
+            names::RDMA_COUNTER => match d.label("counter") {
+                Some(c) => c,
+                None => return,
+            },
+            _ => return,
+        };
+        let count = RdmaCount {
+            device: d.label("device").unwrap_or_default().to_string(),
+            port: d.label("port").unwrap_or_default().to_string(),
+            counter: counter.to_string(),
+            value: 0,
+        };
+        let same = |c: &RdmaCount| {
+            c.device == count.device && c.port == count.port && c.counter == count.counter
+        };
+        let i = match self.rdma_counts.iter().position(same) {
+            Some(i) => i,
+            None => {
+                self.rdma_counts.push(count);
+                self.rdma_counts.len() - 1
+            }
+        };
+        self.rdma_followed.insert(d.id, (i, None));
+    }
+
     /// What the node's counters moved since the first sample (exact sums of increases).
     pub fn counters(&self) -> NodeCounters {
         let total = |q: Quantity, scale: f64| self.totals[q as usize].map(|t| t * scale);
@@ -212,6 +267,8 @@ impl NodeMeter {
             pcie_tx_bytes: total(Quantity::PcieTx, 1.0),
             nvlink_rx_bytes: total(Quantity::NvlinkRx, 1.0),
             nvlink_tx_bytes: total(Quantity::NvlinkTx, 1.0),
+            rdma_rx_bytes: total(Quantity::RdmaRx, 1.0),
+            rdma_tx_bytes: total(Quantity::RdmaTx, 1.0),
         }
     }
 
@@ -258,6 +315,8 @@ impl NodeMeter {
             pcie_tx_bytes_per_s: rate(Quantity::PcieTx, 1.0),
             nvlink_rx_bytes_per_s: rate(Quantity::NvlinkRx, 1.0),
             nvlink_tx_bytes_per_s: rate(Quantity::NvlinkTx, 1.0),
+            rdma_rx_bytes_per_s: rate(Quantity::RdmaRx, 1.0),
+            rdma_tx_bytes_per_s: rate(Quantity::RdmaTx, 1.0),
         }
     }
 }
@@ -289,5 +348,92 @@ mod tests {
         let c = m.counters();
         assert_eq!(c.disk_read_bytes, Some(500.0 + 2_500.0 + 600.0));
         assert_eq!(c.nic_rx_bytes, None);
+    }
+
+    /// RDMA ports' bytes (already in bytes: the source multiplied the 4-octet units) are a
+    /// quantity of their own, summed over ports, beside the NICs; a node without them has none.
+    #[test]
+    fn rdma_bytes_are_summed_over_ports_beside_the_nics() {
+        let mut m = NodeMeter::default();
+        for (id, name, device) in [
+            (1, names::RDMA_RX_BYTES, "mlx5_0"),
+            (2, names::RDMA_RX_BYTES, "mlx5_1"),
+            (3, names::RDMA_TX_BYTES, "mlx5_0"),
+        ] {
+            m.ingest(&Frame::Series(SeriesDecl {
+                id: SeriesId(id),
+                name: name.into(),
+                unit: "bytes".into(),
+                kind: SeriesKind::Counter,
+                labels: vec![
+                    ("device".into(), device.into()),
+                    ("port".into(), "1".into()),
+                ],
+            }));
+        }
+        let mut readings = Vec::new();
+        for k in 0..=4u64 {
+            let values = vec![
+                (SeriesId(1), k * 1_000_000_000),
+                (SeriesId(2), k * 500_000_000),
+                (SeriesId(3), k * 4_000),
+            ];
+            readings.extend(m.ingest(&Frame::Samples(SampleBatch {
+                t_ns: k * 500_000_000,
+                dur_ns: 0,
+                values,
+            })));
+        }
+        let r = &readings[0];
+        assert_eq!(r.rdma_rx_bytes_per_s, Some(3e9));
+        assert_eq!(r.rdma_tx_bytes_per_s, Some(8_000.0));
+        assert_eq!(r.nic_rx_bytes_per_s, None);
+        let c = m.counters();
+        assert_eq!(c.rdma_rx_bytes, Some(6e9));
+        assert_eq!(c.rdma_tx_bytes, Some(16_000.0));
+        assert_eq!(NodeMeter::default().counters().rdma_rx_bytes, None);
+    }
+
+    /// A port's wait and event counters are counted per device, port and counter from the
+    /// first sample on, and are not node resources.
+    #[test]
+    fn rdma_port_counters_count_their_increases() {
+        let mut m = NodeMeter::default();
+        let labels = |counter: Option<&str>| {
+            let mut l = vec![
+                ("device".into(), "mlx5_0".into()),
+                ("port".into(), "1".into()),
+            ];
+            l.extend(counter.map(|c| ("counter".into(), c.into())));
+            l
+        };
+        for (id, name, counter) in [
+            (1, names::RDMA_XMIT_WAIT, None),
+            (2, names::RDMA_COUNTER, Some("np_cnp_sent")),
+        ] {
+            m.ingest(&Frame::Series(SeriesDecl {
+                id: SeriesId(id),
+                name: name.into(),
+                unit: "count".into(),
+                kind: SeriesKind::Counter,
+                labels: labels(counter),
+            }));
+        }
+        for (k, (wait, cnp)) in [(73_421u64, 4_210u64), (73_500, 4_215), (74_000, 4_215)]
+            .into_iter()
+            .enumerate()
+        {
+            m.ingest(&Frame::Samples(SampleBatch {
+                t_ns: k as u64 * 100_000_000,
+                dur_ns: 0,
+                values: vec![(SeriesId(1), wait), (SeriesId(2), cnp)],
+            }));
+        }
+        let c = m.rdma_counters();
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].counter.as_str(), c[0].value), ("np_cnp_sent", 5));
+        assert_eq!((c[1].counter.as_str(), c[1].value), ("port_xmit_wait", 579));
+        assert_eq!((c[0].device.as_str(), c[0].port.as_str()), ("mlx5_0", "1"));
+        assert_eq!(m.counters(), NodeCounters::default(), "not node resources");
     }
 }

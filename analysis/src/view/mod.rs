@@ -152,6 +152,10 @@ pub struct NodeView {
     /// `/metrics`' node counters expose); absent when its agent predates them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counters: Option<crate::resources::NodeCounters>,
+    /// Each RDMA port's wait, congestion and retransmission counters since its agent or run
+    /// started counting, by device, port and counter; empty without RDMA ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rdma_counters: Vec<crate::frame::RdmaCount>,
 }
 
 impl NodeView {

@@ -293,3 +293,62 @@ fn a_process_whose_rank_changes_leaves_no_rank_behind() {
     assert_eq!(ranks, [(0, 200), (7, 100)]);
     assert_eq!(&client, server.view());
 }
+
+/// Issue 29: another node's RDMA bytes come from its agent in `Frame::NodeRdma`, just before
+/// the reading and counters they complete (whose own RDMA fields are not encoded); a reading
+/// of another second does not take them.
+#[test]
+fn another_nodes_rdma_bytes_complete_its_reading_and_counters() {
+    use crate::frame::{NodeCountersReport, NodeRdma, NodeResourcesReport};
+    use crate::resources::{NodeCounters, NodeResources};
+    let mut m = LiveModel::new("train");
+    let reading = |t_ns| {
+        Frame::NodeResources(Box::new(NodeResourcesReport {
+            node: "node-b".into(),
+            resources: NodeResources {
+                t_ns,
+                dur_ns: 1_000_000_000,
+                nic_rx_bytes_per_s: Some(1e3),
+                ..NodeResources::default()
+            },
+        }))
+    };
+    m.ingest(&Frame::NodeRdma(NodeRdma {
+        node: "node-b".into(),
+        t_ns: 5,
+        rx_bytes_per_s: Some(12e9),
+        tx_bytes_per_s: Some(11e9),
+        rx_bytes: Some(1e12),
+        tx_bytes: Some(9e11),
+        counters: vec![crate::frame::RdmaCount {
+            device: "mlx5_0".into(),
+            port: "1".into(),
+            counter: "np_cnp_sent".into(),
+            value: 4210,
+        }],
+    }));
+    m.ingest(&reading(5));
+    m.ingest(&Frame::NodeCounters(NodeCountersReport {
+        node: "node-b".into(),
+        counters: NodeCounters {
+            nic_rx_bytes: Some(1e6),
+            ..NodeCounters::default()
+        },
+    }));
+    let node = &m.view().nodes["node-b"];
+    let r = node.resources.as_ref().unwrap();
+    assert_eq!(
+        (r.rdma_rx_bytes_per_s, r.rdma_tx_bytes_per_s),
+        (Some(12e9), Some(11e9))
+    );
+    let c = node.counters.as_ref().unwrap();
+    assert_eq!((c.rdma_rx_bytes, c.rdma_tx_bytes), (Some(1e12), Some(9e11)));
+    assert_eq!(c.nic_rx_bytes, Some(1e6));
+    assert_eq!(node.rdma_counters[0].value, 4210);
+    m.ingest(&reading(1_000_000_005));
+    let r = m.view().nodes["node-b"].resources.clone().unwrap();
+    assert_eq!(
+        r.rdma_rx_bytes_per_s, None,
+        "not the second it was sent with"
+    );
+}

@@ -356,8 +356,22 @@ fn every_variant() -> Vec<Frame> {
             },
         },
     ));
+    frames.push(Frame::NodeRdma(stallscope_analysis::frame::NodeRdma {
+        node: "b".into(),
+        t_ns: 7,
+        rx_bytes_per_s: Some(12e9),
+        tx_bytes_per_s: None,
+        rx_bytes: Some(1e12),
+        tx_bytes: Some(3.0),
+        counters: vec![stallscope_analysis::frame::RdmaCount {
+            device: "mlx5_0".into(),
+            port: "1".into(),
+            counter: "np_cnp_sent".into(),
+            value: 4210,
+        }],
+    }));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 19];
+    let mut seen = [false; 20];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -379,6 +393,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeNics(_) => 16,
             Frame::NodeMeta(_) => 17,
             Frame::NodeCounters(_) => 18,
+            Frame::NodeRdma(_) => 19,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them.
             Frame::SampleRun(_) => unreachable!("not a frame callers write"),

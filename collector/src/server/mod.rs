@@ -614,6 +614,10 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
             c.node = node.to_string();
             Ok(Frame::NodeCounters(c))
         }
+        Frame::NodeRdma(mut x) => {
+            x.node = node.to_string();
+            Ok(Frame::NodeRdma(x))
+        }
         Frame::NodeMeta(mut m) => {
             // Only what the advisor reads, as the hook's wire format bounds it.
             m.node = node.to_string();
@@ -759,9 +763,9 @@ mod tests {
         );
         let viewer = check(AgentMsg::Watch(hello(PROTOCOL_VERSION, Role::Viewer)));
         assert!(matches!(viewer, Ok(Peer::Viewer)), "{viewer:?}");
-        let old = check(AgentMsg::Hello(hello(7, Role::Agent)));
+        let old = check(AgentMsg::Hello(hello(8, Role::Agent)));
         assert!(
-            matches!(&old, Err(ConnError::Refused(r)) if r.contains("protocol version 7, this collector speaks 8: run the same stallscope version")),
+            matches!(&old, Err(ConnError::Refused(r)) if r.contains("protocol version 8, this collector speaks 9: run the same stallscope version")),
             "{old:?}"
         );
     }

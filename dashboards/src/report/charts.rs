@@ -260,7 +260,7 @@ impl Panel {
 }
 
 /// The resource panels, in the report's order.
-pub const PANELS: [Panel; 8] = [
+pub const PANELS: [Panel; 9] = [
     Panel {
         title: "CPU busy",
         unit: "cores",
@@ -280,6 +280,12 @@ pub const PANELS: [Panel; 8] = [
         title: "NIC",
         unit: "MB/s, in + out",
         read: |r| sum2(r.nic_rx_mb_per_s, r.nic_tx_mb_per_s),
+    },
+    // Only where a node has RDMA ports: a panel without readings is left out.
+    Panel {
+        title: "RDMA",
+        unit: "MB/s, in + out",
+        read: |r| r.rdma_mb_per_s,
     },
     Panel {
         title: "Disk",

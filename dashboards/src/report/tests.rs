@@ -144,3 +144,59 @@ fn markdown_keeps_names_and_arguments_from_outside_as_text() {
     assert!(md.contains("# stallscope report: &lt;img src=x onerror=alert(1)&gt;.py"));
     assert!(md.contains("node &lt;b&gt;a&lt;/b&gt; &amp; b"), "{md}");
 }
+
+/// Issue 29: a node with RDMA ports gets an RDMA chart beside the NIC's (1 GB/s received
+/// throughout); a run without has none.
+#[test]
+fn an_rdma_node_gets_an_rdma_chart_beside_the_nic() {
+    use stallscope_analysis::frame::Frame;
+    use stallscope_analysis::series::{names, SeriesDecl, SeriesId, SeriesKind};
+    let build = |frames: &[Frame]| {
+        let mut b = ReportBuilder::new("");
+        for f in frames {
+            b.ingest(f);
+        }
+        b.finish()
+    };
+    let titles = |r: &stallscope_analysis::report::Report| -> Vec<&str> {
+        crate::report::charts::resources(r)
+            .iter()
+            .map(|(p, _)| p.title)
+            .collect()
+    };
+    let plain = two_rank_profile(false);
+    assert!(!titles(&build(&plain)).contains(&"RDMA"));
+    let rdma = SeriesId(950);
+    let mut frames = plain.clone();
+    frames.insert(
+        1,
+        Frame::Series(SeriesDecl {
+            id: rdma,
+            name: names::RDMA_RX_BYTES.into(),
+            unit: "bytes".into(),
+            kind: SeriesKind::Counter,
+            labels: vec![
+                ("device".into(), "mlx5_0".into()),
+                ("port".into(), "1".into()),
+            ],
+        }),
+    );
+    for f in &mut frames {
+        if let Frame::Samples(batch) = f {
+            batch.values.push((rdma, batch.t_ns));
+        }
+    }
+    let r = build(&frames);
+    let columns = &r.resources[0].columns;
+    let mid = &columns[columns.len() / 2];
+    let mb = mid.rdma_mb_per_s.expect("RDMA read");
+    assert!((mb - 1000.0).abs() < 1.0, "{mb}");
+    // The constructed profile reads the CPU only: the RDMA chart is its one resource chart.
+    assert_eq!(titles(&r), ["RDMA"]);
+    let order: Vec<&str> = crate::report::charts::PANELS
+        .iter()
+        .map(|p| p.title)
+        .collect();
+    let nic = order.iter().position(|t| *t == "NIC").unwrap();
+    assert_eq!(order[nic + 1], "RDMA", "beside the NIC: {order:?}");
+}

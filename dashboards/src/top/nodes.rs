@@ -1,6 +1,8 @@
-//! The Nodes screen: one row per node (CPU busy, run-queue delay, GPU busy, NIC and disk
+//! The Nodes screen: one row per node (CPU busy, run-queue delay, GPU busy, NIC, RDMA and disk
 //! rates, PSI, clock offset ± uncertainty, records and markers lost), and for the selected
-//! node its last two minutes as sparklines and the sources that are down.
+//! node its last two minutes as sparklines and the sources that are down. The RDMA column and
+//! sparkline appear only where a node has RDMA ports: on 80 columns the column pushes `lost`
+//! off the edge, which a node with InfiniBand or EFA pays for its most telling rate.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style, Stylize};
@@ -27,7 +29,10 @@ fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
-const SERIES: [Series; 7] = [
+/// The sparkline only a node with RDMA ports shows.
+const RDMA_LABEL: &str = "RDMA in+out";
+
+const SERIES: [Series; 8] = [
     Series {
         label: "CPU cores",
         read: |r| r.cpu_busy_cores,
@@ -41,6 +46,11 @@ const SERIES: [Series; 7] = [
     Series {
         label: "NIC in+out",
         read: |r| sum(r.nic_rx_bytes_per_s, r.nic_tx_bytes_per_s),
+        show: rate,
+    },
+    Series {
+        label: RDMA_LABEL,
+        read: |r| sum(r.rdma_rx_bytes_per_s, r.rdma_tx_bytes_per_s),
         show: rate,
     },
     Series {
@@ -65,19 +75,47 @@ const SERIES: [Series; 7] = [
     },
 ];
 
+/// Whether node `n` has RDMA ports (a reading with their bytes).
+fn has_rdma(n: &NodeView) -> bool {
+    n.resources
+        .iter()
+        .chain(n.history.iter())
+        .any(|r| r.rdma_rx_bytes_per_s.is_some() || r.rdma_tx_bytes_per_s.is_some())
+}
+
+/// The sparklines of node `n`: RDMA only where it has RDMA ports.
+fn series_of(n: &NodeView) -> Vec<&'static Series> {
+    let rdma = has_rdma(n);
+    SERIES
+        .iter()
+        .filter(|s| rdma || s.label != RDMA_LABEL)
+        .collect()
+}
+
 /// Draws the Nodes screen in `area`.
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView) {
-    let panel_rows = SERIES.len() as u16 + 2;
+    let nodes = app.nodes(view);
+    let selected = app.node_row.min(nodes.len().saturating_sub(1));
+    let shown = nodes
+        .get(selected)
+        .map_or(SERIES.len() - 1, |n| series_of(n).len());
+    let panel_rows = shown as u16 + 2;
     let [head, rows_area, panel] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(1),
         Constraint::Length(panel_rows),
     ])
     .areas(area);
+    let rdma = nodes.iter().any(|n| has_rdma(n));
+    let rdma_head = if rdma {
+        format!(" {:>11}", "RDMA in/out")
+    } else {
+        String::new()
+    };
     frame.render_widget(
         Paragraph::new(Line::from(
             format!(
-                "  {:<9} {:>3} {:>5} {:>5} {:>4} {:>11} {:>6} {:>8} {:>12} {:>5}",
+                "  {:<9} {:>3} {:>5} {:>5} {:>4} {:>11}{rdma_head} {:>6} {:>8} {:>12} {:>5}",
                 "node",
                 "rk",
                 "CPU",
@@ -93,16 +131,14 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView) {
         )),
         head,
     );
-    let nodes = app.nodes(view);
     let height = rows_area.height as usize;
-    let selected = app.node_row.min(nodes.len().saturating_sub(1));
     let first = selected.saturating_sub(height.saturating_sub(1));
     let lines: Vec<Line> = nodes
         .iter()
         .enumerate()
         .skip(first)
         .take(height)
-        .map(|(i, n)| row(n, i == selected))
+        .map(|(i, n)| row(n, i == selected, rdma))
         .collect();
     frame.render_widget(Paragraph::new(lines), rows_area);
     if let Some(n) = nodes.get(selected) {
@@ -128,8 +164,19 @@ fn short(v: Option<f64>) -> String {
     }
 }
 
-fn row(n: &NodeView, selected: bool) -> Line<'static> {
+/// Node `n`'s row; with an RDMA column when `rdma`.
+fn row(n: &NodeView, selected: bool, rdma: bool) -> Line<'static> {
     let r = n.resources.clone().unwrap_or_default();
+    let rdma = if rdma {
+        let rates = (r.rdma_rx_bytes_per_s, r.rdma_tx_bytes_per_s);
+        let cell = match rates {
+            (None, None) => "–".to_string(),
+            (rx, tx) => format!("{}/{}", short(rx), short(tx)),
+        };
+        format!(" {cell:>11}")
+    } else {
+        String::new()
+    };
     let psi = match (r.psi_cpu, r.psi_io) {
         (None, None) => "–".to_string(),
         (c, i) => format!(
@@ -157,7 +204,7 @@ fn row(n: &NodeView, selected: bool) -> Line<'static> {
         Span::styled(flag, style.add_modifier(Modifier::BOLD)),
         Span::styled(
             format!(
-                "{:<9} {:>3} {:>5} {:>5} {:>4} {:>11} {:>6} {:>8} {:>12} {:>5}",
+                "{:<9} {:>3} {:>5} {:>5} {:>4} {:>11}{rdma} {:>6} {:>8} {:>12} {:>5}",
                 clip(&n.node, 9),
                 n.ranks.len(),
                 or_dash(r.cpu_busy_cores, |v| format!("{v:.1}")),
@@ -195,8 +242,9 @@ fn draw_panel(frame: &mut Frame, area: Rect, n: &NodeView) {
         frame.render_widget(Paragraph::new("no resource readings yet").dim(), inner);
         return;
     }
-    let rows = Layout::vertical(SERIES.iter().map(|_| Constraint::Length(1))).split(inner);
-    for (s, row) in SERIES.iter().zip(rows.iter()) {
+    let series = series_of(n);
+    let rows = Layout::vertical(series.iter().map(|_| Constraint::Length(1))).split(inner);
+    for (s, row) in series.iter().zip(rows.iter()) {
         let values: Vec<Option<f64>> = n.history.iter().map(s.read).collect();
         let [label, spark, now] = Layout::horizontal([
             Constraint::Length(12),

@@ -154,6 +154,8 @@ fn push_reading(n: &mut NodeView, t: u64, wave: f64) {
         pcie_tx_bytes_per_s: None,
         nvlink_rx_bytes_per_s: None,
         nvlink_tx_bytes_per_s: None,
+        rdma_rx_bytes_per_s: None,
+        rdma_tx_bytes_per_s: None,
     };
     n.resources = Some(r.clone());
     n.history.push_back(r);
@@ -323,6 +325,26 @@ fn rank_detail_of_a_gpu_job() {
 fn nodes_screen_of_a_gpu_job() {
     let v = gpu_job();
     insta::assert_snapshot!(screen(&on(Screen::Nodes), &v, 80, 24).backend());
+}
+
+/// Issue 29: the GPU job's node collecting over InfiniBand (12 GB/s in, 11 GB/s out on its
+/// RDMA ports, next to a trickle on the NIC): an RDMA column beside the NIC's and its sparkline.
+#[test]
+fn nodes_screen_of_an_rdma_job() {
+    let mut v = gpu_job();
+    for n in v.nodes.values_mut() {
+        for (i, h) in n
+            .history
+            .iter_mut()
+            .chain(n.resources.iter_mut())
+            .enumerate()
+        {
+            let wave = 0.5 + 0.5 * ((i as f64) / 3.0).sin();
+            h.rdma_rx_bytes_per_s = Some(12e9 * wave);
+            h.rdma_tx_bytes_per_s = Some(11e9 * wave);
+        }
+    }
+    insta::assert_snapshot!(screen(&on(Screen::Nodes), &v, 100, 24).backend());
 }
 
 #[test]

@@ -71,6 +71,8 @@ fn reading(t: u64) -> NodeResources {
         pcie_tx_bytes_per_s: Some(1e9),
         nvlink_rx_bytes_per_s: Some(200e9),
         nvlink_tx_bytes_per_s: Some(200e9),
+        rdma_rx_bytes_per_s: Some(12e9 * wave),
+        rdma_tx_bytes_per_s: Some(12e9 * wave),
     }
 }
 
