@@ -289,6 +289,10 @@ pub enum Frame {
     /// on), shipped with its resources every 2 s. Last, so that profiles written before it
     /// still read.
     NodeCounters(NodeCountersReport),
+    /// A hang declared by `stallscope run` (no rank finished an iteration for `--hang-after`):
+    /// where each rank stood and their stacks; written again, with `resumed_after_seconds`,
+    /// when iterations resume. Last, so that profiles written before it still read.
+    Hang(Box<crate::hang::HangReport>),
 }
 
 /// A rank's `key=value` facts (the PyTorch hook's `M` events) of the keys in
