@@ -190,13 +190,18 @@ impl HangWatch {
 
 /// Each live loop's last iteration and open phase, the collective entered last, and who is in
 /// it and who is not.
+/// A loop that never said its rank is rank 0 when it is the only one.
 fn where_ranks_stand(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> HangReport {
-    let mut ranks: Vec<RankAtHang> = markers
-        .procs
-        .values()
-        .filter(|p| p.is_loop() && !exited.contains_key(&p.pid))
+    let live = || {
+        markers
+            .procs
+            .values()
+            .filter(|p| p.is_loop() && !exited.contains_key(&p.pid))
+    };
+    let alone = live().count() == 1;
+    let mut ranks: Vec<RankAtHang> = live()
         .filter_map(|p| {
-            let rank = p.rank?;
+            let rank = p.rank.or(alone.then_some(0))?;
             let open: Vec<_> = p.open_phases().collect();
             let collective = open.iter().find_map(|(name, _, op)| {
                 op.filter(|_| *name == phase::COMM).map(|op| Collective {
@@ -301,7 +306,11 @@ pub fn describe(report: &HangReport) -> String {
                 c.describe()
             );
             if !report.waiting_ranks.is_empty() {
-                let verb = if report.waiting_ranks.len() == 1 { "waits" } else { "wait" };
+                let verb = if report.waiting_ranks.len() == 1 {
+                    "waits"
+                } else {
+                    "wait"
+                };
                 out += &format!(" ({} {verb} in it)", list(&report.waiting_ranks));
             }
         } else {
@@ -318,7 +327,10 @@ pub fn describe(report: &HangReport) -> String {
         let last = r
             .last_iteration
             .map_or_else(|| "none".to_string(), |i| i.to_string());
-        out += &format!("\n  rank {} (pid {}): {at}; last iteration {last}", r.rank, r.pid);
+        out += &format!(
+            "\n  rank {} (pid {}): {at}; last iteration {last}",
+            r.rank, r.pid
+        );
         if !r.has_hook {
             out += "; no stallscope hook in it, so no stacks";
         }

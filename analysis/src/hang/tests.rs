@@ -74,7 +74,11 @@ fn a_rank_that_never_arrives_is_missing_and_the_other_waits() {
     assert_eq!(hang.ranks[0].collective, Some(all_reduce));
     assert_eq!(hang.ranks[1].state, "compute_or_unknown");
     assert!(hang.ranks.iter().all(|r| r.has_hook));
-    assert_eq!(job.check(&mut watch, 30 * S), None, "declared once per stall");
+    assert_eq!(
+        job.check(&mut watch, 30 * S),
+        None,
+        "declared once per stall"
+    );
 }
 
 #[test]
@@ -132,7 +136,11 @@ fn the_default_threshold_is_a_minute_or_twenty_median_iterations() {
     let job = Job::new(5);
     let mut watch = HangWatch::new(None);
     assert_eq!(job.check(&mut watch, 6 * S + 59 * S), None);
-    assert_eq!(watch.threshold_ns(), MIN_HANG_NS, "20 × 1 s is under a minute");
+    assert_eq!(
+        watch.threshold_ns(),
+        MIN_HANG_NS,
+        "20 × 1 s is under a minute"
+    );
     declared(job.check(&mut watch, 6 * S + 61 * S));
     let mut slow = HangWatch::new(None);
     slow.durations.extend([10 * S, 10 * S, 10 * S]);
@@ -153,8 +161,10 @@ fn the_words_name_who_never_arrived_and_who_waits() {
     job.send(100, 12 * S + 1, "B comm op=all_reduce g=0 n=12 b=1024");
     let mut watch = HangWatch::new(Some(5 * S));
     let mut hang = declared(job.check(&mut watch, 73 * S));
-    hang.stacks
-        .insert("1".into(), "  File \"t.py\", line 3 in stuck_in_here\n".into());
+    hang.stacks.insert(
+        "1".into(),
+        "  File \"t.py\", line 3 in stuck_in_here\n".into(),
+    );
     let text = describe(&hang);
     assert!(
         text.starts_with(

@@ -356,28 +356,34 @@ fn every_variant() -> Vec<Frame> {
             },
         },
     ));
-    frames.push(Frame::Hang(Box::new(stallscope_analysis::hang::HangReport {
-        at_seconds: 75.5,
-        stalled_seconds: 61.0,
-        last_iteration: Some(11),
-        collective: Some(stallscope_analysis::hang::Collective {
-            op: "all_reduce".into(),
-            group: 0,
-            seq: 12,
-        }),
-        waiting_ranks: vec![0],
-        missing_ranks: vec![1],
-        ranks: vec![stallscope_analysis::hang::RankAtHang {
-            rank: 1,
-            pid: 4243,
+    frames.push(Frame::Hang(Box::new(
+        stallscope_analysis::hang::HangReport {
+            at_seconds: 75.5,
+            stalled_seconds: 61.0,
             last_iteration: Some(11),
-            state: "compute_or_unknown".into(),
-            collective: None,
-            has_hook: true,
-        }],
-        stacks: [("1".to_string(), "Thread 0x1 (most recent call first):\n".to_string())].into(),
-        resumed_after_seconds: None,
-    })));
+            collective: Some(stallscope_analysis::hang::Collective {
+                op: "all_reduce".into(),
+                group: 0,
+                seq: 12,
+            }),
+            waiting_ranks: vec![0],
+            missing_ranks: vec![1],
+            ranks: vec![stallscope_analysis::hang::RankAtHang {
+                rank: 1,
+                pid: 4243,
+                last_iteration: Some(11),
+                state: "compute_or_unknown".into(),
+                collective: None,
+                has_hook: true,
+            }],
+            stacks: [(
+                "1".to_string(),
+                "Thread 0x1 (most recent call first):\n".to_string(),
+            )]
+            .into(),
+            resumed_after_seconds: None,
+        },
+    )));
     // A new variant makes this match fail to compile until it is added above.
     let mut seen = [false; 20];
     for f in &frames {

@@ -2,8 +2,8 @@
 
 ``faulthandler`` dumps all threads from a signal handler written in C, so it answers even
 while the interpreter is blocked inside a collective or a ``time.sleep``. The hook registers
-it for a real-time signal (``SIGRTMIN + 5``, with ``chain``, so a program's own handler of that
-signal still runs) writing to ``stacks.<pid>.txt`` in the run's directory (that of
+it for a real-time signal (``SIGRTMIN + 5``; chained when the program already handles that
+signal, so its handler still runs) writing to ``stacks.<pid>.txt`` in the run's directory (that of
 ``$STALLSCOPE_SOCKET``), and says where in meta ``stacks=<path> stacks_signal=<number>``:
 stallscope then signals the process and reads what the dump appended. Only the training
 loops are signalled; a forked child (a DataLoader worker) inherits the registration and its
@@ -30,7 +30,10 @@ def install(torch=None):
         directory = os.path.dirname(os.environ["STALLSCOPE_SOCKET"])
         path = os.path.join(directory, "stacks.%d.txt" % os.getpid())
         handle = open(path, "ab", buffering=0)
-        faulthandler.register(number, file=handle, all_threads=True, chain=True)
+        # Chained only to a handler the program set: chaining to the default action of a
+        # real-time signal would end the process after the dump.
+        chain = signal.getsignal(number) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        faulthandler.register(number, file=handle, all_threads=True, chain=chain)
         _file = handle  # kept open: the handler writes to its descriptor
         stallscope.meta(stacks=path, stacks_signal=number)
     except Exception:
