@@ -60,8 +60,8 @@ for x in torch.utils.data.DataLoader(Slow(), batch_size=4, num_workers=0):
 print("trained")
 "#;
 
-/// Runs `launch_args` + the script under `stallscope run --hang-after 5`; the summary and
-/// stallscope's stderr.
+/// Runs `launch` + the script under `stallscope run --hang-after 5`; the summary (the same
+/// hangs as `stallscope summary --json` of the profile gives) and stallscope's stderr.
 fn run_hanging(dir: &Path, script: &str, launch: &[&str]) -> (Value, String) {
     let path = dir.join("train.py");
     std::fs::write(&path, script).unwrap();
@@ -82,10 +82,15 @@ fn run_hanging(dir: &Path, script: &str, launch: &[&str]) -> (Value, String) {
         stdout.contains("trained"),
         "the job went on to its end: {stdout}"
     );
-    (
-        read_json(&summary),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let s = read_json(&summary);
+    let replayed = run_ok(
+        stallscope()
+            .args(["summary", "--json"])
+            .arg(dir.join("p.stallscope")),
+    );
+    let replayed: Value = serde_json::from_slice(&replayed.stdout).unwrap();
+    assert_eq!(replayed["hangs"], s["hangs"], "the profile keeps the hangs");
+    (s, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// The one hang of the summary, with when it was reported after its start.
