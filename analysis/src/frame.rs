@@ -294,6 +294,10 @@ pub enum Frame {
     /// carry their RDMA fields (see `crate::resources`). Last, so that profiles written before
     /// it still read.
     NodeRdma(NodeRdma),
+    /// A hang declared by `stallscope run` (no rank finished an iteration for `--hang-after`):
+    /// where each rank stood and their stacks; written again, with `resumed_after_seconds`,
+    /// when iterations resume. Last, so that profiles written before it still read.
+    Hang(Box<crate::hang::HangReport>),
 }
 
 /// What a node's RDMA ports moved, for the reading that follows (same node, same `t_ns`) and

@@ -23,6 +23,7 @@ pub mod figures;
 pub mod finding;
 pub mod frame;
 pub mod gpu_usage;
+pub mod hang;
 pub mod job;
 pub mod journal;
 pub mod loops;

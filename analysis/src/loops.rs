@@ -243,6 +243,14 @@ impl ProcessMarks {
         &self.info
     }
 
+    /// The phases begun and not ended yet: name, ns of the begin, and the communication
+    /// operation it is when the sender named one (a blocking collective while it blocks).
+    pub fn open_phases(&self) -> impl Iterator<Item = (&str, Nanos, Option<&CommOp>)> {
+        self.open
+            .iter()
+            .map(|(name, (begin, op))| (name.as_str(), *begin, op.as_ref()))
+    }
+
     /// Whether it runs a training loop (it has sent a step).
     pub fn is_loop(&self) -> bool {
         !self.steps.is_empty()

@@ -91,6 +91,9 @@ pub struct Summary {
     /// What the figures cannot be trusted for, in words (two nodes reporting one rank).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Every hang declared (no rank finished an iteration for `--hang-after`), in order.
+    #[serde(default)]
+    pub hangs: Vec<crate::hang::HangReport>,
 }
 
 /// One node of a multi-node job.
@@ -168,6 +171,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             .into_iter()
             .chain(gpus_unmeasured(job))
             .collect(),
+        hangs: job.hangs.clone(),
     }
 }
 

@@ -96,6 +96,7 @@ pub fn render_with(state: &MetricsState, own_cpu_seconds: Option<f64>) -> String
     ranks(&mut out, state);
     gpus(&mut out, state);
     stragglers(&mut out, state);
+    hang(&mut out, state);
     nodes(&mut out, state);
     let mut registry = Registry::default();
     registry.register_collector(Box::new(out));
@@ -278,6 +279,27 @@ fn stragglers(out: &mut Out, state: &MetricsState) {
         ];
         out.sample_owned(name, &l, *s);
     }
+}
+
+/// `stallscope_hang`: 1 while the latest hang `stallscope run` declared lasts, 0 once it
+/// resumed; absent before any hang (an agent or a collector declares none).
+fn hang(out: &mut Out, state: &MetricsState) {
+    let Some(latest) = state.view.summary.hangs.last() else {
+        return;
+    };
+    let name = "stallscope_hang";
+    out.family(
+        name,
+        "gauge",
+        "1 while no rank finishes an iteration (a hang declared), 0 once one did; missing_ranks: the ranks that never arrived at the collective the others wait in, comma-separated.",
+    );
+    let missing: Vec<String> = latest.missing_ranks.iter().map(u32::to_string).collect();
+    let hung = latest.resumed_after_seconds.is_none();
+    let l = [
+        ("job", state.view.name.clone()),
+        ("missing_ranks", missing.join(",")),
+    ];
+    out.sample_owned(name, &l, if hung { 1.0 } else { 0.0 });
 }
 
 /// A node counter: name, help, and its value from the totals.

@@ -423,3 +423,26 @@ fn rdma_bytes_are_exposed_per_direction() {
         "{counter}"
     );
 }
+
+#[test]
+fn a_hang_is_a_gauge_naming_the_missing_ranks_until_it_resumes() {
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(model())));
+    assert!(!expose::render_with(&state, None).contains("stallscope_hang"));
+    state
+        .view
+        .summary
+        .hangs
+        .push(stallscope_analysis::hang::HangReport {
+            missing_ranks: vec![1, 3],
+            ..Default::default()
+        });
+    let text = expose::render_with(&state, None);
+    assert!(
+        text.contains("stallscope_hang{job=\"train\",missing_ranks=\"1,3\"} 1"),
+        "{text}"
+    );
+    state.view.summary.hangs[0].resumed_after_seconds = Some(2.0);
+    let text = expose::render_with(&state, None);
+    assert!(text.contains("stallscope_hang{job=\"train\",missing_ranks=\"1,3\"} 0"));
+}

@@ -242,6 +242,11 @@ pub struct RunArgs {
     /// program's name).
     #[arg(long, value_name = "NAME")]
     pub job: Option<String>,
+    /// Declare a hang when no rank finishes an iteration for SECONDS (default: the longer of
+    /// 60 s and 20 median iterations; never before the first iteration): say where each rank
+    /// stands and its Python stacks, on stderr and in the summary. The job is not stopped.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds_up_to_a_day)]
+    pub hang_after: Option<f64>,
     /// Where /proc and /sys are (hidden; tests point them at captured files).
     #[command(flatten)]
     pub roots: RootArgs,

@@ -31,6 +31,10 @@ const PACKAGE: &[(&str, &str)] = &[
         "stallscope/_dist_ops.py",
         include_str!("../python/stallscope/_dist_ops.py"),
     ),
+    (
+        "stallscope/_stacks.py",
+        include_str!("../python/stallscope/_stacks.py"),
+    ),
 ];
 const SITECUSTOMIZE: &str = include_str!("../python/sitecustomize.py");
 

@@ -358,7 +358,8 @@ fn recorder_of(args: &RunArgs, writer: ProfileWriter, tui: bool) -> anyhow::Resu
         Box::new(StatusLine::for_stderr(args.quiet || tui)),
         args.iter_regex.is_some(),
     )
-    .with_feed(hub.clone());
+    .with_feed(hub.clone())
+    .with_hang_watch(args.hang_after.map(|s| (s * 1e9) as u64));
     Ok(Outlets {
         recorder,
         feed_socket,

@@ -9,6 +9,7 @@ pub mod feed_client;
 pub mod gpu_thread;
 pub mod recorder;
 pub mod shipping;
+pub mod stacks;
 pub mod sweep;
 
 #[cfg(test)]

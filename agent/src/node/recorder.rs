@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::frame::{Frame, ProcessInfo, Role, RunEnd, RunHeader, SourceStatus};
+use stallscope_analysis::hang::{self, HangEvent, HangWatch};
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::journal::{Breakdowns, FrameSink, Journal};
 use stallscope_analysis::marker::{Marker, MarkerEvent};
@@ -109,6 +110,8 @@ pub struct Recorder {
     /// Called after every attribution round with the timeline and the new breakdowns (the
     /// agent ships them from here).
     tap: Option<Tap>,
+    /// Declares hangs (`stallscope run`); none on an agent.
+    hang_watch: Option<HangWatch>,
 }
 
 /// See [`Recorder::with_tap`].
@@ -140,7 +143,15 @@ impl Recorder {
             loops: LoopPids::default(),
             loops_seen: BTreeSet::new(),
             tap: None,
+            hang_watch: None,
         }
+    }
+
+    /// Watches for a hang every attribution round: one is declared after `after_ns` without an
+    /// iteration (`None`: the default threshold, see [`HangWatch::new`]).
+    pub fn with_hang_watch(mut self, after_ns: Option<u64>) -> Recorder {
+        self.hang_watch = Some(HangWatch::new(after_ns));
+        self
     }
 
     /// Publishes the live model to `feed` (at most every 100 ms, only while it has
@@ -285,8 +296,12 @@ impl Recorder {
             let ms = std::mem::take(&mut self.pending_markers);
             self.emit(Frame::Markers(ms));
         }
-        let new = self.journal.attribute(monotonic_ns(), finishing);
+        let now = monotonic_ns();
+        let new = self.journal.attribute(now, finishing);
         self.say_write_failure();
+        if !finishing {
+            self.watch_for_hang(now);
+        }
         if let Some(tap) = self.tap.as_mut() {
             tap(self.journal.timeline(), self.journal.view(), &new);
         }
@@ -295,6 +310,37 @@ impl Recorder {
             feed.publish(self.journal.view(), update);
         }
         self.journal.prune();
+    }
+
+    /// Declares a hang, with the loops' stacks, or its end: on stderr and as a frame (the
+    /// summary's `hangs`). Fetching the stacks holds this thread up to a second, once per hang.
+    fn watch_for_hang(&mut self, now: u64) {
+        let Some(watch) = self.hang_watch.as_mut() else {
+            return;
+        };
+        let job = self.journal.timeline();
+        let started = job.header.as_ref().map_or(0, |h| h.started_mono_ns);
+        match watch.check(&job.node.markers, &job.node.exited, now, started) {
+            Some(HangEvent::Declared(mut report)) => {
+                report.stacks = super::stacks::fetch(&job.node.markers, &report.ranks);
+                self.status.say(&hang::describe(&report));
+                self.emit(Frame::Hang(Box::new(report)));
+            }
+            Some(HangEvent::Resumed {
+                at_seconds,
+                after_seconds,
+            }) => {
+                self.status.say(&format!(
+                    "stallscope: the job resumed: a rank finished an iteration {after_seconds:.0} s after the hang was declared"
+                ));
+                let known = job.hangs.iter().find(|h| h.at_seconds == at_seconds);
+                if let Some(mut report) = known.cloned() {
+                    report.resumed_after_seconds = Some(after_seconds);
+                    self.emit(Frame::Hang(Box::new(report)));
+                }
+            }
+            None => {}
+        }
     }
 
     /// Runs until `Event::Finish` arrives on `rx` (or until every sender is gone), taking the

@@ -47,6 +47,8 @@ pub struct JobTimeline {
     pub summary: JobTotals,
     /// When the node's iterations may be attributed.
     pub readiness: Readiness,
+    /// The hangs declared, in order (a resumed one updated in place).
+    pub hangs: Vec<crate::hang::HangReport>,
 }
 
 impl JobTimeline {
@@ -77,6 +79,10 @@ impl JobTimeline {
                 }
             }
             Frame::NodeHealth(h) => self.nodes.health(h),
+            Frame::Hang(h) => match self.hangs.iter_mut().find(|k| k.at_seconds == h.at_seconds) {
+                Some(known) => known.clone_from(h),
+                None => self.hangs.push((**h).clone()),
+            },
             _ => self.node.ingest(frame),
         }
     }

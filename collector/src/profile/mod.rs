@@ -370,8 +370,36 @@ fn every_variant() -> Vec<Frame> {
             value: 4210,
         }],
     }));
+    frames.push(Frame::Hang(Box::new(
+        stallscope_analysis::hang::HangReport {
+            at_seconds: 75.5,
+            stalled_seconds: 61.0,
+            last_iteration: Some(11),
+            collective: Some(stallscope_analysis::hang::Collective {
+                op: "all_reduce".into(),
+                group: 0,
+                seq: 12,
+            }),
+            waiting_ranks: vec![0],
+            missing_ranks: vec![1],
+            ranks: vec![stallscope_analysis::hang::RankAtHang {
+                rank: 1,
+                pid: 4243,
+                last_iteration: Some(11),
+                state: "compute_or_unknown".into(),
+                collective: None,
+                has_hook: true,
+            }],
+            stacks: [(
+                "1".to_string(),
+                "Thread 0x1 (most recent call first):\n".to_string(),
+            )]
+            .into(),
+            resumed_after_seconds: None,
+        },
+    )));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 20];
+    let mut seen = [false; 21];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -394,6 +422,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeMeta(_) => 17,
             Frame::NodeCounters(_) => 18,
             Frame::NodeRdma(_) => 19,
+            Frame::Hang(_) => 20,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them.
             Frame::SampleRun(_) => unreachable!("not a frame callers write"),

@@ -211,19 +211,25 @@ def _op_span(name, begin_ns, end_ns, op, group, seq, nbytes, peer=None):
     """Sends phase ``name`` from ``begin_ns`` to ``end_ns`` as one communication operation:
     ``op`` (a function name), ``group`` (a small id), ``seq``, ``nbytes`` and, for a send or
     receive, ``peer`` (global rank). See ``_dist_ops``."""
+    if _op_begin(name, begin_ns, op, group, seq, nbytes, peer):
+        end(name, end_ns)
+
+
+def _op_begin(name, begin_ns, op, group, seq, nbytes, peer=None):
+    """Sends the begin of phase ``name`` as one communication operation (see ``_op_span``);
+    whether it was sent, so that its end is sent only then."""
     if _sock is None:
-        return
+        return False
     begin_tail = _tail(b"B", name)
-    end_tail = _tail(b"E", name)
-    if begin_tail is None or end_tail is None:
+    if begin_tail is None or _tail(b"E", name) is None:
         _count_drop(2)
-        return
+        return False
     fields = b" op=%s g=%d n=%d b=%d" % (
         _clean(op, _NAME_CHARS, _MAX_NAME), int(group), int(seq), int(nbytes))
     if peer is not None:
         fields += b" p=%d" % int(peer)
     _send(begin_tail + fields, begin_ns)
-    _send(end_tail, end_ns)
+    return True
 
 
 class _Phase:

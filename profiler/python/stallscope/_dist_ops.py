@@ -13,13 +13,17 @@ rank for a send or receive. Each group's size and global ranks go once as meta
 one, as ``group_dim.<id>=<name>`` (``tp``, ``dp``, as the mesh's ``mesh_dim_names`` say). The analysis matches the operation across ranks by that
 identity.
 
-Both events are sent when the operation has completed, with the time it was called as the
-begin: a blocking call when it returns, an asynchronous one (``isend``, ``async_op=True``) when
-its ``Work.wait()`` returns (one never waited for is never marked). So overlapping operations
-never interleave their events, and a receive from any source names the sender it got.
+A blocking call sends its ``B`` event as it is entered and its ``E`` as it returns (or
+raises: the time until the failure was spent in it, and its number is taken), so a rank stuck
+inside a collective is seen to be in it while it blocks: the hang report reads that open span.
+An asynchronous one (``isend``, ``async_op=True``, ``batch_isend_irecv``) sends both events
+when its ``Work.wait()`` returns, with the time it was called as the begin (one never waited
+for is never marked), and so does a receive from any source, to name the sender it got. So
+overlapping operations of one thread never interleave their events.
 
 Transparent: the wrapper returns what the function returned and lets its exceptions through
-(a failed operation is not marked); calls made inside another marked operation, inside DDP's
+(an asynchronous operation that fails is not marked); calls made inside another marked
+operation, inside DDP's
 gradient communication (marked by the DDP hook as its exposed part) or DDP's buffer broadcast
 are not marked again (``quiet``). Only the functions the running torch has are wrapped, under
 both ``torch.distributed.X`` and ``torch.distributed.distributed_c10d.X``.
@@ -54,6 +58,8 @@ COLLECTIVES = (
 REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base")
 SENDS = ("send", "isend")
 RECEIVES = ("recv", "irecv")
+# Operations that return works: their end is their last work's wait.
+ASYNCHRONOUS = ("isend", "irecv", "batch_isend_irecv")
 
 # Next number per (group id, op) for collectives, per (peer, "send"|"recv") for P2P.
 _numbers = {}
@@ -106,21 +112,40 @@ def _wrap(torch, dist, c10d, name):
         if getattr(_local, "depth", 0):
             return original(*args, **kwargs)
         start = _monotonic_ns()
+        entered = _entered(torch, c10d, name, signature, args, kwargs, start)
         _local.depth = 1
         try:
             result = original(*args, **kwargs)
         finally:
             _local.depth = 0
-        try:
-            _completed(torch, c10d, name, signature, args, kwargs, start, result)
-        except Exception:
-            pass
+            if entered:
+                stallscope.end("comm")
+        if not entered:
+            try:
+                _completed(torch, c10d, name, signature, args, kwargs, start, result)
+            except Exception:
+                pass
         return result
 
     wrapper._stallscope = True
     if getattr(dist, name, None) is original:
         setattr(dist, name, wrapper)
     setattr(c10d, name, wrapper)
+
+
+def _entered(torch, c10d, name, signature, args, kwargs, start):
+    """Sends the begin of a blocking operation whose identity is known before it runs; whether
+    it did (then its end is sent as it returns). Never raises."""
+    try:
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        if name in ASYNCHRONOUS or bound.get("async_op"):
+            return False
+        if name in RECEIVES and bound.get("src") is None and bound.get("group_src") is None:
+            return False  # from any source: the sender is known once it returns
+        record = _identify(torch, c10d, name, bound, None, start)
+        return record is not None and stallscope._op_begin("comm", *record)
+    except Exception:
+        return False
 
 
 def _completed(torch, c10d, name, signature, args, kwargs, start, result):

@@ -16,7 +16,8 @@ training script sends the markers stallscope attributes iterations with:
   start of ``forward()``, where rank 0 waits for late peers;
 * ``comm`` with ``op=``: every ``torch.distributed`` collective and send/receive the program
   calls itself, with its identity (``_dist_ops``);
-* ``M``: facts the analysis needs (framework, world size, loader workers, loader processes).
+* ``M``: facts the analysis needs (framework, world size, loader workers, loader processes),
+  and where this process dumps its Python stacks on request (``_stacks``).
 
 Everything here is best effort: a patch that does not apply to the installed torch is skipped,
 and a patched function behaves exactly like the original apart from the markers (its result and
@@ -32,7 +33,7 @@ import time
 import weakref
 
 import stallscope
-from stallscope import _comm_release, _cuda_timing, _dist_ops, _experiment
+from stallscope import _comm_release, _cuda_timing, _dist_ops, _experiment, _stacks
 
 _monotonic_ns = time.monotonic_ns
 _installed = False
@@ -113,6 +114,7 @@ def install():
         )
     except Exception:
         pass
+    _stacks.install()  # after the framework meta, which a reader takes as the first
 
 
 def _role():

@@ -262,8 +262,6 @@ DESTROY_RIGHT_AFTER_BACKWARD = """
 """
 
 
-# Every operation a program calls itself, on two ranks over gloo; DDP's own communication
-# (its comm hook's all-reduce) and a failing call are not marked.
 # A model compiled with torch.compile's default backend (inductor: on the CPU it compiles C++
 # with the machine's compiler, tens of seconds cold, cached after), trained without DDP.
 COMPILED = """
@@ -306,6 +304,8 @@ MESH_OPS = """
     print("done")
 """
 
+# Every operation a program calls itself, on two ranks over gloo; DDP's own communication
+# (its comm hook's all-reduce) is not marked; a blocking call that fails is, up to its failure.
 DIST_OPS = """
     import os
     import torch
@@ -534,9 +534,10 @@ class TorchHookTest(unittest.TestCase):
                 + batch
                 + [
                     ("all_reduce", "1", "0", "1024", None),
+                    ("all_reduce", "0", "3", "0", None),  # refused: entered all the same
                     ("barrier", "0", "0", "0", None),
                 ],
-                "rank {}: DDP's all-reduces and the refused send are not marked".format(rank),
+                "rank {}: DDP's all-reduces are not marked".format(rank),
             )
             # DDP's exposed communication is still its own unnamed span, one per backward.
             self.assertEqual(len(pairs) - len(named), 2, pairs)

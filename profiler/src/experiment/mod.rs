@@ -395,6 +395,7 @@ fn run_config(
         quiet: args.quiet,
         tui: false,
         job: None,
+        hang_after: None,
         roots: crate::cli::RootArgs::live(),
         command: launch_command(args, &layout)?,
     };

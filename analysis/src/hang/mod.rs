@@ -1,0 +1,348 @@
+//! Hang detection: when no rank of the job finishes an iteration for a while, say where each
+//! rank stands.
+//!
+//! A distributed job whose ranks wait for one that never arrives makes no progress and no
+//! error: each rank sits in a collective, or one in its data loading, until a timeout of tens
+//! of minutes. The hook marks a blocking collective as it is entered, so a rank stuck in one
+//! has that `comm` span open with its identity (group, op, seq); a rank waiting for a batch
+//! has its `data` span open. [`HangWatch::check`], called every attribution round with the
+//! job's monotonic clock, declares one hang per stall once no loop has stepped for the
+//! threshold ([`HangWatch::threshold_ns`]) and reports its recovery when steps resume. No hang
+//! is declared before the first iteration of any rank: start-up (imports, data sets, rendezvous)
+//! may take any time. The stacks are the recorder's to fetch (it signals the processes); this
+//! stays pure.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::loops::MarkerLog;
+use crate::marker::phase;
+use crate::Nanos;
+
+/// ns without an iteration before a hang, at the least (and before the median is known).
+pub const MIN_HANG_NS: Nanos = 60_000_000_000;
+/// A hang is this many median iterations without one, when that is longer than
+/// [`MIN_HANG_NS`].
+pub const MEDIANS_PER_HANG: u64 = 20;
+/// Iteration durations kept for the median (the latest).
+const DURATIONS_KEPT: usize = 999;
+
+/// A collective (or point-to-point operation) by its identity, the same on every rank.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Collective {
+    /// The operation: `all_reduce`, `broadcast`, `send`, …
+    pub op: String,
+    /// Small id of its process group (0: the default group).
+    pub group: u32,
+    /// Its number, from 0, per (group, op).
+    pub seq: u64,
+}
+
+/// Where one rank stood when the hang was declared.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankAtHang {
+    /// Global rank.
+    pub rank: u32,
+    /// Process id.
+    pub pid: u32,
+    /// Its last finished iteration.
+    pub last_iteration: Option<u64>,
+    /// `collective` (inside `collective`), `data_loading` (waiting for a batch) or
+    /// `compute_or_unknown` (neither is open: computing, or in code the hook does not mark).
+    pub state: String,
+    /// The collective it is inside, when `state` is `collective`.
+    pub collective: Option<Collective>,
+    /// Whether its process has the hook's stack dump (`stacks=` meta).
+    pub has_hook: bool,
+}
+
+/// One declared hang.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HangReport {
+    /// s from the run's start to the declaration.
+    pub at_seconds: f64,
+    /// s without any finished iteration when declared.
+    pub stalled_seconds: f64,
+    /// The last iteration any rank finished.
+    pub last_iteration: Option<u64>,
+    /// The collective entered last: the highest (group, seq) any rank is inside.
+    pub collective: Option<Collective>,
+    /// Ranks inside `collective`.
+    pub waiting_ranks: Vec<u32>,
+    /// Ranks of `collective`'s group that are not inside it.
+    pub missing_ranks: Vec<u32>,
+    /// Every rank, by rank.
+    pub ranks: Vec<RankAtHang>,
+    /// Every thread's Python stack, by rank (as text), for the ranks whose hook answered.
+    pub stacks: BTreeMap<String, String>,
+    /// s from the declaration until a rank finished an iteration again; `None` while hung.
+    pub resumed_after_seconds: Option<f64>,
+}
+
+/// What one check found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HangEvent {
+    /// A new hang (its stacks still to fetch).
+    Declared(HangReport),
+    /// Iterations resumed after the hang declared at `at_seconds`.
+    Resumed {
+        /// The hang's `at_seconds`.
+        at_seconds: f64,
+        /// s from its declaration to the first iteration after it.
+        after_seconds: f64,
+    },
+}
+
+/// Watches the loops' steps for a stall; see the module docs.
+#[derive(Debug, Default)]
+pub struct HangWatch {
+    /// ns without an iteration that make a hang (`--hang-after`); `None`: the default.
+    fixed_ns: Option<Nanos>,
+    /// The latest iteration durations, ns.
+    durations: VecDeque<Nanos>,
+    /// Latest iteration seen per loop pid.
+    seen: BTreeMap<u32, u64>,
+    /// ns of the latest step of any loop.
+    last_step_ns: Option<Nanos>,
+    /// The hang declared and not resumed: its `at_seconds`, ns of its declaration and of the
+    /// last step before it.
+    hung: Option<(f64, Nanos, Nanos)>,
+}
+
+impl HangWatch {
+    /// A watch declaring a hang after `after_ns` without an iteration; `None`: after
+    /// max([`MIN_HANG_NS`], [`MEDIANS_PER_HANG`] × the median iteration).
+    pub fn new(after_ns: Option<Nanos>) -> HangWatch {
+        HangWatch {
+            fixed_ns: after_ns,
+            ..HangWatch::default()
+        }
+    }
+
+    /// ns without an iteration that make a hang now.
+    pub fn threshold_ns(&self) -> Nanos {
+        if let Some(ns) = self.fixed_ns {
+            return ns;
+        }
+        let mut sorted: Vec<Nanos> = self.durations.iter().copied().collect();
+        sorted.sort_unstable();
+        let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
+        MIN_HANG_NS.max(median.saturating_mul(MEDIANS_PER_HANG))
+    }
+
+    /// Takes the steps in `markers` and, at `now` (ns, the job's monotonic clock; the run
+    /// started at `started_ns`), says whether a hang begins or ends. `exited`: pids gone.
+    pub fn check(
+        &mut self,
+        markers: &MarkerLog,
+        exited: &BTreeMap<u32, Nanos>,
+        now: Nanos,
+        started_ns: Nanos,
+    ) -> Option<HangEvent> {
+        self.take_steps(markers);
+        let last = self.last_step_ns?;
+        let secs = |ns: Nanos| ns as f64 / 1e9;
+        if let Some((at_seconds, declared_ns, step_before)) = self.hung {
+            if last > step_before {
+                self.hung = None;
+                return Some(HangEvent::Resumed {
+                    at_seconds,
+                    after_seconds: secs(last.saturating_sub(declared_ns)),
+                });
+            }
+            return None;
+        }
+        let stalled = now.saturating_sub(last);
+        let live_loops = markers
+            .procs
+            .values()
+            .any(|p| p.is_loop() && !exited.contains_key(&p.pid));
+        if stalled < self.threshold_ns() || !live_loops {
+            return None;
+        }
+        let mut report = where_ranks_stand(markers, exited);
+        report.at_seconds = secs(now.saturating_sub(started_ns));
+        report.stalled_seconds = secs(stalled);
+        self.hung = Some((report.at_seconds, now, last));
+        Some(HangEvent::Declared(report))
+    }
+
+    fn take_steps(&mut self, markers: &MarkerLog) {
+        for p in markers.procs.values().filter(|p| p.is_loop()) {
+            let Some((&latest, &at)) = p.steps.iter().next_back() else {
+                continue;
+            };
+            let from = self.seen.get(&p.pid).map_or(0, |s| s + 1);
+            for iter in from..=latest {
+                if let Some((a, b)) = p.iteration(iter) {
+                    if self.durations.len() == DURATIONS_KEPT {
+                        self.durations.pop_front();
+                    }
+                    self.durations.push_back(b - a);
+                }
+            }
+            self.seen.insert(p.pid, latest);
+            self.last_step_ns = Some(self.last_step_ns.map_or(at, |l| l.max(at)));
+        }
+    }
+}
+
+/// Each live loop's last iteration and open phase, the collective entered last, and who is in
+/// it and who is not.
+/// A loop that never said its rank is rank 0 when it is the only one.
+fn where_ranks_stand(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> HangReport {
+    let live = || {
+        markers
+            .procs
+            .values()
+            .filter(|p| p.is_loop() && !exited.contains_key(&p.pid))
+    };
+    let alone = live().count() == 1;
+    let mut ranks: Vec<RankAtHang> = live()
+        .filter_map(|p| {
+            let rank = p.rank.or(alone.then_some(0))?;
+            let open: Vec<_> = p.open_phases().collect();
+            let collective = open.iter().find_map(|(name, _, op)| {
+                op.filter(|_| *name == phase::COMM).map(|op| Collective {
+                    op: op.op.clone(),
+                    group: op.group,
+                    seq: op.seq,
+                })
+            });
+            let loading = open.iter().any(|(name, _, _)| *name == phase::DATA);
+            let state = match (&collective, loading) {
+                (Some(_), _) => "collective",
+                (None, true) => "data_loading",
+                (None, false) => "compute_or_unknown",
+            };
+            Some(RankAtHang {
+                rank,
+                pid: p.pid,
+                last_iteration: p.steps.keys().next_back().copied(),
+                state: state.to_string(),
+                collective,
+                has_hook: p.meta.contains_key("stacks"),
+            })
+        })
+        .collect();
+    ranks.sort_by_key(|r| r.rank);
+    let collective = ranks
+        .iter()
+        .filter_map(|r| r.collective.clone())
+        .max_by(|a, b| (a.group, a.seq).cmp(&(b.group, b.seq)));
+    let mut report = HangReport {
+        last_iteration: ranks.iter().filter_map(|r| r.last_iteration).max(),
+        ..HangReport::default()
+    };
+    if let Some(c) = &collective {
+        report.waiting_ranks = ranks
+            .iter()
+            .filter(|r| r.collective.as_ref() == Some(c))
+            .map(|r| r.rank)
+            .collect();
+        report.missing_ranks = group_ranks(markers, c.group, &ranks)
+            .into_iter()
+            .filter(|r| !report.waiting_ranks.contains(r))
+            .collect();
+    }
+    report.collective = collective;
+    report.ranks = ranks;
+    report
+}
+
+/// The global ranks of group `group`, from any process's `group.<id>=<size>/<r0:r1:…>` meta;
+/// without one, every rank of the job (by `world_size`) for the default group, or the ranks
+/// seen.
+fn group_ranks(markers: &MarkerLog, group: u32, seen: &[RankAtHang]) -> BTreeSet<u32> {
+    let key = format!("group.{group}");
+    let said = markers.procs.values().find_map(|p| {
+        let (_, list) = p.meta.get(&key)?.split_once('/')?;
+        list.split(':')
+            .map(|r| r.parse::<u32>().ok())
+            .collect::<Option<BTreeSet<u32>>>()
+    });
+    if let Some(ranks) = said {
+        return ranks;
+    }
+    let world = markers
+        .procs
+        .values()
+        .filter_map(|p| p.info().world_size)
+        .max();
+    match world {
+        Some(n) if group == 0 => (0..n).collect(),
+        _ => seen.iter().map(|r| r.rank).collect(),
+    }
+}
+
+impl Collective {
+    /// `all_reduce #12 of group 0`.
+    pub fn describe(&self) -> String {
+        format!("{} #{} of group {}", self.op, self.seq, self.group)
+    }
+}
+
+/// The hang in words, for stderr: who never arrived where, where each rank stands, and each
+/// rank's stacks.
+pub fn describe(report: &HangReport) -> String {
+    let list = |ranks: &[u32]| {
+        let names: Vec<String> = ranks.iter().map(u32::to_string).collect();
+        let s = if ranks.len() == 1 { "" } else { "s" };
+        format!("rank{s} {}", names.join(", "))
+    };
+    let mut out = format!(
+        "stallscope: the job hangs: no rank finished an iteration for {:.0} s",
+        report.stalled_seconds
+    );
+    if let Some(i) = report.last_iteration {
+        out += &format!(" (the last: iteration {i})");
+    }
+    if let Some(c) = &report.collective {
+        if !report.missing_ranks.is_empty() {
+            out += &format!(
+                "; {} never arrived at {}",
+                list(&report.missing_ranks),
+                c.describe()
+            );
+            if !report.waiting_ranks.is_empty() {
+                let verb = if report.waiting_ranks.len() == 1 {
+                    "waits"
+                } else {
+                    "wait"
+                };
+                out += &format!(" ({} {verb} in it)", list(&report.waiting_ranks));
+            }
+        } else {
+            out += &format!("; every rank waits in {}", c.describe());
+        }
+    }
+    out += ". The job goes on; stallscope does not stop it.";
+    for r in &report.ranks {
+        let at = match (&r.collective, r.state.as_str()) {
+            (Some(c), _) => format!("inside {}", c.describe()),
+            (None, "data_loading") => "stuck in data loading (waiting for a batch)".to_string(),
+            _ => "in compute or code the hook does not mark".to_string(),
+        };
+        let last = r
+            .last_iteration
+            .map_or_else(|| "none".to_string(), |i| i.to_string());
+        out += &format!(
+            "\n  rank {} (pid {}): {at}; last iteration {last}",
+            r.rank, r.pid
+        );
+        if !r.has_hook {
+            out += "; no stallscope hook in it, so no stacks";
+        }
+    }
+    for (rank, text) in &report.stacks {
+        out += &format!("\n  rank {rank}'s Python stacks:");
+        for line in text.lines() {
+            out += &format!("\n    {line}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
