@@ -174,7 +174,14 @@ impl HangWatch {
                 continue;
             };
             let from = self.seen.get(&p.pid).map_or(0, |s| s + 1);
-            for iter in from..=latest {
+            // Only the steps the loop sent, never every number in between: a step numbered
+            // 10^14 (`--iter-regex` on a token counter) took this walk for days (issue 30).
+            let sent: Vec<u64> = if from <= latest {
+                p.steps.range(from..=latest).map(|(i, _)| *i).collect()
+            } else {
+                Vec::new()
+            };
+            for iter in sent {
                 if let Some((a, b)) = p.iteration(iter) {
                     if self.durations.len() == DURATIONS_KEPT {
                         self.durations.pop_front();
