@@ -175,3 +175,19 @@ fn the_words_name_who_never_arrived_and_who_waits() {
     );
     assert!(text.contains("rank 1's Python stacks:\n      File \"t.py\", line 3 in stuck_in_here"));
 }
+
+/// Issue 30, item 1, again: a step numbered 10^14 (a token counter taken for the iteration)
+/// is reached in one jump, and the checks after it find nothing new to read.
+#[test]
+fn a_step_with_a_huge_number_is_read_in_one_jump() {
+    let mut job = Job::new(3);
+    for pid in [100, 101] {
+        job.iter.insert(pid, 100_000_000_000_000);
+        job.send(pid, 5 * S, "S iter");
+    }
+    let mut watch = HangWatch::new(Some(5 * S));
+    let started = std::time::Instant::now();
+    assert_eq!(job.check(&mut watch, 6 * S), None);
+    assert_eq!(job.check(&mut watch, 7 * S), None, "nothing new: no walk");
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+}
