@@ -65,26 +65,8 @@ fn the_all_gathers_and_reduce_scatters_are_listed_with_their_bytes() {
     }
     const ITERS: u64 = 12;
     let dir = tempfile::tempdir().unwrap();
-    let summary = dir.path().join("s.json");
-    let bin = env!("CARGO_BIN_EXE_stallscope");
-    let out = run_ok(
-        stallscope()
-            .args(["run", "-q", "-o"])
-            .arg(dir.path().join("p.stallscope"))
-            .arg("--summary-json")
-            .arg(&summary)
-            .args([
-                "--",
-                bin,
-                "launch",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-            ])
-            .args(["29593", "--", &python(), &fsdp_example()])
-            .args(["--iters", &ITERS.to_string()]),
-    );
-    let s = read_json(&summary);
+    let iters = ITERS.to_string();
+    let (out, s) = run_two_launched_ranks(dir.path(), 29593, &fsdp_example(), &["--iters", &iters]);
     let log = String::from_utf8_lossy(&out.stdout);
     assert!(log.contains("fsdp2: 12 iterations"), "{log}");
     assert!(log.contains("263168 parameters"), "{log}");

@@ -21,27 +21,20 @@ fn the_lighter_stage_waits_for_the_heavier_one() {
     }
     const ITERS: u64 = 12;
     let dir = tempfile::tempdir().unwrap();
-    let summary = dir.path().join("s.json");
-    let bin = env!("CARGO_BIN_EXE_stallscope");
-    let out = run_ok(
-        stallscope()
-            .args(["run", "-q", "-o"])
-            .arg(dir.path().join("p.stallscope"))
-            .arg("--summary-json")
-            .arg(&summary)
-            .args([
-                "--",
-                bin,
-                "launch",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-            ])
-            .args(["29583", "--", &python(), &pipeline_example()])
-            .args(["--iters", &ITERS.to_string(), "--micro-batches", "4"])
-            .args(["--stage-work-ms", "10,30"]),
+    let iters = ITERS.to_string();
+    let (out, s) = run_two_launched_ranks(
+        dir.path(),
+        29583,
+        &pipeline_example(),
+        &[
+            "--iters",
+            &iters,
+            "--micro-batches",
+            "4",
+            "--stage-work-ms",
+            "10,30",
+        ],
     );
-    let s = read_json(&summary);
     let log = String::from_utf8_lossy(&out.stdout);
     assert!(log.contains("pipeline: 12 iterations"), "{log}");
     let ranks = s["ranks"].as_array().unwrap();

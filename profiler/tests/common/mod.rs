@@ -543,3 +543,28 @@ impl Drop for Reaped {
         let _ = self.0.wait();
     }
 }
+
+/// `stallscope run -q` around `stallscope launch --nproc-per-node 2` of `python()` running
+/// `script` with `args`, the launcher on `master_port`, writing its profile and summary in
+/// `dir`: the command's output (successful) and the summary JSON.
+pub fn run_two_launched_ranks(
+    dir: &Path,
+    master_port: u16,
+    script: &str,
+    args: &[&str],
+) -> (Output, Value) {
+    let summary = dir.join("s.json");
+    let port = master_port.to_string();
+    let out = run_ok(
+        stallscope()
+            .args(["run", "-q", "-o"])
+            .arg(dir.join("p.stallscope"))
+            .arg("--summary-json")
+            .arg(&summary)
+            .args(["--", env!("CARGO_BIN_EXE_stallscope"), "launch"])
+            .args(["--nproc-per-node", "2", "--master-port", &port])
+            .args(["--", &python(), script])
+            .args(args),
+    );
+    (out, read_json(&summary))
+}
