@@ -37,6 +37,7 @@ pub mod sample_run;
 pub mod series;
 pub mod summary;
 pub mod timeline;
+pub mod trace;
 pub mod view;
 pub mod wire;
 

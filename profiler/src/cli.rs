@@ -20,6 +20,11 @@ pub enum Command {
     /// Print the summary of a profile written by `stallscope run`, `stallscope collector`
     /// or `stallscope experiment`.
     Summary(SummaryArgs),
+    /// Export a profile (a run's or a job's) as a trace for ui.perfetto.dev or
+    /// chrome://tracing (Trace Event Format JSON): per node a process, per rank its
+    /// iterations, phases and collectives and its categories, the resources as counters,
+    /// hangs as instants, all nodes on one clock.
+    Trace(TraceArgs),
     /// Attach to the live feed of a running `stallscope run`, agent or collector on this node,
     /// or to a collector's HOST:PORT, and print its live model (the status line, or every
     /// message as JSON with --json).
@@ -247,12 +252,29 @@ pub struct RunArgs {
     /// stands and its Python stacks, on stderr and in the summary. The job is not stopped.
     #[arg(long, value_name = "SECONDS", value_parser = seconds_up_to_a_day)]
     pub hang_after: Option<f64>,
+    /// The flight recorder: when a hang is declared, the trace of the run's last SECONDS is
+    /// written beside the profile (PROFILE.hang-<at>.trace.json, see `stallscope trace`);
+    /// 0: never.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0, value_parser = seconds_up_to_a_day)]
+    pub flight_recorder: f64,
     /// Where /proc and /sys are (hidden; tests point them at captured files).
     #[command(flatten)]
     pub roots: RootArgs,
     /// The training command and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The profile.
+    pub profile: PathBuf,
+    /// The trace file to write (JSON; `.pftrace` is not written).
+    #[arg(short = 'o', long = "output")]
+    pub output: PathBuf,
+    /// Only the last SECONDS of the profile (what ends in them).
+    #[arg(long, value_name = "SECONDS")]
+    pub last: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -25,6 +25,7 @@ mod run;
 mod summary_cmd;
 mod terminal;
 mod top;
+mod trace_cmd;
 
 use clap::Parser;
 
@@ -34,6 +35,7 @@ fn main() {
     let result = match cli.command {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Summary(args) => summary_cmd::summary(args),
+        cli::Command::Trace(args) => trace_cmd::trace(args),
         cli::Command::Feed(args) => feed_cmd::feed(args),
         cli::Command::Top(args) => top::top(args),
         cli::Command::Experiment(args) => experiment::experiment(args),

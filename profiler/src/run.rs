@@ -221,7 +221,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         feed_socket,
         metrics: _metrics,
         hub,
-    } = recorder_of(args, writer, tui_log.is_some())?;
+    } = recorder_of(args, writer, tui_log.is_some(), &profile_path)?;
     let mut job = match tui_log {
         Some(_) => Job::spawn_keeping_terminal(command),
         None => Job::spawn(command),
@@ -342,7 +342,12 @@ struct Outlets {
 /// The run's recorder, writing to `writer`, drawing the status line (unless `tui`: the
 /// dashboard takes its place), publishing its model on the run's feed socket and, with
 /// `--metrics`, on `/metrics`.
-fn recorder_of(args: &RunArgs, writer: ProfileWriter, tui: bool) -> anyhow::Result<Outlets> {
+fn recorder_of(
+    args: &RunArgs,
+    writer: ProfileWriter,
+    tui: bool,
+    profile: &std::path::Path,
+) -> anyhow::Result<Outlets> {
     let header = header(args);
     let name = args
         .job
@@ -360,11 +365,48 @@ fn recorder_of(args: &RunArgs, writer: ProfileWriter, tui: bool) -> anyhow::Resu
     )
     .with_feed(hub.clone())
     .with_hang_watch(args.hang_after.map(|s| (s * 1e9) as u64));
+    let recorder = if args.flight_recorder > 0.0 {
+        recorder.with_flight_recorder(flight_recorder(profile, args.flight_recorder))
+    } else {
+        recorder
+    };
     Ok(Outlets {
         recorder,
         feed_socket,
         metrics,
         hub,
+    })
+}
+
+/// The flight recorder of a run writing `profile`: the trace of its last `seconds`, beside
+/// it, exported in a thread of its own (the recorder goes on attributing), and where it went
+/// said on stderr.
+fn flight_recorder(
+    profile: &std::path::Path,
+    seconds: f64,
+) -> stallscope_agent::node::recorder::FlightRecorder {
+    let profile = profile.to_path_buf();
+    let window_ns = (seconds * 1e9) as u64;
+    Box::new(move |what: &str, now: u64| {
+        let out = crate::trace_cmd::flight_record_path(&profile, what);
+        let profile = profile.clone();
+        let since = now.saturating_sub(window_ns);
+        let spawned = std::thread::Builder::new()
+            .name("flight-recorder".into())
+            .spawn(move || {
+                match crate::trace_cmd::write_recent_trace(&profile, since, &out) {
+                    Ok(s) => eprintln!(
+                        "stallscope: flight recorder: the last {seconds:.0} s ({} iterations of {} ranks) written to {}",
+                        s.iterations,
+                        s.ranks,
+                        out.display()
+                    ),
+                    Err(e) => eprintln!("stallscope: flight recorder: {e:#}"),
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("stallscope: flight recorder: cannot start its thread ({e})");
+        }
     })
 }
 

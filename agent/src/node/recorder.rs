@@ -112,7 +112,14 @@ pub struct Recorder {
     tap: Option<Tap>,
     /// Declares hangs (`stallscope run`); none on an agent.
     hang_watch: Option<HangWatch>,
+    /// Writes the recent trace when a hang is declared ([`Recorder::with_flight_recorder`]).
+    flight_recorder: Option<FlightRecorder>,
 }
+
+/// The flight recorder's hook: called, once the profile is flushed, with what happened
+/// (`hang-37s`, a file-name part) and ns now on the profile's clock. It must not block (it
+/// runs on the recorder's thread): `stallscope run` exports in a thread of its own.
+pub type FlightRecorder = Box<dyn FnMut(&str, u64) + Send>;
 
 /// See [`Recorder::with_tap`].
 pub type Tap = Box<dyn FnMut(&JobTimeline, &JobView, &[IterationBreakdown]) + Send>;
@@ -144,6 +151,7 @@ impl Recorder {
             loops_seen: BTreeSet::new(),
             tap: None,
             hang_watch: None,
+            flight_recorder: None,
         }
     }
 
@@ -152,6 +160,22 @@ impl Recorder {
     pub fn with_hang_watch(mut self, after_ns: Option<u64>) -> Recorder {
         self.hang_watch = Some(HangWatch::new(after_ns));
         self
+    }
+
+    /// Calls `hook` when a hang is declared (and wherever else the recent trace is wanted,
+    /// through [`Recorder::record_flight`]).
+    pub fn with_flight_recorder(mut self, hook: FlightRecorder) -> Recorder {
+        self.flight_recorder = Some(hook);
+        self
+    }
+
+    /// Flushes the profile and calls the flight recorder's hook with `what` (a file-name
+    /// part: `hang-37s`, `slowdown-rank1-iter30`) at `now` (ns, the profile's clock).
+    pub fn record_flight(&mut self, what: &str, now: u64) {
+        if let Some(hook) = self.flight_recorder.as_mut() {
+            self.journal.flush();
+            hook(what, now);
+        }
     }
 
     /// Publishes the live model to `feed` (at most every 100 ms, only while it has
@@ -324,7 +348,9 @@ impl Recorder {
             Some(HangEvent::Declared(mut report)) => {
                 report.stacks = super::stacks::fetch(&job.node.markers, &report.ranks);
                 self.status.say(&hang::describe(&report));
+                let what = format!("hang-{:.0}s", report.at_seconds);
                 self.emit(Frame::Hang(Box::new(report)));
+                self.record_flight(&what, now);
             }
             Some(HangEvent::Resumed {
                 at_seconds,
