@@ -6,11 +6,13 @@
 //! written as soon as it is known, so a profile of any length is exported in the journal's
 //! bounded memory. What the trace shows:
 //!
-//! - one process per node (`node NAME`), and per rank two threads: `rank N` holds the
-//!   iterations as slices with, nested inside, the phases the hook marked (`data`, `compute`,
-//!   `comm`, …) and the collectives by their identity (`all_reduce g0 #12`); `rank N
-//!   categories` holds, within each iteration's bounds, one slice per category as long as the
-//!   category's share (a stacked bar: the order is the report's, not when each happened);
+//! - one process per node (`node NAME`), and per rank four threads: `rank N` holds the
+//!   iterations as slices; `rank N categories` holds, within each iteration's bounds, one
+//!   slice per category as long as the category's share (a stacked bar: the order is the
+//!   report's, not when each happened); `rank N phases` holds the phases the hook marked
+//!   (`data`, `compute`, `comm`, …) and the collectives by their identity (`all_reduce g0
+//!   #12`); `rank N comm observed` the communication the agent saw. Slices on one thread must
+//!   nest, and phases straddle iteration boundaries, so iterations have a thread of their own;
 //! - the node's resources as counter tracks (CPU, run queue, GPU, disks, NICs, RDMA, PCIe,
 //!   NVLink, PSI);
 //! - hangs (and their end) as global instants.
@@ -66,6 +68,15 @@ pub struct TraceStats {
     /// Hangs marked.
     pub hangs: usize,
 }
+
+/// Threads per rank (see `Tracks::rank_track`).
+const RANK_THREADS: u32 = 4;
+/// A rank's categories thread, after its iterations thread.
+const CATEGORIES: u32 = 1;
+/// A rank's thread of the hook's phases and collectives.
+const PHASES: u32 = 2;
+/// A rank's thread of the communication the agent observed.
+const OBSERVED_COMM: u32 = 3;
 
 /// Writes the trace of `frames` (a profile's, in file order, one at a time) to `out`.
 /// `peaks`: the run's link peaks ([`crate::journal::link_peaks_of`], a first pass), so that the
@@ -209,26 +220,26 @@ impl<W: Write> Tracks<W> {
             .unwrap_or_else(|| self.own_node())
     }
 
-    /// (process, thread) of rank `rank`'s own track; its threads are named on first use.
+    /// (process, thread) of rank `rank`'s iterations track; its threads are named on first
+    /// use. Each rank has four threads, [`RANK_THREADS`] apart from the next rank's: its
+    /// iterations (`+0`), their categories (`+CATEGORIES`), the phases and collectives the hook
+    /// marked (`+PHASES`), and the communication the agent observed (`+OBSERVED_COMM`). They
+    /// are kept apart because slices on one thread must nest: a phase or an observed comm span
+    /// that straddles an iteration's boundary would make the viewer drop that iteration.
     fn rank_track(&mut self, rank: u32) -> io::Result<(u32, u32)> {
         let pid = self.node_pid(&self.node_of(rank))?;
-        let tid = rank.saturating_mul(2).saturating_add(1);
+        let tid = rank.saturating_mul(RANK_THREADS).saturating_add(1);
         if self.ranks.insert(rank) {
-            self.metadata(
-                "thread_name",
-                pid,
-                tid,
-                json!({ "name": format!("rank {rank}") }),
-            )?;
-            self.metadata("thread_sort_index", pid, tid, json!({ "sort_index": tid }))?;
-            let cats = format!("rank {rank} categories");
-            self.metadata("thread_name", pid, tid + 1, json!({ "name": cats }))?;
-            self.metadata(
-                "thread_sort_index",
-                pid,
-                tid + 1,
-                json!({ "sort_index": tid + 1 }),
-            )?;
+            for (offset, name) in [
+                (0, format!("rank {rank}")),
+                (CATEGORIES, format!("rank {rank} categories")),
+                (PHASES, format!("rank {rank} phases")),
+                (OBSERVED_COMM, format!("rank {rank} comm observed")),
+            ] {
+                let t = tid.saturating_add(offset);
+                self.metadata("thread_name", pid, t, json!({ "name": name }))?;
+                self.metadata("thread_sort_index", pid, t, json!({ "sort_index": t }))?;
+            }
         }
         Ok((pid, tid))
     }
@@ -299,7 +310,8 @@ impl<W: Write> Tracks<W> {
                     return Ok(());
                 }
                 self.comm_written.insert(rank, iter);
-                let track = self.rank_track(rank)?;
+                let (pid, tid) = self.rank_track(rank)?;
+                let track = (pid, tid + OBSERVED_COMM);
                 for span in &it.comm {
                     let begin = self.on_trace_clock(&it.node, span.begin);
                     let end = self.on_trace_clock(&it.node, span.end);
@@ -352,7 +364,8 @@ impl<W: Write> Tracks<W> {
                 let Some(rank) = m.rank.or_else(|| self.pid_ranks.get(&m.pid).copied()) else {
                     return Ok(());
                 };
-                let track = self.rank_track(rank)?;
+                let (pid, tid) = self.rank_track(rank)?;
+                let track = (pid, tid + PHASES);
                 let mut args = open.args;
                 if args.is_null() {
                     args = json!({});
@@ -405,7 +418,14 @@ impl<W: Write> Tracks<W> {
             }
             let args = json!({ "iteration": b.iter, "ms": ns as f64 / 1e6,
                 "share": ns as f64 / b.wall_ns().max(1) as f64 });
-            self.slice((pid, tid + 1), c.name(), "category", at, at + ns, args)?;
+            self.slice(
+                (pid, tid + CATEGORIES),
+                c.name(),
+                "category",
+                at,
+                at + ns,
+                args,
+            )?;
             at += ns;
         }
         Ok(())

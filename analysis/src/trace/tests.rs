@@ -87,6 +87,18 @@ fn each_rank_has_its_named_track_with_its_iterations_and_collectives() {
         .find(|e| e["name"] == "all_reduce g0 #7")
         .unwrap();
     assert!((c["dur"].as_f64().unwrap() - 30_000.0).abs() < 1e-6, "{c}");
+    // A rank's iterations thread holds its iterations only: nothing that could straddle an
+    // iteration's boundary, which a viewer would answer by dropping the iteration.
+    for it in &iterations {
+        let others = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == it["pid"] && e["tid"] == it["tid"])
+            .filter(|e| e["cat"] != "iteration")
+            .count();
+        assert_eq!(others, 0, "{it}");
+    }
     // Each iteration's category slices fill it exactly.
     for it in &iterations {
         let (pid, tid, i) = (
