@@ -70,12 +70,30 @@ fn ask(markers: &MarkerLog, r: &RankAtHang) -> Option<Asked> {
     }
     let from = std::fs::metadata(&path).ok()?.len();
     let pid = i32::try_from(r.pid).ok()?;
+    if !catches(r.pid, signal) {
+        // The handler is gone: Python unregisters faulthandler's signals when it shuts down,
+        // and the default action of a real-time signal would end the process.
+        return None;
+    }
     // SAFETY: kill(2) has no memory effects; the pid is a live loop that registered a handler.
     (unsafe { libc::kill(pid, signal) } == 0).then_some(Asked {
         rank: r.rank,
         path,
         from,
     })
+}
+
+/// Whether process `pid` has a handler for `signal` now: bit `signal - 1` of the `SigCgt`
+/// mask in `/proc/PID/status` (hex). Unknown (no such process, unreadable) is `false`.
+fn catches(pid: u32, signal: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| (1..=64).contains(&signal) && mask & (1 << (signal - 1)) != 0)
 }
 
 /// What `path` holds past `from`, at most [`STACKS_MAX_BYTES`]; `None` when nothing.
@@ -85,4 +103,25 @@ fn read_from(path: &Path, from: u64) -> Option<String> {
     let mut bytes = Vec::new();
     file.take(STACKS_MAX_BYTES).read_to_end(&mut bytes).ok()?;
     (!bytes.is_empty()).then(|| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_signalled_only_while_it_catches_the_signal() {
+        let me = std::process::id();
+        let signal = libc::SIGRTMIN() + 5;
+        // Nothing in the test harness handles this real-time signal: sending it would end us.
+        assert!(!catches(me, signal));
+        extern "C" fn nothing(_: libc::c_int) {}
+        // SAFETY: installs a handler that does nothing, for a signal nothing else uses here.
+        let old = unsafe { libc::signal(signal, nothing as libc::sighandler_t) };
+        assert!(catches(me, signal));
+        // SAFETY: puts back what was there.
+        unsafe { libc::signal(signal, old) };
+        assert!(!catches(me, signal));
+        assert!(!catches(u32::MAX, signal), "no such process");
+    }
 }
