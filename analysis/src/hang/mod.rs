@@ -157,7 +157,7 @@ impl HangWatch {
         let live_loops = markers
             .procs
             .values()
-            .any(|p| p.is_loop() && !exited.contains_key(&p.pid));
+            .any(|p| p.is_loop() && !has_ended(p, exited));
         if stalled < self.threshold_ns() || !live_loops {
             return None;
         }
@@ -195,6 +195,14 @@ impl HangWatch {
     }
 }
 
+/// Whether loop `p` is done: its process is gone, it destroyed its process group (meta
+/// `finished=1`, said by the hook's `destroy_process_group`), or it is exiting (meta `exit=1`,
+/// the hook's goodbye). A job tearing down after its last iteration is not hung, and a loop
+/// past its goodbye is not signalled for stacks.
+fn has_ended(p: &crate::loops::ProcessMarks, exited: &BTreeMap<u32, Nanos>) -> bool {
+    exited.contains_key(&p.pid) || p.info().finished
+}
+
 /// Each live loop's last iteration and open phase, the collective entered last, and who is in
 /// it and who is not.
 /// A loop that never said its rank is rank 0 when it is the only one.
@@ -203,7 +211,7 @@ fn where_ranks_stand(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Hang
         markers
             .procs
             .values()
-            .filter(|p| p.is_loop() && !exited.contains_key(&p.pid))
+            .filter(|p| p.is_loop() && !has_ended(p, exited))
     };
     let alone = live().count() == 1;
     let mut ranks: Vec<RankAtHang> = live()

@@ -191,3 +191,32 @@ fn a_step_with_a_huge_number_is_read_in_one_jump() {
     assert_eq!(job.check(&mut watch, 7 * S), None, "nothing new: no walk");
     assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
 }
+
+#[test]
+fn a_job_tearing_down_after_its_last_iteration_is_not_hung() {
+    let mut job = Job::new(11);
+    for pid in [100, 101] {
+        job.send(pid, 12 * S + 1, "M - finished=1");
+    }
+    let mut watch = HangWatch::new(Some(5 * S));
+    assert_eq!(
+        job.check(&mut watch, 60 * S),
+        None,
+        "both destroyed their group"
+    );
+}
+
+#[test]
+fn a_rank_still_in_its_loop_hangs_though_the_other_has_finished() {
+    let mut job = Job::new(11);
+    job.send(100, 12 * S + 1, "M - exit=1");
+    job.send(101, 12 * S + 2, "B comm op=all_reduce g=0 n=12 b=1024");
+    let mut watch = HangWatch::new(Some(5 * S));
+    let report = declared(job.check(&mut watch, 60 * S));
+    let ranks: Vec<u32> = report.ranks.iter().map(|r| r.rank).collect();
+    assert_eq!(
+        ranks,
+        [1],
+        "the finished rank is not asked for stacks: {report:?}"
+    );
+}
