@@ -618,6 +618,10 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
             x.node = node.to_string();
             Ok(Frame::NodeRdma(x))
         }
+        Frame::NodeFlows(mut f) => {
+            f.node = node.to_string();
+            Ok(Frame::NodeFlows(f))
+        }
         Frame::NodeMeta(mut m) => {
             // Only what the advisor reads, as the hook's wire format bounds it.
             m.node = node.to_string();
