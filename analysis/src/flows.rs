@@ -3,7 +3,7 @@
 //! A node's NIC counters cannot tell a gradient all-reduce from a checkpoint upload or another
 //! tenant's transfer. An agent's flow source (sock_diag: `agent/src/sources/flows.rs`) reads
 //! every TCP socket of its network namespace with its `tcp_info` and owner, classes each
-//! ([`FlowClass`]) and ships what changed about once a second ([`NodeFlows`], appended last to
+//! ([`FlowClass`]) and ships what changed every half second ([`NodeFlows`], appended last to
 //! the frames). The [`FlowLedger`] keeps each flow's totals for the summary
 //! ([`FlowSummary`]: the largest flows, the rest summed per class), and when each flow that is
 //! not the job's moved bytes, in a few merged runs of time, so that the finding can say that
@@ -99,8 +99,13 @@ pub const LISTED_FLOWS: usize = 10;
 /// Runs of activity kept per flow (the oldest are dropped past it).
 const MAX_RUNS: usize = 64;
 
-/// ns: activity this close to a run's end extends it.
-const RUN_GAP_NS: Nanos = 3_000_000_000;
+/// ns: activity this close to a run's end extends it (consecutive reports of a flow that
+/// keeps moving meet exactly: each starts where the previous ended).
+const RUN_GAP_NS: Nanos = 0;
+
+/// Iterations with network waits kept per node (and rank) to meet flows that arrive after
+/// them: flows arrive about a second late, iterations last milliseconds or more.
+const MAX_WAITS: usize = 4096;
 
 /// Flows kept per node before the quietest are folded into their class's rest.
 const MAX_FLOWS: usize = 512;
@@ -160,12 +165,14 @@ struct FlowState {
 
 #[derive(Clone, Debug, Default)]
 struct NodeLedger {
+    /// ns, the latest [`NodeFlows::t_ns`].
+    t_ns: Nanos,
     flows: BTreeMap<(String, String), FlowState>,
     /// Flows folded out of `flows`, summed per class.
     folded: BTreeMap<FlowClass, FlowSummary>,
-    /// Merged runs `[from, to, first iteration, last iteration]` of this node's iterations
-    /// with network waits, kept to meet flow activity that arrives after them.
-    waits: VecDeque<(Nanos, Nanos, u64, u64)>,
+    /// This node's latest iterations with network waits, `[from, to]` (ns) and number, kept
+    /// to meet flow activity that arrives after them.
+    waits: VecDeque<(Nanos, Nanos, u64)>,
 }
 
 /// Every node's flows, as their [`NodeFlows`] arrived.
@@ -202,6 +209,7 @@ fn widen(range: &mut Option<(u64, u64)>, first: u64, last: u64) {
 
 impl NodeLedger {
     fn ingest(&mut self, f: &NodeFlows) {
+        self.t_ns = self.t_ns.max(f.t_ns);
         for s in &f.flows {
             let key = (s.local.clone(), s.remote.clone());
             let state = self.flows.entry(key).or_default();
@@ -209,9 +217,9 @@ impl NodeLedger {
             if moved && !s.loopback && s.class == Some(FlowClass::Other) {
                 push_run(&mut state.runs, f.since_ns.min(f.t_ns), f.t_ns);
                 let run = (f.since_ns.min(f.t_ns), f.t_ns);
-                for &(w0, w1, i0, i1) in &self.waits {
+                for &(w0, w1, i) in &self.waits {
                     if overlaps(run, (w0, w1)) {
-                        widen(&mut state.shared, i0, i1);
+                        widen(&mut state.shared, i, i);
                     }
                 }
             }
@@ -248,22 +256,10 @@ impl NodeLedger {
     /// Notes an iteration with network waits; flows already seen moving then share it.
     fn wait(&mut self, b: &IterationBreakdown) {
         let span = (b.start_ns, b.end_ns);
-        match self.waits.back_mut() {
-            Some(w) if span.0 <= w.1 + RUN_GAP_NS && b.iter >= w.3 => {
-                w.1 = w.1.max(span.1);
-                w.3 = b.iter;
-            }
-            Some(w) if overlaps(span, (w.0, w.1)) => {
-                w.2 = w.2.min(b.iter);
-                w.3 = w.3.max(b.iter);
-            }
-            _ => {
-                if self.waits.len() == MAX_RUNS {
-                    self.waits.pop_front();
-                }
-                self.waits.push_back((span.0, span.1, b.iter, b.iter));
-            }
+        if self.waits.len() == MAX_WAITS {
+            self.waits.pop_front();
         }
+        self.waits.push_back((span.0, span.1, b.iter));
         for s in self.flows.values_mut() {
             if s.runs.iter().any(|&r| overlaps(r, span)) {
                 widen(&mut s.shared, b.iter, b.iter);
@@ -320,6 +316,12 @@ impl FlowLedger {
         for b in done.iter().filter(|b| b.split.get(Category::Network) > 0) {
             ledger.wait(b);
         }
+    }
+
+    /// Node `node`'s flows as last read, and when (ns, its clock): what an agent forwards.
+    pub fn latest(&self, node: &str) -> Option<(Nanos, impl Iterator<Item = &FlowSample>)> {
+        let l = self.nodes.get(node)?;
+        Some((l.t_ns, l.flows.values().map(|s| &s.last)))
     }
 
     /// Whether any node reported flows.

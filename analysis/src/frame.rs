@@ -299,7 +299,7 @@ pub enum Frame {
     /// when iterations resume. Last, so that profiles written before it still read.
     Hang(Box<crate::hang::HangReport>),
     /// What changed about a node's TCP flows (bytes, retransmissions, class) since its last
-    /// one, from the flow source (sock_diag) about once a second. Last, so that profiles
+    /// one, from the flow source (sock_diag) every half second. Last, so that profiles
     /// written before it still read.
     NodeFlows(crate::flows::NodeFlows),
 }

@@ -16,7 +16,7 @@
 //!
 //! Read on the slow tier (every 100 ms), it records per class and link (`nic` or `loopback`)
 //! the bytes moved as counters (`flow.rx_bytes`, `flow.tx_bytes`, `flow.retransmits`): the
-//! attribution reads the job's collective bytes from them instead of the NIC's. About once a
+//! attribution reads the job's collective bytes from them instead of the NIC's. Every half
 //! second it hands the flows that moved to the sampler ([`FlowSource::take_flows`]), which
 //! sends them as one [`NodeFlows`].
 //!
@@ -45,16 +45,10 @@ use stallscope_analysis::Nanos;
 use super::{Registry, Roots, Source, SourceError, Tier, Watched};
 use crate::clock::monotonic_ns;
 
-/// bytes, counter: received on the node's TCP flows of one class (label `class`) and link
-/// (label `link`: `nic` or `loopback`).
-pub const FLOW_RX_BYTES: &str = "flow.rx_bytes";
-/// bytes, counter: sent (acknowledged) on them.
-pub const FLOW_TX_BYTES: &str = "flow.tx_bytes";
-/// segments, counter: retransmitted on the node's TCP flows of one class (label `class`).
-pub const FLOW_RETRANSMITS: &str = "flow.retransmits";
+pub use stallscope_analysis::series::names::{FLOW_RETRANSMITS, FLOW_RX_BYTES, FLOW_TX_BYTES};
 
 /// ns between two [`NodeFlows`] handed to the sampler.
-const SHIP_EVERY_NS: Nanos = 1_000_000_000;
+const SHIP_EVERY_NS: Nanos = 500_000_000;
 
 /// One socket as the dump gave it.
 #[derive(Clone, Debug, PartialEq)]
@@ -358,7 +352,7 @@ impl FlowSource {
         }
     }
 
-    /// The flows that moved since the last call, about once a second.
+    /// The flows that moved since the last call, every half second.
     pub fn take_flows(&mut self) -> Option<NodeFlows> {
         self.pending.take()
     }
@@ -382,7 +376,8 @@ impl FlowSource {
                     .or_insert_with(|| master_port(&self.roots, pid))
             });
             let class = classify(&holders, watched, port, s.local, s.remote);
-            let loopback = is_loopback(s.remote.ip());
+            // A connection to one of the node's own addresses stays on the node too.
+            let loopback = is_loopback(s.remote.ip()) || s.remote.ip() == s.local.ip();
             let now = (s.bytes_in, s.bytes_out, s.retransmits);
             let key = (s.local, s.remote);
             seen.insert(key);

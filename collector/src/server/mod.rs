@@ -769,7 +769,7 @@ mod tests {
         assert!(matches!(viewer, Ok(Peer::Viewer)), "{viewer:?}");
         let old = check(AgentMsg::Hello(hello(8, Role::Agent)));
         assert!(
-            matches!(&old, Err(ConnError::Refused(r)) if r.contains("protocol version 8, this collector speaks 9: run the same stallscope version")),
+            matches!(&old, Err(ConnError::Refused(r)) if r.contains(&format!("protocol version 8, this collector speaks {PROTOCOL_VERSION}: run the same stallscope version"))),
             "{old:?}"
         );
     }
