@@ -133,6 +133,33 @@ pub struct FlowSummary {
     pub flows: u64,
 }
 
+/// What a node's flows of one class moved over its NICs (loopback flows left out), for the
+/// live views: `top`'s share of the NIC, `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowClassTotals {
+    /// The class.
+    pub class: Option<FlowClass>,
+    /// bytes received.
+    pub bytes_in: u64,
+    /// bytes sent (acknowledged).
+    pub bytes_out: u64,
+    /// segments retransmitted.
+    pub retransmits: u64,
+}
+
+/// The job's share of `totals`' bytes (every class but `other`), 0–1; `None` when nothing
+/// moved.
+pub fn job_share(totals: &[FlowClassTotals]) -> Option<f64> {
+    let bytes = |t: &FlowClassTotals| (t.bytes_in + t.bytes_out) as f64;
+    let all: f64 = totals.iter().map(bytes).sum();
+    let job: f64 = totals
+        .iter()
+        .filter(|t| t.class != Some(FlowClass::Other))
+        .map(bytes)
+        .sum();
+    (all > 0.0).then(|| job / all)
+}
+
 /// A transfer that was not the job's and moved bytes over a NIC while the job's collectives
 /// waited on the network.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -170,6 +197,8 @@ struct NodeLedger {
     flows: BTreeMap<(String, String), FlowState>,
     /// Flows folded out of `flows`, summed per class.
     folded: BTreeMap<FlowClass, FlowSummary>,
+    /// The same, of those over a NIC only.
+    folded_nic: BTreeMap<FlowClass, FlowSummary>,
     /// This node's latest iterations with network waits, `[from, to]` (ns) and number, kept
     /// to meet flow activity that arrives after them.
     waits: VecDeque<(Nanos, Nanos, u64)>,
@@ -249,6 +278,12 @@ impl NodeLedger {
                 rest.bytes_out += s.last.bytes_out;
                 rest.retransmits += s.last.retransmits;
                 rest.flows += 1;
+                if !s.last.loopback {
+                    let nic = self.folded_nic.entry(class).or_default();
+                    nic.bytes_in += s.last.bytes_in;
+                    nic.bytes_out += s.last.bytes_out;
+                    nic.retransmits += s.last.retransmits;
+                }
             }
         }
     }
@@ -322,6 +357,34 @@ impl FlowLedger {
     pub fn latest(&self, node: &str) -> Option<(Nanos, impl Iterator<Item = &FlowSample>)> {
         let l = self.nodes.get(node)?;
         Some((l.t_ns, l.flows.values().map(|s| &s.last)))
+    }
+
+    /// Node `node`'s flows over its NICs summed per class, in class order (classes that
+    /// moved nothing left out).
+    pub fn class_totals(&self, node: &str) -> Vec<FlowClassTotals> {
+        let Some(l) = self.nodes.get(node) else {
+            return Vec::new();
+        };
+        let mut by: BTreeMap<FlowClass, FlowClassTotals> = BTreeMap::new();
+        let flows = l.flows.values().map(|s| &s.last).filter(|f| !f.loopback);
+        for f in flows {
+            let class = f.class.unwrap_or(FlowClass::Other);
+            let t = by.entry(class).or_default();
+            t.class = Some(class);
+            t.bytes_in += f.bytes_in;
+            t.bytes_out += f.bytes_out;
+            t.retransmits += f.retransmits;
+        }
+        for (class, r) in &l.folded_nic {
+            let t = by.entry(*class).or_default();
+            t.class = Some(*class);
+            t.bytes_in += r.bytes_in;
+            t.bytes_out += r.bytes_out;
+            t.retransmits += r.retransmits;
+        }
+        by.into_values()
+            .filter(|t| t.bytes_in + t.bytes_out + t.retransmits > 0)
+            .collect()
     }
 
     /// Whether any node reported flows.

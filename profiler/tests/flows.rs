@@ -90,7 +90,7 @@ fn wait_for_file(path: &Path, within: Duration, what: &str) {
     }
 }
 
-fn flows_of<'a>(node: &'a Value) -> &'a Vec<Value> {
+fn flows_of(node: &Value) -> &Vec<Value> {
     node["flows"].as_array().expect("flows listed")
 }
 
