@@ -13,15 +13,14 @@ use std::time::{Duration, Instant};
 use stallscope_agent::sources::flows::FlowSource;
 use stallscope_agent::sources::{Registry, Roots, Source, Watched};
 
-/// ns of CPU this thread has used.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+/// ns of CPU this thread has used: in user space, in the kernel.
+fn thread_cpu_ns() -> (u64, u64) {
+    // SAFETY: a zeroed rusage is valid for the call to fill.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid rusage pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    (ns(ru.ru_utime), ns(ru.ru_stime))
 }
 
 fn main() {
@@ -41,8 +40,8 @@ fn main() {
         launchers: Vec::new(),
         loops: vec![me],
     };
-    println!("| connections | reads | µs CPU per read | % of one core at 10 Hz |");
-    println!("|---|---|---|---|");
+    println!("| TCP sockets read | reads | fd rescans | µs CPU per read (user + kernel) | % of one core at 10 Hz |");
+    println!("|---|---|---|---|---|");
     for n in counts {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut pairs = Vec::with_capacity(n);
@@ -54,7 +53,7 @@ fn main() {
         let mut source = FlowSource::new(&Roots::default());
         let mut reg = Registry::default();
         let end = Instant::now() + Duration::from_secs_f64(seconds);
-        let (mut reads, mut cpu) = (0u64, 0u64);
+        let (mut reads, mut user, mut kernel, mut sockets) = (0u64, 0u64, 0u64, 0usize);
         while Instant::now() < end {
             // Some bytes move on a tenth of the connections between reads.
             for (a, _) in pairs.iter_mut().step_by(10) {
@@ -62,17 +61,24 @@ fn main() {
             }
             let before = thread_cpu_ns();
             source.sample(&watched, &mut reg).expect("sock_diag");
-            cpu += thread_cpu_ns() - before;
+            let after = thread_cpu_ns();
+            user += after.0 - before.0;
+            kernel += after.1 - before.1;
+            sockets = source.sockets_last_read();
             reads += 1;
             reg.take_new_decls();
             reg.take_values();
             let _ = source.take_flows();
             std::thread::sleep(Duration::from_millis(100));
         }
-        let per_read_us = cpu as f64 / reads as f64 / 1e3;
+        let us = |ns: u64| ns as f64 / reads as f64 / 1e3;
+        let per_read_us = us(user + kernel);
         println!(
-            "| {} | {reads} | {per_read_us:.0} | {:.3} |",
+            "| {sockets} ({} of them this bench's) | {reads} | {} | {per_read_us:.0} ({:.0} + {:.0}) | {:.2} |",
             2 * n,
+            source.owners.rescans,
+            us(user),
+            us(kernel),
             per_read_us * 10.0 / 1e6 * 100.0
         );
     }

@@ -313,6 +313,8 @@ struct Track {
     sample: FlowSample,
     /// Moved since the last [`NodeFlows`].
     changed: bool,
+    /// The read that last saw it (a flow no read sees any more has closed).
+    read: u64,
 }
 
 /// Per class (index in [`FlowClass::ALL`]) and link (0 `nic`, 1 `loopback`): bytes in, out.
@@ -328,6 +330,8 @@ pub struct FlowSource {
     ports: HashMap<u32, Option<u16>>,
     flows: HashMap<(SocketAddr, SocketAddr), Track>,
     reads: u64,
+    /// Sockets the last read listed.
+    listed: usize,
     totals: ClassTotals,
     retransmits: [u64; 4],
     last_ship_ns: Option<Nanos>,
@@ -345,11 +349,17 @@ impl FlowSource {
             ports: HashMap::new(),
             flows: HashMap::new(),
             reads: 0,
+            listed: 0,
             totals: [[(0, 0); 2]; 4],
             retransmits: [0; 4],
             last_ship_ns: None,
             pending: None,
         }
+    }
+
+    /// How many TCP sockets the last read listed.
+    pub fn sockets_last_read(&self) -> usize {
+        self.listed
     }
 
     /// The flows that moved since the last call, every half second.
@@ -363,56 +373,65 @@ impl FlowSource {
         self.owners.resolve(&self.roots, &watched.pids, &sockets);
         let first = self.reads == 0;
         self.reads += 1;
-        let mut seen = HashSet::with_capacity(sockets.len());
+        self.listed = sockets.len();
+        let read = self.reads;
         for s in &sockets {
             if s.inode == 0 || self.owners.is_own(s.inode) {
                 continue;
             }
-            let holders = self.owners.of(s.inode).to_vec();
+            let holders = self.owners.of(s.inode);
             let port = holders.first().and_then(|&pid| {
                 *self
                     .ports
                     .entry(pid)
                     .or_insert_with(|| master_port(&self.roots, pid))
             });
-            let class = classify(&holders, watched, port, s.local, s.remote);
-            // A connection to one of the node's own addresses stays on the node too.
-            let loopback = is_loopback(s.remote.ip()) || s.remote.ip() == s.local.ip();
+            let class = classify(holders, watched, port, s.local, s.remote);
             let now = (s.bytes_in, s.bytes_out, s.retransmits);
-            let key = (s.local, s.remote);
-            seen.insert(key);
-            let track = self.flows.entry(key).or_insert_with(|| Track {
-                // `tcpi_bytes_acked` counts the SYN's sequence number too.
-                base: if first { now } else { (0, 1, 0) },
-                last: if first { now } else { (0, 0, 0) },
-                sample: FlowSample::default(),
-                changed: true,
-            });
+            // Most sockets are unchanged between reads: their strings are made once.
+            let track = self
+                .flows
+                .entry((s.local, s.remote))
+                .or_insert_with(|| Track {
+                    // `tcpi_bytes_acked` counts the SYN's sequence number too.
+                    base: if first { now } else { (0, 1, 0) },
+                    last: if first { now } else { (0, 0, 0) },
+                    sample: FlowSample {
+                        local: s.local.to_string(),
+                        remote: s.remote.to_string(),
+                        // A connection to one of the node's own addresses stays on the node too.
+                        loopback: is_loopback(s.remote.ip()) || s.remote.ip() == s.local.ip(),
+                        ..FlowSample::default()
+                    },
+                    changed: true,
+                    read,
+                });
+            track.read = read;
+            track.sample.rtt_us = s.rtt_us;
             let (d_in, d_out, d_re) = (
                 now.0.saturating_sub(track.last.0),
                 now.1.saturating_sub(track.last.1),
                 now.2.saturating_sub(track.last.2),
             );
+            let moved = d_in + d_out + d_re > 0;
+            if !moved && track.sample.class == Some(class) && track.sample.pids == holders {
+                continue;
+            }
             let c = FlowClass::ALL.iter().position(|k| *k == class).unwrap_or(3);
-            let l = usize::from(loopback);
+            let l = usize::from(track.sample.loopback);
             self.totals[c][l].0 += d_in;
             self.totals[c][l].1 += d_out;
             self.retransmits[c] += d_re;
-            track.changed |= d_in + d_out + d_re > 0 || track.sample.class != Some(class);
+            track.changed = true;
             track.last = now;
-            track.sample = FlowSample {
-                class: Some(class),
-                local: s.local.to_string(),
-                remote: s.remote.to_string(),
-                loopback,
-                pids: holders,
-                bytes_in: now.0 - track.base.0.min(now.0),
-                bytes_out: now.1 - track.base.1.min(now.1),
-                retransmits: now.2 - track.base.2.min(now.2),
-                rtt_us: s.rtt_us,
-            };
+            let t = &mut track.sample;
+            t.class = Some(class);
+            t.pids = holders.to_vec();
+            t.bytes_in = now.0 - track.base.0.min(now.0);
+            t.bytes_out = now.1 - track.base.1.min(now.1);
+            t.retransmits = now.2 - track.base.2.min(now.2);
         }
-        self.flows.retain(|k, _| seen.contains(k));
+        self.flows.retain(|_, t| t.read == read);
         // The ports of processes that are gone.
         self.ports.retain(|pid, _| watched.pids.contains(pid));
         self.record(out);
