@@ -26,6 +26,7 @@ use crate::clock::monotonic_ns;
 use crate::proctree::{launchers, Discovery, ProcEntry};
 use crate::sink::Sink;
 use crate::sources::disk::DiskSource;
+use crate::sources::flows::FlowSource;
 use crate::sources::net::NetSource;
 use crate::sources::process::{ProcessSource, ProcessTotalsSource, WorkerThreadsSource};
 use crate::sources::psi::PsiSource;
@@ -116,6 +117,8 @@ pub enum SamplerEvent {
     },
     /// A source came up, failed, or works again.
     Source(SourceStatus),
+    /// The node's TCP flows that moved, from the flow source about once a second.
+    Flows(stallscope_analysis::flows::NodeFlows),
     /// After each discovery: the subtree of `root_pid` now, and the pids gone since the last.
     Processes {
         /// ns, `CLOCK_MONOTONIC`, when the scan began.
@@ -157,13 +160,14 @@ impl Drop for SamplerHandle {
 }
 
 /// The sources every node reads: processes (fast, and launchers and totals slow), network,
-/// disks, PSI; and RDMA ports (bytes fast, the other counters slow) on a node that has
+/// TCP flows (slow), disks, PSI; and RDMA ports (bytes fast, the other counters slow) on a node that has
 /// `<sys>/class/infiniband` — none, and nothing said, on one that has not.
 pub fn default_sources(roots: &Roots) -> Vec<Box<dyn Source>> {
     let mut sources: Vec<Box<dyn Source>> = vec![
         Box::new(ProcessSource::new(roots)),
         Box::new(WorkerThreadsSource::new(roots)),
         Box::new(NetSource::new(roots)),
+        Box::new(FlowSource::new(roots)),
         Box::new(ProcessSource::launchers(roots)),
         Box::new(ProcessTotalsSource::new(roots)),
         Box::new(DiskSource::new(roots)),
@@ -306,6 +310,9 @@ impl Sampler {
             let status = match slot.source.sample(&self.watched, &mut self.registry) {
                 Ok(()) => {
                     read_any = true;
+                    if let Some(flows) = slot.source.take_flows() {
+                        send(self.tx.as_ref(), SamplerEvent::Flows(flows))?;
+                    }
                     (slot.reported_up != Some(true)).then(|| (true, slot.source.describe()))
                 }
                 Err(e) => {
@@ -518,6 +525,7 @@ mod tests {
                     }
                     SamplerEvent::Source(status) => c.statuses.push(status),
                     SamplerEvent::Processes { live, gone, .. } => c.processes.push((live, gone)),
+                    SamplerEvent::Flows(_) => {}
                 }
             }
             c

@@ -298,6 +298,10 @@ pub enum Frame {
     /// where each rank stood and their stacks; written again, with `resumed_after_seconds`,
     /// when iterations resume. Last, so that profiles written before it still read.
     Hang(Box<crate::hang::HangReport>),
+    /// What changed about a node's TCP flows (bytes, retransmissions, class) since its last
+    /// one, from the flow source (sock_diag) every half second. Last, so that profiles
+    /// written before it still read.
+    NodeFlows(crate::flows::NodeFlows),
 }
 
 /// What a node's RDMA ports moved, for the reading that follows (same node, same `t_ns`) and

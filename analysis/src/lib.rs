@@ -21,6 +21,7 @@ pub mod crossnode;
 pub mod experiment;
 pub mod figures;
 pub mod finding;
+pub mod flows;
 pub mod frame;
 pub mod gpu_usage;
 pub mod hang;

@@ -102,6 +102,14 @@ pub mod names {
     /// count or bytes (the series' unit), counter: one congestion or retransmission counter of
     /// an RDMA port, label `counter` = its sysfs file name (`np_cnp_sent`, `retrans_pkts`, …).
     pub const RDMA_COUNTER: &str = "rdma.counter";
+    /// bytes, counter: received on the node's TCP flows of one class (label `class`:
+    /// `collective`, `data`, `control`, `other`) and link (label `link`), from the flow source
+    /// (sock_diag). With them, the attribution's network bytes are the collective ones.
+    pub const FLOW_RX_BYTES: &str = "flow.rx_bytes";
+    /// bytes, counter: sent (acknowledged) on them.
+    pub const FLOW_TX_BYTES: &str = "flow.tx_bytes";
+    /// segments, counter: retransmitted on the node's TCP flows of one class (label `class`).
+    pub const FLOW_RETRANSMITS: &str = "flow.retransmits";
     /// bytes, counter: read from a block device (`diskstats` sectors × 512).
     pub const DISK_READ_BYTES: &str = "disk.read_bytes";
     /// bytes, counter: written to a block device.

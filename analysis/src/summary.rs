@@ -94,6 +94,10 @@ pub struct Summary {
     /// Every hang declared (no rank finished an iteration for `--hang-after`), in order.
     #[serde(default)]
     pub hangs: Vec<crate::hang::HangReport>,
+    /// Transfers that were not the job's and moved bytes over a node's NIC while its
+    /// collectives waited on the network, the largest first (from the flow source).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_links: Vec<crate::flows::SharedLink>,
 }
 
 /// One node of a multi-node job.
@@ -109,6 +113,10 @@ pub struct NodeSummary {
     pub clock_uncertainty_ms: Option<f64>,
     /// Records its agent dropped while the collector was away.
     pub records_dropped: u64,
+    /// Its TCP flows (sock_diag): the largest one by one, then the rest summed per class.
+    /// Empty when no flow source ran.
+    #[serde(default)]
+    pub flows: Vec<crate::flows::FlowSummary>,
 }
 
 /// Builds the summary of everything attributed so far.
@@ -133,13 +141,22 @@ pub fn summarize(job: &JobTimeline) -> Summary {
     let job_figures = figures(&job.summary.totals.job);
     let workers = job.node.markers.loader_workers();
     let critical = critical_path(job, &job_figures);
-    let finding = find(&FindingInput {
+    let mut finding = find(&FindingInput {
         job: critical.as_ref().unwrap_or(&job_figures),
         ranks: &ranks,
         loader_workers: workers,
         cpus: header.cpus,
         parallelism: &parallelism,
     });
+    let shared_links = job.flows.shared_links(&header.host);
+    if finding.category == Some(crate::category::Category::Network) {
+        if let Some(s) = shared_links.first() {
+            finding.sentence.push(' ');
+            finding
+                .sentence
+                .push_str(&crate::flows::shared_link_sentence(s));
+        }
+    }
     let last_t = job
         .end
         .as_ref()
@@ -172,6 +189,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             .chain(gpus_unmeasured(job))
             .collect(),
         hangs: job.hangs.clone(),
+        shared_links,
     }
 }
 
@@ -271,8 +289,22 @@ fn sources_down(job: &JobTimeline) -> Vec<SourceDown> {
 }
 
 fn node_summaries(job: &JobTimeline) -> Vec<NodeSummary> {
-    let mut names: Vec<&String> = job.nodes.rank_nodes.values().collect();
-    names.extend(job.nodes.clocks.keys());
+    let host = job.header.as_ref().map_or("", |h| h.host.as_str());
+    // A run's own flows are filed under the empty name: its node is the header's host.
+    fn flow_node<'a>(job: &JobTimeline, host: &str, n: &'a str) -> &'a str {
+        if n == host && !host.is_empty() && !job.flows.nodes().any(|f| f == n) {
+            ""
+        } else {
+            n
+        }
+    }
+    let mut names: Vec<&str> = job.nodes.rank_nodes.values().map(String::as_str).collect();
+    names.extend(job.nodes.clocks.keys().map(String::as_str));
+    names.extend(
+        job.flows
+            .nodes()
+            .map(|n| if n.is_empty() { host } else { n }),
+    );
     names.sort_unstable();
     names.dedup();
     names
@@ -280,14 +312,22 @@ fn node_summaries(job: &JobTimeline) -> Vec<NodeSummary> {
         .map(|node| {
             let clock = job.nodes.clocks.get(node);
             NodeSummary {
-                node: node.clone(),
-                ranks: job
-                    .nodes
-                    .rank_nodes
-                    .iter()
-                    .filter(|(_, n)| *n == node)
-                    .map(|(r, _)| *r)
-                    .collect(),
+                flows: job.flows.summary(flow_node(job, host, node)),
+                node: node.to_string(),
+                ranks: if flow_node(job, host, node).is_empty() && job.nodes.rank_nodes.is_empty() {
+                    // A run's own node: its own ranks.
+                    let mut own: Vec<u32> =
+                        job.summary.totals.ranks.keys().map(|(r, _)| *r).collect();
+                    own.dedup();
+                    own
+                } else {
+                    job.nodes
+                        .rank_nodes
+                        .iter()
+                        .filter(|(_, n)| n.as_str() == node)
+                        .map(|(r, _)| *r)
+                        .collect()
+                },
                 clock_offset_ms: clock.map(|c| c.offset_ns as f64 / 1e6),
                 clock_uncertainty_ms: clock.map(|c| c.uncertainty_ns as f64 / 1e6),
                 records_dropped: job.nodes.health.get(node).map_or(0, |h| h.records_dropped),

@@ -34,8 +34,8 @@ use crate::Nanos;
 /// the agent proves it holds the token ([`prove`]) instead of sending it. 7: agents forward
 /// their ranks' facts for the advisor ([`Frame::NodeMeta`]). 8: the proof binds the peer's
 /// role ([`Role`]), so a viewer's proof cannot be relayed as an agent's. 9: agents send their
-/// node's RDMA bytes ([`Frame::NodeRdma`]).
-pub const PROTOCOL_VERSION: u16 = 9;
+/// node's RDMA bytes ([`Frame::NodeRdma`]). 10: and their TCP flows ([`Frame::NodeFlows`]).
+pub const PROTOCOL_VERSION: u16 = 10;
 
 /// bytes, the largest message either side accepts (1 MiB).
 pub const MAX_MESSAGE: u32 = 1 << 20;

@@ -398,6 +398,7 @@ fn nodes(out: &mut Out, state: &MetricsState) {
         }
     }
     rdma_counters(out, job, &nodes);
+    flows(out, job, &nodes);
     node_gauges(out, job, &nodes);
     node_health(out, job, &nodes);
 }
@@ -426,6 +427,51 @@ fn rdma_counters(out: &mut Out, job: &str, nodes: &[&NodeView]) {
                 ("counter", c.counter.clone()),
             ];
             out.sample_owned(name, &l, c.value as f64);
+        }
+    }
+}
+
+/// `stallscope_flow_bytes_total` and `stallscope_tcp_retransmits_total`: each node's TCP
+/// flows over its NICs per class (`collective`, `data`, `control`, `other`), as its flow
+/// source (sock_diag) counted them since its agent or run started.
+fn flows(out: &mut Out, job: &str, nodes: &[&NodeView]) {
+    let bytes = "stallscope_flow_bytes_total";
+    let retrans = "stallscope_tcp_retransmits_total";
+    if nodes.iter().all(|n| n.flow_classes.is_empty()) {
+        return;
+    }
+    out.family(
+        bytes,
+        "counter",
+        "Bytes of the node's TCP flows over its NICs, by class (collective, data, control: the job's; other: not the job's) and direction.",
+    );
+    for n in nodes {
+        for t in &n.flow_classes {
+            let class = t.class.map_or("other", |c| c.as_str());
+            for (direction, v) in [("rx", t.bytes_in), ("tx", t.bytes_out)] {
+                let l = [
+                    ("job", job.to_string()),
+                    ("node", n.node.clone()),
+                    ("class", class.to_string()),
+                    ("direction", direction.to_string()),
+                ];
+                out.sample_owned(bytes, &l, v as f64);
+            }
+        }
+    }
+    out.family(
+        retrans,
+        "counter",
+        "TCP segments retransmitted on the node's flows over its NICs, by class: evidence of congestion.",
+    );
+    for n in nodes {
+        for t in &n.flow_classes {
+            let l = [
+                ("job", job.to_string()),
+                ("node", n.node.clone()),
+                ("class", t.class.map_or("other", |c| c.as_str()).to_string()),
+            ];
+            out.sample_owned(retrans, &l, t.retransmits as f64);
         }
     }
 }

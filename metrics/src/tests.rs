@@ -446,3 +446,50 @@ fn a_hang_is_a_gauge_naming_the_missing_ranks_until_it_resumes() {
     let text = expose::render_with(&state, None);
     assert!(text.contains("stallscope_hang{job=\"train\",missing_ranks=\"1,3\"} 0"));
 }
+
+/// Issue 29: each node's flow bytes per class and direction, and its retransmissions.
+#[test]
+fn flow_bytes_per_class_and_retransmissions_are_counters() {
+    use stallscope_analysis::flows::{FlowClass, FlowClassTotals};
+    let mut view = model();
+    let node = view.nodes.keys().next().unwrap().clone();
+    view.nodes.get_mut(&node).unwrap().flow_classes = vec![
+        FlowClassTotals {
+            class: Some(FlowClass::Collective),
+            bytes_in: 9_000,
+            bytes_out: 8_000,
+            retransmits: 12,
+        },
+        FlowClassTotals {
+            class: Some(FlowClass::Other),
+            bytes_in: 0,
+            bytes_out: 25_000_000,
+            retransmits: 0,
+        },
+    ];
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(view)));
+    let text = expose::render_with(&state, None);
+    let value = |prefix: &str, labels: &[&str]| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(prefix) && labels.iter().all(|x| l.contains(x)))
+            .unwrap_or_else(|| panic!("{prefix} {labels:?} in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let bytes = "stallscope_flow_bytes_total{";
+    assert_eq!(
+        value(bytes, &[r#"class="other""#, r#"direction="tx""#]),
+        25e6
+    );
+    assert_eq!(
+        value(bytes, &[r#"class="collective""#, r#"direction="rx""#]),
+        9e3
+    );
+    let retrans = "stallscope_tcp_retransmits_total{";
+    assert_eq!(value(retrans, &[r#"class="collective""#]), 12.0);
+    assert!(
+        text.contains("# TYPE stallscope_flow_bytes counter"),
+        "{text}"
+    );
+}

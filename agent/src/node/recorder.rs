@@ -216,6 +216,7 @@ impl Recorder {
                 self.emit(Frame::Samples(batch));
             }
             Event::Sampler(SamplerEvent::Source(status)) => self.on_source(status),
+            Event::Sampler(SamplerEvent::Flows(flows)) => self.emit(Frame::NodeFlows(flows)),
             Event::Sampler(SamplerEvent::Processes { t_ns, live, gone }) => {
                 self.on_processes(t_ns, &live, &gone)
             }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::clock::shift;
+use stallscope_analysis::flows::NodeFlows;
 use stallscope_analysis::frame::{
     CommSpan, Frame, GpuIdentity, NodeCountersReport, NodeGpus, NodeHealth, NodeIteration,
     NodeMeta, NodeNics, NodeRdma, NodeReport, NodeResourcesReport,
@@ -67,6 +68,7 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
     let mut last_resources_at: Option<u64> = None;
     let mut last_gpus: Option<(Instant, Vec<GpuIdentity>)> = None;
     let mut last_meta: HashMap<u32, (Instant, NodeMeta)> = HashMap::new();
+    let mut flows_sent = FlowsSent::default();
     Box::new(
         move |job: &JobTimeline, view: &JobView, new: &[IterationBreakdown]| {
             for b in new {
@@ -155,8 +157,47 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
             for meta in changed_meta(job, &mut last_meta) {
                 shipper.push(Frame::NodeMeta(meta));
             }
+            if let Some(flows) = flows_sent.changed(job, offset) {
+                shipper.push(Frame::NodeFlows(flows));
+            }
         },
     )
+}
+
+/// The node's flows as last shipped: each flow's totals, and when.
+#[derive(Default)]
+struct FlowsSent {
+    t_ns: Option<u64>,
+    totals: HashMap<(String, String), (u64, u64, u64)>,
+}
+
+impl FlowsSent {
+    /// The node's flows that moved since the last call, in the collector's clock (`offset`).
+    fn changed(&mut self, job: &JobTimeline, offset: i64) -> Option<NodeFlows> {
+        let (t_ns, latest) = job.flows.latest("")?;
+        if self.t_ns == Some(t_ns) {
+            return None;
+        }
+        let mut flows = Vec::new();
+        let mut now = HashMap::new();
+        for f in latest {
+            let key = (f.local.clone(), f.remote.clone());
+            let totals = (f.bytes_in, f.bytes_out, f.retransmits);
+            if self.totals.get(&key) != Some(&totals) {
+                flows.push(f.clone());
+            }
+            now.insert(key, totals);
+        }
+        let since = self.t_ns.unwrap_or(t_ns);
+        self.t_ns = Some(t_ns);
+        self.totals = now;
+        (!flows.is_empty()).then(|| NodeFlows {
+            node: String::new(),
+            t_ns: shift(t_ns, offset),
+            since_ns: shift(since, offset),
+            flows,
+        })
+    }
 }
 
 /// The loops' facts for the advisor ([`NodeMeta::KEYS`]) that changed since they were last

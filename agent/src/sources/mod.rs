@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use stallscope_analysis::series::{SeriesDecl, SeriesId, SeriesKind};
 
 pub mod disk;
+pub mod flows;
 pub mod net;
 pub mod perf;
 pub mod process;
@@ -224,6 +225,11 @@ pub trait Source: Send {
     /// What it reads, in a few words, for the status reported when it comes up.
     fn describe(&self) -> String {
         self.name().to_string()
+    }
+    /// The node's TCP flows that moved since the last call, when this source reads them (the
+    /// flow source, about once a second); `None` otherwise.
+    fn take_flows(&mut self) -> Option<stallscope_analysis::flows::NodeFlows> {
+        None
     }
 }
 

@@ -49,6 +49,8 @@ pub struct JobTimeline {
     pub readiness: Readiness,
     /// The hangs declared, in order (a resumed one updated in place).
     pub hangs: Vec<crate::hang::HangReport>,
+    /// Each node's TCP flows, as their flow sources read them.
+    pub flows: crate::flows::FlowLedger,
 }
 
 impl JobTimeline {
@@ -79,6 +81,7 @@ impl JobTimeline {
                 }
             }
             Frame::NodeHealth(h) => self.nodes.health(h),
+            Frame::NodeFlows(f) => self.flows.ingest(f),
             Frame::Hang(h) => match self.hangs.iter_mut().find(|k| k.at_seconds == h.at_seconds) {
                 Some(known) => known.clone_from(h),
                 None => self.hangs.push((**h).clone()),
@@ -106,6 +109,7 @@ impl JobTimeline {
     pub fn attribute_ready(&mut self, now: Nanos, finishing: bool) -> Vec<IterationBreakdown> {
         let warmup = self.warmup();
         let mut out = Vec::new();
+        let mut own = Vec::new();
         for done in self.node.attribute_ready(now, finishing, &self.readiness) {
             let b = done.breakdown;
             if let Some(g) = done.gpu.as_ref().filter(|_| b.iter >= warmup) {
@@ -114,8 +118,11 @@ impl JobTimeline {
             if b.iter >= warmup {
                 self.summary.add_comm((b.rank, b.pid), &done.comm);
             }
-            out.push(b);
+            own.push(b);
         }
+        // Only this node's iterations are in the clock of its own flows.
+        self.flows.iterations("", &own);
+        out.append(&mut own);
         out.extend(self.nodes.join_ready(now, finishing));
         out.sort_by_key(|b| (b.end_ns, b.rank));
         self.summary.record(&out, warmup);

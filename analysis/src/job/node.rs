@@ -15,7 +15,7 @@ use crate::gpu_usage::NvmlReading;
 use crate::loops::{MarkerLog, ProcessMarks, Span};
 use crate::marker::{phase, CommOp, Direction};
 use crate::process::ancestors;
-use crate::series::{names, LINK_LOOPBACK, LINK_NIC};
+use crate::series::{names, SeriesId, LINK_LOOPBACK, LINK_NIC};
 use crate::timeline::SeriesStore;
 use crate::Nanos;
 
@@ -141,6 +141,17 @@ impl NodeTimeline {
                     _ => {}
                 }
             }
+        }
+        // With the flow source, the network is only the job's own collective flows: another
+        // transfer on the same NIC (a checkpoint upload, another tenant) did not carry them.
+        let collective_nic: Vec<SeriesId> = [names::FLOW_RX_BYTES, names::FLOW_TX_BYTES]
+            .into_iter()
+            .flat_map(|name| self.series.named(name))
+            .filter(|d| d.label("class") == Some("collective") && d.label("link") == Some(LINK_NIC))
+            .map(|d| d.id)
+            .collect();
+        if self.series.named(names::FLOW_RX_BYTES).next().is_some() {
+            links.nic = collective_nic;
         }
         // RDMA ports are NICs whose bytes the kernel's interface table never sees.
         for name in [names::RDMA_RX_BYTES, names::RDMA_TX_BYTES] {

@@ -44,6 +44,8 @@ pub struct LiveModel {
     summary_every: Option<Nanos>,
     /// Per node, the RDMA bytes its agent sent last, for the reading and counters that follow.
     rdma: BTreeMap<String, crate::frame::NodeRdma>,
+    /// Every node's TCP flows, for their totals per class.
+    flows: crate::flows::FlowLedger,
 }
 
 /// Reported GPU readings held for iterations not yet joined.
@@ -93,6 +95,20 @@ impl LiveModel {
                     self.dirty_nodes.insert(x.node.clone());
                 }
                 self.rdma.insert(x.node.clone(), x.clone());
+            }
+            Frame::NodeFlows(f) => {
+                self.flows.ingest(f);
+                let totals = self.flows.class_totals(&f.node);
+                // A run's own flows come unnamed: they are its node's.
+                let name = match (&self.local_node, f.node.is_empty()) {
+                    (Some(local), true) => local.clone(),
+                    _ => f.node.clone(),
+                };
+                let node = self.node_mut(&name);
+                if node.flow_classes != totals {
+                    node.flow_classes = totals;
+                    self.dirty_nodes.insert(name);
+                }
             }
             Frame::NodeGpus(g) => {
                 let mut gpus = g.gpus.clone();

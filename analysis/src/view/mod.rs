@@ -156,6 +156,10 @@ pub struct NodeView {
     /// started counting, by device, port and counter; empty without RDMA ports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rdma_counters: Vec<crate::frame::RdmaCount>,
+    /// Its TCP flows over its NICs summed per class since its agent or run started (the flow
+    /// source); empty without one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flow_classes: Vec<crate::flows::FlowClassTotals>,
 }
 
 impl NodeView {

@@ -398,8 +398,24 @@ fn every_variant() -> Vec<Frame> {
             resumed_after_seconds: None,
         },
     )));
+    frames.push(Frame::NodeFlows(stallscope_analysis::flows::NodeFlows {
+        node: "b".into(),
+        t_ns: 9,
+        since_ns: 8,
+        flows: vec![stallscope_analysis::flows::FlowSample {
+            class: Some(stallscope_analysis::flows::FlowClass::Other),
+            local: "10.0.0.2:41000".into(),
+            remote: "10.0.0.1:5001".into(),
+            loopback: false,
+            pids: vec![],
+            bytes_in: 25_000_000,
+            bytes_out: 12,
+            retransmits: 3,
+            rtt_us: 1200,
+        }],
+    }));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 21];
+    let mut seen = [false; 22];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -423,6 +439,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeCounters(_) => 18,
             Frame::NodeRdma(_) => 19,
             Frame::Hang(_) => 20,
+            Frame::NodeFlows(_) => 21,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them.
             Frame::SampleRun(_) => unreachable!("not a frame callers write"),

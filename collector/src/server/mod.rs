@@ -618,6 +618,10 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
             x.node = node.to_string();
             Ok(Frame::NodeRdma(x))
         }
+        Frame::NodeFlows(mut f) => {
+            f.node = node.to_string();
+            Ok(Frame::NodeFlows(f))
+        }
         Frame::NodeMeta(mut m) => {
             // Only what the advisor reads, as the hook's wire format bounds it.
             m.node = node.to_string();
@@ -765,7 +769,7 @@ mod tests {
         assert!(matches!(viewer, Ok(Peer::Viewer)), "{viewer:?}");
         let old = check(AgentMsg::Hello(hello(8, Role::Agent)));
         assert!(
-            matches!(&old, Err(ConnError::Refused(r)) if r.contains("protocol version 8, this collector speaks 9: run the same stallscope version")),
+            matches!(&old, Err(ConnError::Refused(r)) if r.contains(&format!("protocol version 8, this collector speaks {PROTOCOL_VERSION}: run the same stallscope version"))),
             "{old:?}"
         );
     }

@@ -373,6 +373,48 @@ fn resources(r: &Report, out: &mut String) {
     out.push_str("</section>\n");
 }
 
+/// Each node's TCP flows (the flow source's), largest first, and the transfers that shared a
+/// link while the collectives waited; nothing without flows.
+fn flows(r: &Report, out: &mut String) {
+    let nodes: Vec<_> = r
+        .summary
+        .nodes
+        .iter()
+        .filter(|n| !n.flows.is_empty())
+        .collect();
+    if nodes.is_empty() {
+        return;
+    }
+    out.push_str("<section id=\"flows\">\n<h2>Network flows</h2>\n");
+    for s in &r.summary.shared_links {
+        let _ = writeln!(
+            out,
+            "<p class=\"finding\">{}</p>",
+            escape(&stallscope_analysis::flows::shared_link_sentence(s))
+        );
+    }
+    out.push_str("<table>\n<tr><th>Node</th><th>Class</th><th>Local</th><th>Remote</th><th>Processes</th><th>Bytes in</th><th>Bytes out</th><th>Retransmits</th><th>RTT</th></tr>\n");
+    for n in nodes {
+        for f in &n.flows {
+            let dash = || "—".to_string();
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&n.node),
+                f.class.map_or("other", |c| c.as_str()),
+                f.local.as_deref().map_or_else(|| format!("{} more", f.flows), escape),
+                f.remote.as_deref().map_or_else(dash, escape),
+                if f.pids.is_empty() { dash() } else { f.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ") },
+                stallscope_analysis::flows::bytes_in_words(f.bytes_in),
+                stallscope_analysis::flows::bytes_in_words(f.bytes_out),
+                f.retransmits,
+                f.rtt_ms.map_or_else(dash, |ms| format!("{ms:.1} ms")),
+            );
+        }
+    }
+    out.push_str("</table>\n</section>\n");
+}
+
 /// A node's GPUs in a table cell: each product name with how many of it (`2 × NVIDIA H100
 /// 80GB HBM3`), or a dash.
 fn gpu_models(gpus: &[stallscope_analysis::frame::GpuIdentity]) -> String {
@@ -560,6 +602,7 @@ pub fn html(r: &Report) -> String {
     outside(r, &mut body);
     stragglers(r, &mut body);
     resources(r, &mut body);
+    flows(r, &mut body);
     experiment(r, &mut body);
     advice(r, &mut body);
     sources(r, &mut body);

@@ -200,3 +200,54 @@ fn an_rdma_node_gets_an_rdma_chart_beside_the_nic() {
     let nic = order.iter().position(|t| *t == "NIC").unwrap();
     assert_eq!(order[nic + 1], "RDMA", "beside the NIC: {order:?}");
 }
+
+/// Issue 29: the report lists each node's flows by class, and the transfer that shared the
+/// link while the collectives waited.
+#[test]
+fn the_report_lists_flows_and_the_transfer_that_shared_the_link() {
+    use stallscope_analysis::flows::{FlowClass, FlowSummary, SharedLink};
+    let mut r = report(false);
+    assert!(!html(&r).contains("id=\"flows\""), "no flows, no section");
+    let flow = |class, remote: &str, bytes_out, pids: Vec<u32>| FlowSummary {
+        class: Some(class),
+        local: Some("10.0.0.1:40000".into()),
+        remote: Some(remote.into()),
+        pids,
+        bytes_out,
+        retransmits: 7,
+        rtt_ms: Some(2.5),
+        flows: 1,
+        ..Default::default()
+    };
+    r.summary.nodes = vec![stallscope_analysis::summary::NodeSummary {
+        node: "node-a".into(),
+        flows: vec![
+            flow(FlowClass::Other, "10.0.0.2:5201", 25_000_000, vec![]),
+            flow(
+                FlowClass::Collective,
+                "10.0.0.2:39000",
+                9_000_000,
+                vec![4242],
+            ),
+        ],
+        ..Default::default()
+    }];
+    r.summary.shared_links = vec![SharedLink {
+        node: "node-a".into(),
+        local: "10.0.0.1:40000".into(),
+        remote: "10.0.0.2:5201".into(),
+        bytes: 25_000_000,
+        retransmits: 7,
+        iterations: (12, 30),
+    }];
+    let page = html(&r);
+    let section = &page[page.find("id=\"flows\"").expect("a flows section")..];
+    let section = &section[..section.find("</section>").unwrap()];
+    assert!(section.contains("transfer of 25 MB"), "{section}");
+    assert!(section.contains("iterations 12–30"), "{section}");
+    assert!(section.contains("<td>other</td><td>10.0.0.1:40000</td><td>10.0.0.2:5201</td><td>—</td><td>0 B</td><td>25 MB</td><td>7</td><td>2.5 ms</td>"), "{section}");
+    assert!(
+        section.contains("<td>collective</td>") && section.contains("<td>4242</td>"),
+        "{section}"
+    );
+}

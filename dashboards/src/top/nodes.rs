@@ -231,8 +231,12 @@ fn draw_panel(frame: &mut Frame, area: Rect, n: &NodeView) {
     } else {
         format!("down: {}", n.sources_down.join("; "))
     };
+    // The job's share of the node's NIC, from its TCP flows (absent without the flow source).
+    let share = stallscope_analysis::flows::job_share(&n.flow_classes)
+        .map(|s| format!("job {} of NIC flow bytes · ", pct(s)))
+        .unwrap_or_default();
     let block = Block::new().borders(Borders::TOP).title(format!(
-        " {} · last {} s · {down} ",
+        " {} · last {} s · {share}{down} ",
         n.node,
         n.history.len()
     ));

@@ -501,3 +501,31 @@ fn every_screen_fits_from_80x24_to_a_large_terminal_and_a_tiny_one() {
         }
     }
 }
+
+/// Issue 29: the selected node's panel says what share of its NIC's TCP bytes were the job's
+/// (its flows' classes other than `other`).
+#[test]
+fn nodes_screen_shows_the_jobs_share_of_its_nic() {
+    use stallscope_analysis::flows::{FlowClass, FlowClassTotals};
+    let mut v = gpu_job();
+    for n in v.nodes.values_mut() {
+        n.flow_classes = vec![
+            FlowClassTotals {
+                class: Some(FlowClass::Collective),
+                bytes_in: 20_000_000,
+                bytes_out: 20_000_000,
+                retransmits: 3,
+            },
+            FlowClassTotals {
+                class: Some(FlowClass::Other),
+                bytes_in: 0,
+                bytes_out: 60_000_000,
+                retransmits: 0,
+            },
+        ];
+    }
+    let text = screen(&on(Screen::Nodes), &v, 100, 24)
+        .backend()
+        .to_string();
+    assert!(text.contains("job 40% of NIC flow bytes"), "{text}");
+}

@@ -1,0 +1,117 @@
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+
+use super::*;
+
+fn watched_loop(pid: u32) -> Watched {
+    Watched {
+        pids: vec![pid],
+        launchers: Vec::new(),
+        loops: vec![pid],
+    }
+}
+
+/// Sends `bytes` over a fresh loopback connection and waits until the peer read them all.
+fn transfer(bytes: usize) -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut tx = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (mut rx, _) = listener.accept().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0; bytes];
+        rx.read_exact(&mut buf).unwrap();
+        rx
+    });
+    tx.write_all(&vec![7u8; bytes]).unwrap();
+    let rx = reader.join().unwrap();
+    (tx, rx)
+}
+
+/// A real connection of the job's training loop (this test process) is seen by the dump with
+/// the bytes it sent, classed `collective`, and counted in the class's loopback series.
+#[test]
+fn a_loops_connection_is_a_collective_flow_with_its_bytes() {
+    let mut source = FlowSource::new(&Roots::default());
+    let me = std::process::id();
+    let mut reg = Registry::default();
+    source
+        .sample(&watched_loop(me), &mut reg)
+        .expect("sock_diag works unprivileged");
+    let (tx, _rx) = transfer(3_000_000);
+    source.sample(&watched_loop(me), &mut reg).unwrap();
+    let local = tx.local_addr().unwrap().to_string();
+    // The first read shipped what was open then (if anything), not what moved since.
+    source.take_flows();
+    // The next ship is due a second after the first read.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    source.sample(&watched_loop(me), &mut reg).unwrap();
+    let shipped = source
+        .take_flows()
+        .expect("a second later, what moved is shipped");
+    let flow = shipped
+        .flows
+        .iter()
+        .find(|f| f.local == local)
+        .unwrap_or_else(|| panic!("{local} in {shipped:#?}"));
+    assert_eq!(flow.class, Some(FlowClass::Collective));
+    assert!(flow.loopback);
+    assert_eq!(flow.pids, vec![me]);
+    assert_eq!(flow.bytes_out, 3_000_000, "{flow:?}");
+    let round = crate::sources::fake::Round::take(&mut reg);
+    let sent = round
+        .decls
+        .iter()
+        .filter(|d| d.name == FLOW_TX_BYTES && d.label("class") == Some("collective"))
+        .filter_map(|d| round.values.iter().rev().find(|(id, _)| *id == d.id))
+        .map(|&(_, v)| v)
+        .sum::<u64>();
+    assert!(sent >= 3_000_000, "collective bytes sent: {sent}");
+}
+
+/// A connection no job process holds is `other`, and the job's are found again after the job
+/// gains a process (its fds are read again only then, or for a socket not placed yet).
+#[test]
+fn a_connection_outside_the_job_is_other_and_fds_are_read_only_when_needed() {
+    let me = std::process::id();
+    let (tx, _rx) = transfer(1000);
+    let local = tx.local_addr().unwrap();
+    let mut source = FlowSource::new(&Roots::default());
+    let mut reg = Registry::default();
+    // This process is stallscope itself here: its sockets are left out.
+    source.sample(&Watched::new(vec![]), &mut reg).unwrap();
+    let shipped = source.take_flows().unwrap_or_default();
+    assert!(shipped.flows.iter().all(|f| f.local != local.to_string()));
+    let rescans = source.owners.rescans;
+    source.sample(&Watched::new(vec![]), &mut reg).unwrap();
+    assert_eq!(source.owners.rescans, rescans, "nothing new: no fds read");
+    assert_eq!(
+        classify(&[], &Watched::new(vec![me]), None, local, local),
+        FlowClass::Other
+    );
+}
+
+#[test]
+fn the_store_port_is_control_workers_are_data_launchers_control() {
+    let w = Watched {
+        pids: vec![1, 2, 3],
+        launchers: vec![1],
+        loops: vec![2],
+    };
+    let a: SocketAddr = "10.0.0.1:41000".parse().unwrap();
+    let store: SocketAddr = "10.0.0.2:29500".parse().unwrap();
+    assert_eq!(
+        classify(&[2], &w, Some(29500), a, store),
+        FlowClass::Control
+    );
+    assert_eq!(
+        classify(&[2], &w, Some(29501), a, store),
+        FlowClass::Collective
+    );
+    assert_eq!(classify(&[3], &w, None, a, store), FlowClass::Data);
+    assert_eq!(classify(&[2, 3], &w, None, a, store), FlowClass::Collective);
+    assert_eq!(classify(&[1], &w, None, a, store), FlowClass::Control);
+    assert_eq!(
+        socket_inode(std::ffi::OsStr::new("socket:[4711]")),
+        Some(4711)
+    );
+    assert_eq!(socket_inode(std::ffi::OsStr::new("pipe:[4711]")), None);
+}
