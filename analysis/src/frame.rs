@@ -298,6 +298,19 @@ pub enum Frame {
     /// where each rank stood and their stacks; written again, with `resumed_after_seconds`,
     /// when iterations resume. Last, so that profiles written before it still read.
     Hang(Box<crate::hang::HangReport>),
+    /// Written once after the header of a run profile whose raw samples were kept only around
+    /// what matters (`crate::journal::retention`): its [`Frame::Breakdown`]s are the
+    /// attribution, since the samples that made them are mostly gone. Last, so that profiles
+    /// written before it still read.
+    SamplesThinned(SamplesThinned),
+}
+
+/// What a run profile's sample flight recorder kept ([`Frame::SamplesThinned`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplesThinned {
+    /// ns, how much of the samples the ring held in memory: the window kept before a moment
+    /// that matters, and the first and last stretch of the run kept whole.
+    pub window_ns: Nanos,
 }
 
 /// What a node's RDMA ports moved, for the reading that follows (same node, same `t_ns`) and

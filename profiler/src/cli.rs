@@ -247,6 +247,11 @@ pub struct RunArgs {
     /// stands and its Python stacks, on stderr and in the summary. The job is not stopped.
     #[arg(long, value_name = "SECONDS", value_parser = seconds_up_to_a_day)]
     pub hang_after: Option<f64>,
+    /// Write every raw sample to the profile. By default the 100 Hz samples are kept in a
+    /// ring in memory and written only for the first and last minute and around hangs and
+    /// long iterations; the attribution is written whole either way.
+    #[arg(long)]
+    pub keep_all_samples: bool,
     /// Where /proc and /sys are (hidden; tests point them at captured files).
     #[command(flatten)]
     pub roots: RootArgs,

@@ -21,6 +21,8 @@ use stallscope_agent::node::recorder::{Event, Inbox, Recorder};
 use stallscope_agent::node::sweep;
 use stallscope_agent::node::{agent_candidates, check_rate, NodeInputs, Samplers};
 use stallscope_analysis::frame::RunHeader;
+use stallscope_analysis::journal::retention::Retention;
+use stallscope_analysis::journal::FrameSink;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::summary::render_text;
 use stallscope_collector::profile::ProfileWriter;
@@ -351,15 +353,23 @@ fn recorder_of(args: &RunArgs, writer: ProfileWriter, tui: bool) -> anyhow::Resu
     let hub = Arc::new(FeedHub::default());
     let metrics = stallscope_metrics::serve_flag(args.metrics.as_deref(), &hub)?;
     let feed_socket = feed::open(hub.clone(), &format!("run-{}.feed", std::process::id()));
+    let (sink, keeper): (Box<dyn FrameSink>, _) = if args.keep_all_samples {
+        (Box::new(writer), None)
+    } else {
+        let thinned = Retention::new(Box::new(writer));
+        let keeper = thinned.handle();
+        (Box::new(thinned), Some(keeper))
+    };
     let recorder = Recorder::new(
-        Some(Box::new(writer)),
+        Some(sink),
         header,
         &name,
         Box::new(StatusLine::for_stderr(args.quiet || tui)),
         args.iter_regex.is_some(),
     )
     .with_feed(hub.clone())
-    .with_hang_watch(args.hang_after.map(|s| (s * 1e9) as u64));
+    .with_hang_watch(args.hang_after.map(|s| (s * 1e9) as u64))
+    .with_sample_keeper(keeper);
     Ok(Outlets {
         recorder,
         feed_socket,

@@ -14,6 +14,7 @@ use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::frame::{Frame, ProcessInfo, Role, RunEnd, RunHeader, SourceStatus};
 use stallscope_analysis::hang::{self, HangEvent, HangWatch};
 use stallscope_analysis::job::JobTimeline;
+use stallscope_analysis::journal::retention::KeepHandle;
 use stallscope_analysis::journal::{Breakdowns, FrameSink, Journal};
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::process::ancestors;
@@ -112,6 +113,9 @@ pub struct Recorder {
     tap: Option<Tap>,
     /// Declares hangs (`stallscope run`); none on an agent.
     hang_watch: Option<HangWatch>,
+    /// Asks the profile's sample flight recorder to keep a stretch of samples; none when
+    /// every sample is written (or nothing is).
+    sample_keeper: Option<KeepHandle>,
 }
 
 /// See [`Recorder::with_tap`].
@@ -144,6 +148,23 @@ impl Recorder {
             loops_seen: BTreeSet::new(),
             tap: None,
             hang_watch: None,
+            sample_keeper: None,
+        }
+    }
+
+    /// Lets [`Recorder::keep_samples`] reach the profile's sample flight recorder
+    /// ([`stallscope_analysis::journal::retention`]).
+    pub fn with_sample_keeper(mut self, keeper: Option<KeepHandle>) -> Recorder {
+        self.sample_keeper = keeper;
+        self
+    }
+
+    /// Keeps the raw samples from `from_ns` to `to_ns` (the monotonic clock, ns) in the
+    /// profile, for a moment that matters (a slowdown); nothing when every sample is written
+    /// anyway. Never blocks the recorder for long: the request is read at the next sample.
+    pub fn keep_samples(&self, from_ns: u64, to_ns: u64) {
+        if let Some(k) = &self.sample_keeper {
+            k.keep(from_ns, to_ns);
         }
     }
 

@@ -398,8 +398,13 @@ fn every_variant() -> Vec<Frame> {
             resumed_after_seconds: None,
         },
     )));
+    frames.push(Frame::SamplesThinned(
+        stallscope_analysis::frame::SamplesThinned {
+            window_ns: 60_000_000_000,
+        },
+    ));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 21];
+    let mut seen = [false; 22];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -423,6 +428,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeCounters(_) => 18,
             Frame::NodeRdma(_) => 19,
             Frame::Hang(_) => 20,
+            Frame::SamplesThinned(_) => 21,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them.
             Frame::SampleRun(_) => unreachable!("not a frame callers write"),

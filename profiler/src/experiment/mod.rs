@@ -396,6 +396,7 @@ fn run_config(
         tui: false,
         job: None,
         hang_after: None,
+        keep_all_samples: false,
         roots: crate::cli::RootArgs::live(),
         command: launch_command(args, &layout)?,
     };
