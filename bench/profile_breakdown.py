@@ -13,7 +13,7 @@ import sys
 KINDS = ["Header", "Series", "Samples", "Markers", "Process", "ProcessExit", "Breakdown",
          "Source", "End", "NodeClock", "NodeIteration", "NodeHealth", "Experiment",
          "NodeReport", "NodeResources", "SampleRun", "NodeGpus", "NodeNics", "NodeMeta",
-         "NodeCounters", "NodeRdma", "Hang", "SamplesThinned"]
+         "NodeCounters", "NodeRdma", "Hang", "SamplesThinned", "Deflated"]
 
 
 def breakdown(path):

@@ -303,6 +303,12 @@ pub enum Frame {
     /// attribution, since the samples that made them are mostly gone. Last, so that profiles
     /// written before it still read.
     SamplesThinned(SamplesThinned),
+    /// Consecutive frames other than samples (markers, breakdowns, readings: about a
+    /// second's), each as a u32-LE length and its payload, deflated together: the profile
+    /// writer packs them (`ProfileWriter::deflating`) and the reader gives the frames back, so
+    /// nothing past the file sees this variant. Last, so that profiles written before it
+    /// still read.
+    Deflated(Vec<u8>),
 }
 
 /// What a run profile's sample flight recorder kept ([`Frame::SamplesThinned`]).

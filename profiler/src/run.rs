@@ -180,7 +180,8 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     let regex = iter_regex(args)?;
     let profile_path = args.output.clone().unwrap_or_else(default_profile_path);
     let writer = ProfileWriter::create(&profile_path)
-        .with_context(|| format!("cannot create the profile {}", profile_path.display()))?;
+        .with_context(|| format!("cannot create the profile {}", profile_path.display()))?
+        .deflating();
     let dir = run_dir()?;
     let socket = dir.path().join("markers.sock");
 

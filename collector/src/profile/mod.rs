@@ -89,6 +89,11 @@ pub const FRAME_HEADER_LEN: usize = 2 + 1 + 4 + 4;
 /// bytes, the largest payload a frame may carry (16 MiB).
 pub const MAX_PAYLOAD: u32 = 16 * 1024 * 1024;
 
+/// bytes, the most a [`Frame::Deflated`] may inflate to: far above what a writer packs
+/// ([`writer::DEFLATE_MAX`] plus one frame), so that a crafted one cannot make a reader hold
+/// more than this.
+pub const MAX_INFLATED: usize = 1 << 20;
+
 /// Why a profile could not be written or read at all.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -430,8 +435,11 @@ fn every_variant() -> Vec<Frame> {
             Frame::Hang(_) => 20,
             Frame::SamplesThinned(_) => 21,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
-            // never comes back out; `samples_are_packed_and_read_back` tests them.
-            Frame::SampleRun(_) => unreachable!("not a frame callers write"),
+            // never comes back out; `samples_are_packed_and_read_back` tests them. Deflated
+            // frames likewise (`deflated_frames_read_back_as_written`).
+            Frame::SampleRun(_) | Frame::Deflated(_) => {
+                unreachable!("not a frame callers write")
+            }
         };
         seen[i] = true;
     }

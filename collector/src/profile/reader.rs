@@ -179,6 +179,8 @@ pub struct ProfileReader<R = File> {
     issues: Vec<ReadIssue>,
     /// The run being read, unpacked one batch at a time.
     unpacked: Option<stallscope_analysis::sample_run::Unpacking>,
+    /// The frames of the [`Frame::Deflated`] being read, not yet given.
+    inflated: std::collections::VecDeque<Frame>,
     /// bytes, the payload of the frame last read (what a run's width is checked against).
     last_payload: usize,
     /// bytes hashed by CRC checks that failed (the cost of damage and fake headers).
@@ -213,6 +215,7 @@ impl<R: Read> ProfileReader<R> {
             done: false,
             issues: Vec::new(),
             unpacked: None,
+            inflated: std::collections::VecDeque::new(),
             last_payload: 0,
             crc_wasted: 0,
             crc_hashed: 0,
@@ -470,6 +473,9 @@ impl<R: Read> Iterator for ProfileReader<R> {
                 return Some(Ok(Frame::Samples(batch)));
             }
             self.unpacked = None;
+            if let Some(frame) = self.inflated.pop_front() {
+                return Some(Ok(frame));
+            }
             if self.done {
                 return None;
             }
@@ -487,6 +493,17 @@ impl<R: Read> Iterator for ProfileReader<R> {
                         });
                     }
                 },
+                Ok(Some(Frame::Deflated(packed))) => match inflate(&packed) {
+                    Ok(frames) => self.inflated = frames,
+                    Err(why) => {
+                        let end = self.offset();
+                        self.issues.push(ReadIssue::Corrupt {
+                            offset: start,
+                            bytes: end - start,
+                            reason: Corruption::Undecodable(why),
+                        });
+                    }
+                },
                 Ok(Some(frame)) => return Some(Ok(frame)),
                 Ok(None) => {
                     self.done = true;
@@ -499,6 +516,36 @@ impl<R: Read> Iterator for ProfileReader<R> {
             }
         }
     }
+}
+
+/// The frames a [`Frame::Deflated`] packs, or why they cannot be read: it inflates past
+/// [`super::MAX_INFLATED`], a length runs past the end, a frame does not decode, or one is
+/// itself packed (a writer never nests them). All or nothing: its checksum held, so damage
+/// here was written so.
+fn inflate(packed: &[u8]) -> Result<std::collections::VecDeque<Frame>, String> {
+    let bytes = miniz_oxide::inflate::decompress_to_vec_with_limit(packed, super::MAX_INFLATED)
+        .map_err(|e| {
+            format!(
+                "deflated frames do not inflate within {} bytes: {e}",
+                super::MAX_INFLATED
+            )
+        })?;
+    let mut frames = std::collections::VecDeque::new();
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        let len = rest
+            .get(..4)
+            .map(|l| u32::from_le_bytes(l.try_into().expect("4 bytes")) as usize)
+            .filter(|len| *len <= rest.len() - 4)
+            .ok_or("a deflated frame's length runs past the end")?;
+        let frame = Frame::decode(&rest[4..4 + len]).map_err(|e| e.to_string())?;
+        if matches!(frame, Frame::Deflated(_) | Frame::SampleRun(_)) {
+            return Err("a packed frame inside deflated frames".into());
+        }
+        frames.push_back(frame);
+        rest = &rest[4 + len..];
+    }
+    Ok(frames)
 }
 
 #[cfg(test)]
