@@ -10,7 +10,10 @@
 //! - around a hang ([`Frame::Hang`]): the ring before it and a window after;
 //! - around a long iteration: one over [`LONG_FACTOR`] × its rank's median of recent walls,
 //!   from [`MARGIN_NS`] before it to [`MARGIN_NS`] after;
-//! - around any moment another part asks for through a [`KeepHandle`] (a slowdown).
+//! - around any moment another part asks for through a [`KeepHandle`] (a slowdown);
+//! - always, once a GPU's series is declared: what each iteration's GPU did
+//!   ([`crate::gpu_usage::NvmlReading`]) is read from the samples and not yet written as a
+//!   frame of its own, so a GPU node's profile keeps them all.
 //!
 //! Every other frame passes at once: the series' declarations, markers (iteration parts,
 //! phases, collectives), processes, the live breakdowns (the attribution itself), hangs. The
@@ -29,7 +32,7 @@ use crate::frame::{
     Frame, NodeCountersReport, NodeNics, NodeRdma, NodeResourcesReport, SamplesThinned,
 };
 use crate::resources::NodeResources;
-use crate::series::SampleBatch;
+use crate::series::{SampleBatch, LABEL_GPU};
 use crate::view::{NodeMeter, LOCAL};
 use crate::Nanos;
 
@@ -101,6 +104,8 @@ pub struct Retention {
     node: String,
     /// Readings written since the last counters.
     readings: u32,
+    /// Every sample is written from now on (a GPU's series was declared).
+    keep_all: bool,
 }
 
 impl Retention {
@@ -117,6 +122,7 @@ impl Retention {
             meter: NodeMeter::default(),
             node: LOCAL.to_string(),
             readings: 0,
+            keep_all: false,
         }
     }
 
@@ -126,7 +132,8 @@ impl Retention {
     }
 
     fn kept(&self, t: Nanos) -> bool {
-        self.first_ns.is_some_and(|f| t < f.saturating_add(ENDS_NS))
+        self.keep_all
+            || self.first_ns.is_some_and(|f| t < f.saturating_add(ENDS_NS))
             || self.keep.iter().any(|(a, b)| (*a..=*b).contains(&t))
     }
 
@@ -267,8 +274,14 @@ impl FrameSink for Retention {
                 self.write_reading(last, true)?;
             }
             Frame::Header(h) if !h.host.is_empty() => self.node = h.host.clone(),
-            Frame::Series(_) => {
+            Frame::Series(d) => {
                 self.meter.ingest(frame);
+                if !self.keep_all && d.label(LABEL_GPU).is_some() {
+                    self.keep_all = true;
+                    while let Some(b) = self.ring.pop_front() {
+                        self.inner.write(&Frame::Samples(b))?;
+                    }
+                }
             }
             _ => {}
         }
@@ -386,6 +399,29 @@ mod tests {
             .collect();
         assert_eq!(times, expected);
         assert!(matches!(frames.last(), Some(Frame::End(_))));
+    }
+
+    #[test]
+    fn a_gpu_node_keeps_every_sample() {
+        use crate::series::{SeriesDecl, SeriesId, SeriesKind};
+        let out = Collect::default();
+        let mut r = Box::new(Retention::new(Box::new(out.clone())));
+        for t in 1..=100u64 {
+            if t == 20 {
+                r.write(&Frame::Series(SeriesDecl {
+                    id: SeriesId(9),
+                    name: crate::series::names::GPU_ENERGY_MJ.into(),
+                    unit: "mJ".into(),
+                    kind: SeriesKind::Counter,
+                    labels: vec![(LABEL_GPU.into(), "0".into())],
+                }))
+                .unwrap();
+            }
+            r.write(&batch(t * S)).unwrap();
+        }
+        r.finish().unwrap();
+        let frames = out.0.lock().unwrap().clone();
+        assert_eq!(sample_times(&frames), (1..=100).collect::<Vec<_>>());
     }
 
     #[test]
