@@ -33,10 +33,11 @@ def spread(xs, fmt="{:.2f}"):
     return " / ".join(fmt.format(v) for v in (min(xs), statistics.median(xs), max(xs)))
 
 
-def one_run(exe, flags, python, iters, port, profile, summary):
+def one_run(exe, flags, python, iters, port, profile, summary, example_args):
     cmd = [exe, "run", "-q", "-o", profile, "--summary-json", summary] + flags + [
         "--", exe, "launch", "--nproc-per-node", "2", "--master-port", str(port), "--",
-        python, EXAMPLE, "--workers", "2", "--iters", str(iters), "--data-dir", DATA]
+        python, EXAMPLE, "--workers", "2", "--iters", str(iters), "--data-dir", DATA
+    ] + example_args
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wall = time.monotonic() - t0
@@ -49,6 +50,9 @@ def one_run(exe, flags, python, iters, port, profile, summary):
         "mb_per_hour": size / 1e6 / s["wall_seconds"] * 3600,
         "bytes": size,
         "iterations": sum(r.get("iterations", 0) for r in s.get("ranks", [])),
+        "median_iteration": statistics.median(
+            r["median_iteration_seconds"] for r in s.get("ranks", []))
+        if s.get("ranks") else float("nan"),
     }
 
 
@@ -59,6 +63,9 @@ def main():
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--keep", help="keep the profiles and summaries in this directory")
+    ap.add_argument("--example-args", default="",
+                    help="more flags for the example, e.g. '--width 4 --image-size 16' for "
+                         "~100 ms iterations on a loaded machine")
     args = ap.parse_args()
     configs = []
     for c in args.configs:
@@ -73,9 +80,11 @@ def main():
         for name, exe, flags in configs:
             p = os.path.join(tmp, f"{name}{rep}.stallscope")
             j = os.path.join(tmp, f"{name}{rep}.json")
-            r = one_run(exe, flags, args.python, args.iters, 29650 + rep, p, j)
+            r = one_run(exe, flags, args.python, args.iters, 29650 + rep, p, j,
+                        args.example_args.split())
             results[name].append(r)
-            print(f"{name} #{rep}: {r['wall']:.1f} s, CPU {r['cpu_pct']:.2f}% of a core, "
+            print(f"{name} #{rep}: {r['wall']:.1f} s, median iteration "
+                  f"{r['median_iteration']:.3f} s, CPU {r['cpu_pct']:.2f}% of a core, "
                   f"{r['bytes']} B = {r['mb_per_hour']:.1f} MB/h", file=sys.stderr, flush=True)
             if not args.keep:
                 os.remove(p)

@@ -20,6 +20,11 @@ const BUFFER: usize = 1 << 20;
 /// is written plain. A reader inflates at most [`super::MAX_INFLATED`].
 pub const DEFLATE_MAX: usize = 64 << 10;
 
+/// How long frames wait to be deflated together: markers and breakdowns deflate 1.4× in
+/// the chunks of a second, 1.8× in chunks of 10 s (the 2-rank example, issue 31). A
+/// profiler killed with SIGKILL loses up to this much of them; every other end writes them.
+pub const DEFLATE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// miniz's compression level (0–10): 6 is zlib's default; the frames of a second are a few
 /// kB, so the level costs microseconds either way.
 const DEFLATE_LEVEL: u8 = 6;
@@ -42,6 +47,8 @@ pub struct ProfileWriter {
     deflate: bool,
     /// Those not yet written: each a u32-LE length and its payload.
     pending: Vec<u8>,
+    /// When the first of them came.
+    pending_since: Option<std::time::Instant>,
 }
 
 impl ProfileWriter {
@@ -65,6 +72,7 @@ impl ProfileWriter {
             run: None,
             deflate: false,
             pending: Vec::new(),
+            pending_since: None,
         })
     }
 
@@ -109,12 +117,13 @@ impl ProfileWriter {
             run: None,
             deflate: false,
             pending: Vec::new(),
+            pending_since: None,
         })
     }
 
     /// Packs consecutive frames other than samples (and the header, end and notes, written
-    /// plain) into [`Frame::Deflated`], written at each flush or every [`DEFLATE_MAX`]
-    /// bytes: a run profile's markers and breakdowns shrink ~3× (issue 31). A reader older
+    /// plain) into [`Frame::Deflated`], written at the first flush [`DEFLATE_EVERY`] after
+    /// the first of them, at a sync, before a sample or every [`DEFLATE_MAX`] bytes: a run profile's markers and breakdowns shrink ~3× (issue 31). A reader older
     /// than the variant steps over them as damage.
     pub fn deflating(mut self) -> Self {
         self.deflate = true;
@@ -146,6 +155,8 @@ impl ProfileWriter {
         if packed {
             let payload = frame.encode();
             if payload.len() <= DEFLATE_MAX {
+                self.pending_since
+                    .get_or_insert_with(std::time::Instant::now);
                 self.pending
                     .extend_from_slice(&(payload.len() as u32).to_le_bytes());
                 self.pending.extend_from_slice(&payload);
@@ -166,6 +177,7 @@ impl ProfileWriter {
         }
         let packed = miniz_oxide::deflate::compress_to_vec(&self.pending, DEFLATE_LEVEL);
         self.pending.clear();
+        self.pending_since = None;
         self.write_frame(&Frame::Deflated(packed))
     }
 
@@ -216,14 +228,22 @@ impl ProfileWriter {
     /// Writes the buffered frames to the file in one write. What is flushed survives the
     /// profiler being killed; it is not yet safe from a crash of the machine (see
     /// [`sync`](Self::sync)).
+    /// Frames being deflated wait up to [`DEFLATE_EVERY`].
     pub fn flush(&mut self) -> Result<(), ProfileError> {
         self.write_run()?;
-        self.write_pending()?;
+        if self
+            .pending_since
+            .is_some_and(|t| t.elapsed() >= DEFLATE_EVERY)
+        {
+            self.write_pending()?;
+        }
         self.out.flush().map_err(|e| self.io(e))
     }
 
-    /// Flushes, then asks the OS to put the file's data on disk.
+    /// Flushes everything, then asks the OS to put the file's data on disk.
     pub fn sync(&mut self) -> Result<(), ProfileError> {
+        self.write_run()?;
+        self.write_pending()?;
         self.flush()?;
         self.out.get_ref().sync_data().map_err(|e| self.io(e))
     }
