@@ -9,7 +9,8 @@
 //! - for the first and the last [`ENDS_NS`] of the run (the last from the ring, at the end);
 //! - around a hang ([`Frame::Hang`]): the ring before it and a window after;
 //! - around a long iteration: one over [`LONG_FACTOR`] × its rank's median of recent walls,
-//!   from [`MARGIN_NS`] before it to [`MARGIN_NS`] after;
+//!   from its own length (at most [`MARGIN_NS`]) before it to as much after; at most one
+//!   every [`LONG_EVERY_NS`];
 //! - around any moment another part asks for through a [`KeepHandle`] (a slowdown);
 //! - always, once a GPU's series is declared: what each iteration's GPU did
 //!   ([`crate::gpu_usage::NvmlReading`]) is read from the samples and not yet written as a
@@ -46,11 +47,17 @@ pub const WINDOW_NS: Nanos = 60_000_000_000;
 
 /// ns, the stretch kept whole at the start and at the end of a run. Not a minute: the
 /// samples of a 40-s run's two minutes would be the whole run, and samples cost ~28 MB per
-/// hour (issue 31's goal for a whole profile is 10).
-pub const ENDS_NS: Nanos = 5_000_000_000;
+/// hour (issue 31's goal for a whole profile is 10); the run's resources, start-up included,
+/// are written every second whatever is kept.
+pub const ENDS_NS: Nanos = 2_000_000_000;
 
-/// ns, kept either side of a long iteration.
+/// ns, kept at most either side of a long iteration (at least its own length).
 pub const MARGIN_NS: Nanos = 2_000_000_000;
+
+/// ns, the least time between the starts of two long iterations' windows: on a loaded
+/// machine a fast loop has "long" iterations every second, and keeping each would keep
+/// everything.
+pub const LONG_EVERY_NS: Nanos = 30_000_000_000;
 
 /// An iteration this many times its rank's median of recent walls is long.
 pub const LONG_FACTOR: u64 = 3;
@@ -104,6 +111,8 @@ pub struct Retention {
     node: String,
     /// Readings written since the last counters.
     readings: u32,
+    /// ns, the end of the last long iteration whose samples were kept.
+    last_long_ns: Option<Nanos>,
     /// Every sample is written from now on (a GPU's series was declared).
     keep_all: bool,
 }
@@ -123,6 +132,7 @@ impl Retention {
             node: LOCAL.to_string(),
             readings: 0,
             keep_all: false,
+            last_long_ns: None,
         }
     }
 
@@ -254,10 +264,17 @@ impl FrameSink for Retention {
     fn write(&mut self, frame: &Frame) -> Result<(), String> {
         match frame {
             Frame::Samples(b) => return self.on_samples(b),
-            Frame::Breakdown(b) if self.is_long(b.rank, b.wall_ns()) => {
+            Frame::Breakdown(b)
+                if self.is_long(b.rank, b.wall_ns())
+                    && self
+                        .last_long_ns
+                        .is_none_or(|t| b.end_ns >= t.saturating_add(LONG_EVERY_NS)) =>
+            {
+                self.last_long_ns = Some(b.end_ns);
+                let margin = b.wall_ns().min(MARGIN_NS);
                 let span = (
-                    b.start_ns.saturating_sub(MARGIN_NS),
-                    b.end_ns.saturating_add(MARGIN_NS),
+                    b.start_ns.saturating_sub(margin),
+                    b.end_ns.saturating_add(margin),
                 );
                 self.take_requests(Some(span))?;
             }
@@ -392,13 +409,56 @@ mod tests {
         assert_eq!(breakdowns, 600 - 1 - 9);
         let mut times = sample_times(&frames);
         times.sort_unstable();
-        let expected: Vec<Nanos> = (1..=5)
+        let expected: Vec<Nanos> = (1..=2)
             .chain(288..=302)
             .chain(400..=405)
-            .chain(595..=600)
+            .chain(598..=600)
             .collect();
         assert_eq!(times, expected);
         assert!(matches!(frames.last(), Some(Frame::End(_))));
+    }
+
+    /// A loop of 100-ms iterations with a 400-ms one every 5 s, sampled every 100 ms: the
+    /// samples around at most one long iteration in 30 s are kept.
+    #[test]
+    fn long_iterations_keep_at_most_one_window_in_30_s() {
+        const MS: Nanos = 1_000_000;
+        let out = Collect::default();
+        let mut r = Box::new(Retention::new(Box::new(out.clone())));
+        let mut end = 0;
+        for i in 0..600u64 {
+            let wall = if i > 0 && i % 50 == 0 {
+                400 * MS
+            } else {
+                100 * MS
+            };
+            let start = end;
+            end += wall;
+            let mut t = start - start % (100 * MS) + 100 * MS;
+            while t <= end {
+                r.write(&batch(t)).unwrap();
+                t += 100 * MS;
+            }
+            r.write(&breakdown(i, start, end)).unwrap();
+        }
+        let frames = out.0.lock().unwrap().clone();
+        let kept: Vec<Nanos> = frames
+            .iter()
+            .filter_map(|f| match f {
+                Frame::Samples(b) if b.t_ns > ENDS_NS => Some(b.t_ns / (100 * MS)),
+                _ => None,
+            })
+            .collect();
+        // 12 long iterations end at 5.3 s, 10.6 s, ... (each 0.3 s later) in a 63.6-s run:
+        // the first is kept, then the first at least 30 s after it (37.1 s), ±400 ms.
+        let windows: Vec<Nanos> = kept
+            .windows(2)
+            .filter(|w| w[1] != w[0] + 1)
+            .map(|w| w[1])
+            .chain(kept.first().copied())
+            .collect();
+        assert_eq!(windows.len(), 2, "kept {kept:?}");
+        assert_eq!(kept.len(), 2 * 13, "kept {kept:?}");
     }
 
     #[test]
@@ -438,7 +498,7 @@ mod tests {
         let frames = out.0.lock().unwrap().clone();
         let mut times = sample_times(&frames);
         times.sort_unstable();
-        let expected: Vec<Nanos> = (1..=5).chain(440..=560).chain(995..=1000).collect();
+        let expected: Vec<Nanos> = (1..=2).chain(440..=560).chain(998..=1000).collect();
         assert_eq!(times, expected);
     }
 }

@@ -89,10 +89,10 @@ pub const FRAME_HEADER_LEN: usize = 2 + 1 + 4 + 4;
 /// bytes, the largest payload a frame may carry (16 MiB).
 pub const MAX_PAYLOAD: u32 = 16 * 1024 * 1024;
 
-/// bytes, the most a [`Frame::Deflated`] may inflate to: far above what a writer packs
-/// ([`writer::DEFLATE_MAX`] plus one frame), so that a crafted one cannot make a reader hold
-/// more than this.
-pub const MAX_INFLATED: usize = 1 << 20;
+/// bytes, the most a [`Frame::Deflated`] may inflate to: what a writer packs at most
+/// ([`writer::DEFLATE_MAX`] plus one frame of at most as much), so that a crafted one cannot
+/// make a reader hold more (its frames are decoded one at a time).
+pub const MAX_INFLATED: usize = 2 * writer::DEFLATE_MAX;
 
 /// Why a profile could not be written or read at all.
 #[derive(Debug, thiserror::Error)]

@@ -16,9 +16,10 @@ use super::{
 /// caller's once-a-second [`ProfileWriter::flush`] is what normally sends frames to the file.
 const BUFFER: usize = 1 << 20;
 
-/// bytes of frames (encoded) a [`Frame::Deflated`] packs at most; a frame larger than this
-/// is written plain. A reader inflates at most [`super::MAX_INFLATED`].
-pub const DEFLATE_MAX: usize = 64 << 10;
+/// bytes of frames (encoded, with their lengths) a [`Frame::Deflated`] packs at most (one
+/// frame alone may take 4 more); a frame larger than this is written plain. A reader inflates
+/// at most [`super::MAX_INFLATED`].
+pub const DEFLATE_MAX: usize = 32 << 10;
 
 /// How long frames wait to be deflated together: markers and breakdowns deflate 1.4× in
 /// the chunks of a second, 1.8× in chunks of 10 s (the 2-rank example, issue 31). A
@@ -155,14 +156,16 @@ impl ProfileWriter {
         if packed {
             let payload = frame.encode();
             if payload.len() <= DEFLATE_MAX {
+                // A pack never inflates past MAX_INFLATED: when one more frame would take it
+                // over DEFLATE_MAX, what is packed goes first.
+                if self.pending.len() + 4 + payload.len() > DEFLATE_MAX {
+                    self.write_pending()?;
+                }
                 self.pending_since
                     .get_or_insert_with(std::time::Instant::now);
                 self.pending
                     .extend_from_slice(&(payload.len() as u32).to_le_bytes());
                 self.pending.extend_from_slice(&payload);
-                if self.pending.len() >= DEFLATE_MAX {
-                    self.write_pending()?;
-                }
                 return Ok(());
             }
         }
