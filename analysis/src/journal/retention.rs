@@ -11,6 +11,7 @@
 //! - around a long iteration: one over [`LONG_FACTOR`] × its rank's median of recent walls,
 //!   from its own length (at most [`MARGIN_NS`]) before it to as much after; at most one
 //!   every [`LONG_EVERY_NS`];
+//! - for [`ENDS_NS`] before a process of the job is seen gone (its counters' last totals);
 //! - around any moment another part asks for through a [`KeepHandle`] (a slowdown);
 //! - always, once a GPU's series is declared: what each iteration's GPU did
 //!   ([`crate::gpu_usage::NvmlReading`]) is read from the samples and not yet written as a
@@ -278,6 +279,12 @@ impl FrameSink for Retention {
                 );
                 self.take_requests(Some(span))?;
             }
+            // A process's last readings (its counters' totals: what `experiment` reads of
+            // a loader's CPU and bytes) are in the samples just before it was seen gone.
+            Frame::ProcessExit { .. } => {
+                let now = self.ring.back().map_or(0, |b| b.at());
+                self.take_requests(Some((now.saturating_sub(ENDS_NS), now)))?;
+            }
             Frame::Hang(_) => {
                 let now = self.ring.back().map_or(0, |b| b.at());
                 self.take_requests(Some((
@@ -459,6 +466,28 @@ mod tests {
             .collect();
         assert_eq!(windows.len(), 2, "kept {kept:?}");
         assert_eq!(kept.len(), 2 * 13, "kept {kept:?}");
+    }
+
+    #[test]
+    fn a_process_gone_keeps_its_last_readings() {
+        let out = Collect::default();
+        let mut r = Box::new(Retention::new(Box::new(out.clone())));
+        for t in 1..=100u64 {
+            r.write(&batch(t * S)).unwrap();
+            if t == 50 {
+                r.write(&Frame::ProcessExit {
+                    pid: 7,
+                    t_ns: t * S,
+                })
+                .unwrap();
+            }
+        }
+        r.finish().unwrap();
+        let frames = out.0.lock().unwrap().clone();
+        let mut times = sample_times(&frames);
+        times.sort_unstable();
+        let expected: Vec<Nanos> = (1..=2).chain(48..=50).chain(98..=100).collect();
+        assert_eq!(times, expected);
     }
 
     #[test]
