@@ -302,6 +302,25 @@ pub enum Frame {
     /// one, from the flow source (sock_diag) every half second. Last, so that profiles
     /// written before it still read.
     NodeFlows(crate::flows::NodeFlows),
+    /// Written once after the header of a run profile whose raw samples were kept only around
+    /// what matters (`crate::journal::retention`): its [`Frame::Breakdown`]s are the
+    /// attribution, since the samples that made them are mostly gone. Last, so that profiles
+    /// written before it still read.
+    SamplesThinned(SamplesThinned),
+    /// Consecutive frames other than samples (markers, breakdowns, readings: about a
+    /// second's), each as a u32-LE length and its payload, deflated together: the profile
+    /// writer packs them (`ProfileWriter::deflating`) and the reader gives the frames back, so
+    /// nothing past the file sees this variant. Last, so that profiles written before it
+    /// still read.
+    Deflated(Vec<u8>),
+}
+
+/// What a run profile's sample flight recorder kept ([`Frame::SamplesThinned`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplesThinned {
+    /// ns, how much of the samples the ring held in memory: the window kept before a moment
+    /// that matters, and the first and last stretch of the run kept whole.
+    pub window_ns: Nanos,
 }
 
 /// What a node's RDMA ports moved, for the reading that follows (same node, same `t_ns`) and

@@ -257,6 +257,11 @@ pub struct RunArgs {
     /// 0: never.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0, value_parser = seconds_up_to_a_day)]
     pub flight_recorder: f64,
+    /// Write every raw sample to the profile. By default the 100 Hz samples are kept in a
+    /// ring in memory and written only for the first and last minute and around hangs and
+    /// long iterations; the attribution is written whole either way.
+    #[arg(long)]
+    pub keep_all_samples: bool,
     /// Where /proc and /sys are (hidden; tests point them at captured files).
     #[command(flatten)]
     pub roots: RootArgs,

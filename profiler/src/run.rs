@@ -21,6 +21,8 @@ use stallscope_agent::node::recorder::{Event, Inbox, Recorder};
 use stallscope_agent::node::sweep;
 use stallscope_agent::node::{agent_candidates, check_rate, NodeInputs, Samplers};
 use stallscope_analysis::frame::RunHeader;
+use stallscope_analysis::journal::retention::Retention;
+use stallscope_analysis::journal::FrameSink;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::summary::render_text;
 use stallscope_collector::profile::ProfileWriter;
@@ -178,7 +180,8 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
     let regex = iter_regex(args)?;
     let profile_path = args.output.clone().unwrap_or_else(default_profile_path);
     let writer = ProfileWriter::create(&profile_path)
-        .with_context(|| format!("cannot create the profile {}", profile_path.display()))?;
+        .with_context(|| format!("cannot create the profile {}", profile_path.display()))?
+        .deflating();
     let dir = run_dir()?;
     let socket = dir.path().join("markers.sock");
 
@@ -356,15 +359,23 @@ fn recorder_of(
     let hub = Arc::new(FeedHub::default());
     let metrics = stallscope_metrics::serve_flag(args.metrics.as_deref(), &hub)?;
     let feed_socket = feed::open(hub.clone(), &format!("run-{}.feed", std::process::id()));
+    let (sink, keeper): (Box<dyn FrameSink>, _) = if args.keep_all_samples {
+        (Box::new(writer), None)
+    } else {
+        let thinned = Retention::new(Box::new(writer));
+        let keeper = thinned.handle();
+        (Box::new(thinned), Some(keeper))
+    };
     let recorder = Recorder::new(
-        Some(Box::new(writer)),
+        Some(sink),
         header,
         &name,
         Box::new(StatusLine::for_stderr(args.quiet || tui)),
         args.iter_regex.is_some(),
     )
     .with_feed(hub.clone())
-    .with_hang_watch(args.hang_after.map(|s| (s * 1e9) as u64));
+    .with_hang_watch(args.hang_after.map(|s| (s * 1e9) as u64))
+    .with_sample_keeper(keeper);
     let recorder = if args.flight_recorder > 0.0 {
         recorder.with_flight_recorder(flight_recorder(profile, args.flight_recorder))
     } else {

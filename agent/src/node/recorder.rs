@@ -14,6 +14,7 @@ use stallscope_analysis::attribution::IterationBreakdown;
 use stallscope_analysis::frame::{Frame, ProcessInfo, Role, RunEnd, RunHeader, SourceStatus};
 use stallscope_analysis::hang::{self, HangEvent, HangWatch};
 use stallscope_analysis::job::JobTimeline;
+use stallscope_analysis::journal::retention::KeepHandle;
 use stallscope_analysis::journal::{Breakdowns, FrameSink, Journal};
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::process::ancestors;
@@ -114,6 +115,9 @@ pub struct Recorder {
     hang_watch: Option<HangWatch>,
     /// Writes the recent trace when a hang is declared ([`Recorder::with_flight_recorder`]).
     flight_recorder: Option<FlightRecorder>,
+    /// Asks the profile's sample flight recorder to keep a stretch of samples; none when
+    /// every sample is written (or nothing is).
+    sample_keeper: Option<KeepHandle>,
 }
 
 /// The flight recorder's hook: called, once the profile is flushed, with what happened
@@ -152,6 +156,23 @@ impl Recorder {
             tap: None,
             hang_watch: None,
             flight_recorder: None,
+            sample_keeper: None,
+        }
+    }
+
+    /// Lets [`Recorder::keep_samples`] reach the profile's sample flight recorder
+    /// ([`stallscope_analysis::journal::retention`]).
+    pub fn with_sample_keeper(mut self, keeper: Option<KeepHandle>) -> Recorder {
+        self.sample_keeper = keeper;
+        self
+    }
+
+    /// Keeps the raw samples from `from_ns` to `to_ns` (the monotonic clock, ns) in the
+    /// profile, for a moment that matters (a slowdown); nothing when every sample is written
+    /// anyway. Never blocks the recorder for long: the request is read at the next sample.
+    pub fn keep_samples(&self, from_ns: u64, to_ns: u64) {
+        if let Some(k) = &self.sample_keeper {
+            k.keep(from_ns, to_ns);
         }
     }
 

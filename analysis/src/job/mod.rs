@@ -54,7 +54,8 @@ pub struct JobTimeline {
 }
 
 impl JobTimeline {
-    /// Takes one frame. Breakdown frames are not taken: breakdowns are always re-derived.
+    /// Takes one frame. Breakdown frames are taken only from a profile whose samples were
+    /// thinned ([`Frame::SamplesThinned`]); otherwise breakdowns are re-derived.
     pub fn ingest(&mut self, frame: &Frame) {
         match frame {
             Frame::Header(h) => {

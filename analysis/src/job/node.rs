@@ -56,6 +56,10 @@ pub struct NodeTimeline {
     /// What the GPU did in each iteration of the last attribution round, by (rank,
     /// iteration): what an agent ships with the iteration. Cleared every round.
     round_gpu: HashMap<(u32, u64), NvmlReading>,
+    /// A profile whose samples were thinned ([`Frame::SamplesThinned`]): the breakdowns it
+    /// wrote, by (pid, iteration), taken as the attribution instead of re-attributing from
+    /// the samples left; an iteration is ready once its breakdown is here.
+    given: Option<HashMap<(u32, u64), IterationBreakdown>>,
 }
 
 impl NodeTimeline {
@@ -75,6 +79,14 @@ impl NodeTimeline {
             }
             Frame::Source(s) => {
                 self.sources.insert(s.source.clone(), s.clone());
+            }
+            Frame::SamplesThinned(_) => {
+                self.given.get_or_insert_with(HashMap::new);
+            }
+            Frame::Breakdown(b) => {
+                if let Some(given) = self.given.as_mut() {
+                    given.insert((b.pid, b.iter), b.clone());
+                }
             }
             _ => {}
         }
@@ -310,10 +322,16 @@ impl NodeTimeline {
                     exited: &self.exited,
                     gpu_watermark,
                 };
-                if !readiness.is_ready(seen, *pid, iter, end, now, finishing) {
+                let given = self.given.as_mut().map(|g| g.remove(&(*pid, iter)));
+                let ready = match &given {
+                    Some(b) => b.is_some() || finishing,
+                    None => readiness.is_ready(seen, *pid, iter, end, now, finishing),
+                };
+                if !ready {
                     break;
                 }
-                let done = self.attribute_one(*rank, *pid, iter, (start, end), &links);
+                let done =
+                    self.attribute_one(*rank, *pid, iter, (start, end), &links, given.flatten());
                 if let Some(g) = &done.gpu {
                     self.round_gpu.insert((*rank, iter), g.clone());
                 }
@@ -356,7 +374,8 @@ impl NodeTimeline {
         )
     }
 
-    /// Attributes iteration `iter` of loop `pid` (rank `rank`), spanning `(start, end)` ns.
+    /// Attributes iteration `iter` of loop `pid` (rank `rank`), spanning `(start, end)` ns;
+    /// `given`: its breakdown as a thinned profile wrote it, taken as it is.
     fn attribute_one(
         &self,
         rank: u32,
@@ -364,6 +383,7 @@ impl NodeTimeline {
         iter: u64,
         (start, end): (Nanos, Nanos),
         links: &Links,
+        given: Option<IterationBreakdown>,
     ) -> Attributed {
         let marks = &self.markers.procs[&pid];
         let comm = marks.comm_spans(start, end);
@@ -394,7 +414,8 @@ impl NodeTimeline {
                 .collect(),
             gpu: gpu_index.as_deref().map(|g| self.gpu_series(pid, g)),
         };
-        let breakdown = attribute(&input, &self.series, &rank_series, links);
+        let breakdown =
+            given.unwrap_or_else(|| attribute(&input, &self.series, &rank_series, links));
         let comm = comm
             .iter()
             .zip(comm_span_times(&input))

@@ -8,6 +8,7 @@
 //! (the profile writer, or nothing on an agent), so this stays free of I/O.
 
 pub mod replay;
+pub mod retention;
 
 use crate::attribution::IterationBreakdown;
 use crate::frame::{Frame, RunEnd, RunHeader};

@@ -77,9 +77,17 @@ pub fn join_runs(profiles: &[(String, Vec<Frame>)]) -> Result<Vec<Frame>, String
             ..NodeHealth::default()
         };
         let mut gpus: Vec<GpuIdentity> = Vec::new();
+        // A profile whose samples were thinned holds its one-second readings as frames.
+        let mut thinned = false;
         for f in frames {
             journal.ingest(f);
             let reading = match f {
+                Frame::SamplesThinned(_) => {
+                    thinned = true;
+                    None
+                }
+                Frame::NodeResources(r) if thinned => Some(r.resources.clone()),
+                _ if thinned => None,
                 Frame::End(_) => meter.flush(),
                 _ => meter.ingest(f),
             };

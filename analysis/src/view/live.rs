@@ -23,7 +23,7 @@ use super::{
 const RANKS_PER_SECOND: usize = 64;
 
 /// The name of the node a single-node run's host field leaves empty.
-const LOCAL: &str = "local";
+pub const LOCAL: &str = "local";
 
 /// A [`JobView`] and what changed in it since [`LiveModel::take_update`].
 #[derive(Debug, Default)]
@@ -46,6 +46,9 @@ pub struct LiveModel {
     rdma: BTreeMap<String, crate::frame::NodeRdma>,
     /// Every node's TCP flows, for their totals per class.
     flows: crate::flows::FlowLedger,
+    /// A profile whose samples were thinned ([`Frame::SamplesThinned`]): this node's
+    /// one-second readings come as [`Frame::NodeResources`], not from its samples.
+    thinned: bool,
 }
 
 /// Reported GPU readings held for iterations not yet joined.
@@ -159,6 +162,8 @@ impl LiveModel {
             Frame::NodeHealth(h) => {
                 self.dirty_nodes.insert(h.node.clone());
             }
+            Frame::SamplesThinned(_) => self.thinned = true,
+            Frame::Samples(_) if self.thinned => {}
             Frame::Source(_) => {
                 if let Some(n) = &self.local_node {
                     self.dirty_nodes.insert(n.clone());

@@ -17,7 +17,7 @@ mod live;
 mod meter;
 
 pub use crate::resources::NodeResources;
-pub use live::{job_name, LiveModel};
+pub use live::{job_name, LiveModel, LOCAL};
 pub use meter::NodeMeter;
 
 use std::collections::{BTreeMap, VecDeque};

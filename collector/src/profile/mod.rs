@@ -89,6 +89,11 @@ pub const FRAME_HEADER_LEN: usize = 2 + 1 + 4 + 4;
 /// bytes, the largest payload a frame may carry (16 MiB).
 pub const MAX_PAYLOAD: u32 = 16 * 1024 * 1024;
 
+/// bytes, the most a [`Frame::Deflated`] may inflate to: what a writer packs at most
+/// ([`writer::DEFLATE_MAX`] plus one frame of at most as much), so that a crafted one cannot
+/// make a reader hold more (its frames are decoded one at a time).
+pub const MAX_INFLATED: usize = 2 * writer::DEFLATE_MAX;
+
 /// Why a profile could not be written or read at all.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -414,8 +419,13 @@ fn every_variant() -> Vec<Frame> {
             rtt_us: 1200,
         }],
     }));
+    frames.push(Frame::SamplesThinned(
+        stallscope_analysis::frame::SamplesThinned {
+            window_ns: 60_000_000_000,
+        },
+    ));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 22];
+    let mut seen = [false; 23];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -440,9 +450,13 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeRdma(_) => 19,
             Frame::Hang(_) => 20,
             Frame::NodeFlows(_) => 21,
+            Frame::SamplesThinned(_) => 22,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
-            // never comes back out; `samples_are_packed_and_read_back` tests them.
-            Frame::SampleRun(_) => unreachable!("not a frame callers write"),
+            // never comes back out; `samples_are_packed_and_read_back` tests them. Deflated
+            // frames likewise (`deflated_frames_read_back_as_written`).
+            Frame::SampleRun(_) | Frame::Deflated(_) => {
+                unreachable!("not a frame callers write")
+            }
         };
         seen[i] = true;
     }

@@ -179,6 +179,9 @@ pub struct ProfileReader<R = File> {
     issues: Vec<ReadIssue>,
     /// The run being read, unpacked one batch at a time.
     unpacked: Option<stallscope_analysis::sample_run::Unpacking>,
+    /// The [`Frame::Deflated`] being read, inflated, and where its next frame starts: its
+    /// frames are decoded one at a time, as the file's are.
+    inflated: Option<(Vec<u8>, usize, u64)>,
     /// bytes, the payload of the frame last read (what a run's width is checked against).
     last_payload: usize,
     /// bytes hashed by CRC checks that failed (the cost of damage and fake headers).
@@ -213,6 +216,7 @@ impl<R: Read> ProfileReader<R> {
             done: false,
             issues: Vec::new(),
             unpacked: None,
+            inflated: None,
             last_payload: 0,
             crc_wasted: 0,
             crc_hashed: 0,
@@ -470,6 +474,9 @@ impl<R: Read> Iterator for ProfileReader<R> {
                 return Some(Ok(Frame::Samples(batch)));
             }
             self.unpacked = None;
+            if let Some(frame) = self.next_inflated() {
+                return Some(Ok(frame));
+            }
             if self.done {
                 return None;
             }
@@ -487,6 +494,17 @@ impl<R: Read> Iterator for ProfileReader<R> {
                         });
                     }
                 },
+                Ok(Some(Frame::Deflated(packed))) => match inflate(&packed) {
+                    Ok(bytes) => self.inflated = Some((bytes, 0, start)),
+                    Err(why) => {
+                        let end = self.offset();
+                        self.issues.push(ReadIssue::Corrupt {
+                            offset: start,
+                            bytes: end - start,
+                            reason: Corruption::Undecodable(why),
+                        });
+                    }
+                },
                 Ok(Some(frame)) => return Some(Ok(frame)),
                 Ok(None) => {
                     self.done = true;
@@ -496,6 +514,60 @@ impl<R: Read> Iterator for ProfileReader<R> {
                     self.done = true;
                     return Some(Err(self.io(e)));
                 }
+            }
+        }
+    }
+}
+
+/// The bytes a [`Frame::Deflated`] packs, or why they cannot be read: they inflate past
+/// [`super::MAX_INFLATED`].
+fn inflate(packed: &[u8]) -> Result<Vec<u8>, String> {
+    miniz_oxide::inflate::decompress_to_vec_with_limit(packed, super::MAX_INFLATED).map_err(|e| {
+        format!(
+            "deflated frames do not inflate within {} bytes: {e}",
+            super::MAX_INFLATED
+        )
+    })
+}
+
+/// The next of the frames at `bytes[*at..]` (each a u32-LE length and its payload), or why
+/// it cannot be read: its length runs past the end, it does not decode, or it is itself
+/// packed (a writer never nests them).
+fn next_packed(bytes: &[u8], at: &mut usize) -> Result<Frame, String> {
+    let rest = &bytes[*at..];
+    let len = rest
+        .get(..4)
+        .map(|l| u32::from_le_bytes(l.try_into().expect("4 bytes")) as usize)
+        .filter(|len| *len <= rest.len() - 4)
+        .ok_or("a deflated frame's length runs past the end")?;
+    let frame = Frame::decode(&rest[4..4 + len]).map_err(|e| e.to_string())?;
+    if matches!(frame, Frame::Deflated(_) | Frame::SampleRun(_)) {
+        return Err("a packed frame inside deflated frames".into());
+    }
+    *at += 4 + len;
+    Ok(frame)
+}
+
+impl<R: Read> ProfileReader<R> {
+    /// The next frame of the [`Frame::Deflated`] being read; damage in it is an issue, and
+    /// the rest of it is stepped over (its checksum held, so it was written so).
+    fn next_inflated(&mut self) -> Option<Frame> {
+        let (bytes, at, offset) = self.inflated.as_mut()?;
+        if *at >= bytes.len() {
+            self.inflated = None;
+            return None;
+        }
+        match next_packed(bytes, at) {
+            Ok(frame) => Some(frame),
+            Err(why) => {
+                let offset = *offset;
+                self.inflated = None;
+                self.issues.push(ReadIssue::Corrupt {
+                    offset,
+                    bytes: 0,
+                    reason: Corruption::Undecodable(why),
+                });
+                None
             }
         }
     }
@@ -998,6 +1070,42 @@ mod tests {
             why.contains("unpacks to more than 4 sample values per byte"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn deflated_frames_that_inflate_too_far_or_hold_damage_are_stepped_over() {
+        let frames = every_variant();
+        let packed = |inner: &[u8]| {
+            raw_frame(&Frame::Deflated(miniz_oxide::deflate::compress_to_vec(inner, 6)).encode())
+        };
+        let mut bytes = MAGIC.to_vec();
+        bytes.push(FORMAT_VERSION);
+        // A megabyte of zeros deflates to about a kilobyte: refused, not inflated.
+        bytes.extend(packed(&vec![0u8; 1 << 20]));
+        bytes.extend(raw_frame(&frames[1].encode()));
+        // A good frame, then a length that runs past the end: the first is read.
+        let good = frames[2].encode();
+        let mut inner = (good.len() as u32).to_le_bytes().to_vec();
+        inner.extend_from_slice(&good);
+        inner.extend_from_slice(&1000u32.to_le_bytes());
+        bytes.extend(packed(&inner));
+        bytes.extend(raw_frame(&frames[3].encode()));
+        let read = read_bytes(&bytes).unwrap();
+        assert_eq!(read.frames, frames[1..4].to_vec());
+        let why: Vec<String> = read
+            .issues
+            .iter()
+            .map(|i| match i {
+                ReadIssue::Corrupt {
+                    reason: Corruption::Undecodable(why),
+                    ..
+                } => why.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(why[0].contains("do not inflate within"), "{why:?}");
+        assert!(why[1].contains("runs past the end"), "{why:?}");
     }
 
     #[test]

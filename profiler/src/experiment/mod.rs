@@ -397,6 +397,7 @@ fn run_config(
         job: None,
         hang_after: None,
         flight_recorder: 0.0,
+        keep_all_samples: false,
         roots: crate::cli::RootArgs::live(),
         command: launch_command(args, &layout)?,
     };
