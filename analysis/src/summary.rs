@@ -94,6 +94,10 @@ pub struct Summary {
     /// Every hang declared (no rank finished an iteration for `--hang-after`), in order.
     #[serde(default)]
     pub hangs: Vec<crate::hang::HangReport>,
+    /// Every rank that turned slow (a category of its iterations grew and stayed grown), in
+    /// the order found; a recovered one has its `until_iteration`.
+    #[serde(default)]
+    pub slowdowns: Vec<crate::slowdown::Slowdown>,
 }
 
 /// One node of a multi-node job.
@@ -172,7 +176,28 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             .chain(gpus_unmeasured(job))
             .collect(),
         hangs: job.hangs.clone(),
+        slowdowns: slowdowns(job),
     }
+}
+
+/// The slowdowns found, each with its rank's node (the host in a single-node run).
+pub fn slowdowns(job: &JobTimeline) -> Vec<crate::slowdown::Slowdown> {
+    let host = job
+        .header
+        .as_ref()
+        .map(|h| h.host.clone())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "local".to_string());
+    let mut found = job.summary.slowdowns.found().to_vec();
+    for s in &mut found {
+        s.node = job
+            .nodes
+            .rank_nodes
+            .get(&s.rank)
+            .cloned()
+            .unwrap_or_else(|| host.clone());
+    }
+    found
 }
 
 /// Loop `pid`'s (rank `rank`'s) communication operations over its `iterations` counted ones.

@@ -17,7 +17,8 @@ use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::journal::{Breakdowns, FrameSink, Journal};
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::process::ancestors;
-use stallscope_analysis::summary::Summary;
+use stallscope_analysis::slowdown::{self, SlowdownNews};
+use stallscope_analysis::summary::{self, Summary};
 use stallscope_analysis::view::JobView;
 
 use super::feed::FeedHub;
@@ -112,6 +113,8 @@ pub struct Recorder {
     tap: Option<Tap>,
     /// Declares hangs (`stallscope run`); none on an agent.
     hang_watch: Option<HangWatch>,
+    /// The slowdowns already said on stderr.
+    slowdown_news: SlowdownNews,
 }
 
 /// See [`Recorder::with_tap`].
@@ -144,6 +147,7 @@ impl Recorder {
             loops_seen: BTreeSet::new(),
             tap: None,
             hang_watch: None,
+            slowdown_news: SlowdownNews::default(),
         }
     }
 
@@ -302,6 +306,7 @@ impl Recorder {
         if !finishing {
             self.watch_for_hang(now);
         }
+        self.say_slowdowns();
         if let Some(tap) = self.tap.as_mut() {
             tap(self.journal.timeline(), self.journal.view(), &new);
         }
@@ -340,6 +345,18 @@ impl Recorder {
                 }
             }
             None => {}
+        }
+    }
+
+    /// Says each rank that turned slow, and each that recovered, once (the job timeline finds
+    /// them as it records iterations).
+    fn say_slowdowns(&mut self) {
+        let job = self.journal.timeline();
+        if job.summary.slowdowns.found().is_empty() {
+            return;
+        }
+        for s in self.slowdown_news.take(&summary::slowdowns(job)) {
+            self.status.say(&slowdown::describe(&s));
         }
     }
 

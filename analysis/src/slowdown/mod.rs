@@ -1,0 +1,335 @@
+//! Ranks that turn slow: online change-point detection, per rank, on each part of its
+//! iterations.
+//!
+//! A rank whose data loading, compute or links degrade halfway through a run (a failing disk,
+//! a throttled CPU, a flapping link) slows the whole job, and a share over the run hides when
+//! it began. [`SlowdownWatch`] takes every attributed iteration, rank by rank in iteration
+//! order, and runs a robust two-window test per category: the reference window is the rank's
+//! latest [`BASELINE_KEPT`] normal iterations (median and MAD per category, the median
+//! iteration); the test window is the latest [`PERSIST`] iterations. A category has grown when
+//! each iteration of the test window holds, in that category, all of:
+//! - at least [`MIN_GROWTH_SHARE`] of the baseline iteration more than its baseline median,
+//!   and [`NOISE_MADS`] robust standard deviations more (the noise the rank showed);
+//! - [`MIN_FACTOR`] times its baseline median;
+//! - a growth [`REST_MARGIN`] times the growth of the rest of the iteration (its other parts
+//!   but peer wait): a machine that slows down as a whole (this VM runs identical trainings
+//!   at 5.4 or 8.3 ms per iteration; other processes' load comes and goes) stretches every
+//!   part alike. So a rank with nothing but one part (a single process that only computes)
+//!   is never named for it: nothing tells its own slowdown from the machine's.
+//!
+//! `peer_wait` is never the category that grew: a rank waits for a slow peer, so it is the
+//! peer's slowdown, named on the peer. The first iterations of a rank (the header's warm-up,
+//! at least [`WARMUP_SKIPPED`]) are left out, and nothing is tested before [`BASELINE_MIN`]
+//! normal iterations. A slowdown recovers when [`PERSIST`] iterations in a row are back below
+//! half the growth. While one is open the baseline is frozen, so a long slowdown never
+//! becomes the norm. Iterations are taken as they were sent: the watch never walks iteration
+//! numbers, so a step numbered 10^14 costs what step 1 does.
+//!
+//! The live run and a profile read back feed the same breakdowns in the same order per rank
+//! (`crate::job::JobTotals::record`), so both find the same slowdowns.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::attribution::IterationBreakdown;
+use crate::category::{Category, Split};
+
+/// Normal iterations per rank the reference window holds, the latest.
+pub const BASELINE_KEPT: usize = 64;
+/// Normal iterations a rank needs before it is tested.
+pub const BASELINE_MIN: usize = 10;
+/// Iterations at the start of every rank left out, at the least (start-up, first batches).
+pub const WARMUP_SKIPPED: u64 = 5;
+/// Iterations in a row that make a slowdown, and a recovery.
+pub const PERSIST: usize = 4;
+/// A category must grow by this share of the baseline iteration.
+pub const MIN_GROWTH_SHARE: f64 = 0.25;
+/// … to at least this many times its baseline median.
+pub const MIN_FACTOR: f64 = 2.0;
+/// … by at least this many robust standard deviations (1.4826 × MAD) of its baseline.
+pub const NOISE_MADS: f64 = 5.0;
+/// … and grow this many times more than the rest of the iteration (peer wait left out).
+pub const REST_MARGIN: f64 = 1.5;
+/// A part under this share of the baseline iteration counts as this share (factors of a
+/// part that was nearly nothing are not infinite), and a rest under it tells nothing.
+pub const MIN_PART_SHARE: f64 = 0.02;
+
+/// One rank that turned slow.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Slowdown {
+    /// Global rank.
+    pub rank: u32,
+    /// Its node (the host in a single-node run; filled in by the summary).
+    pub node: String,
+    /// The category that grew (`compute`, `data_prep`, …).
+    pub category: String,
+    /// The first slow iteration.
+    pub since_iteration: u64,
+    /// The iteration whose end declared it.
+    pub detected_iteration: u64,
+    /// The first iteration back to normal; `None` while it lasts.
+    pub until_iteration: Option<u64>,
+    /// How much slower the rank's iterations became: median iteration over the slow
+    /// iterations that declared it / the baseline median iteration.
+    pub factor: f64,
+    /// s per iteration in the category before (the baseline median).
+    pub before_seconds: f64,
+    /// s per iteration in the category when declared (median of the slow iterations).
+    pub after_seconds: f64,
+    /// The rank's process id.
+    pub pid: u32,
+}
+
+impl Slowdown {
+    /// Whether it still lasts.
+    pub fn ongoing(&self) -> bool {
+        self.until_iteration.is_none()
+    }
+}
+
+/// The slowdowns of every rank, found as iterations are attributed; see the module docs.
+#[derive(Debug, Default)]
+pub struct SlowdownWatch {
+    ranks: BTreeMap<(u32, u32), RankWatch>,
+    /// Every slowdown found, in the order declared (a recovered one updated in place).
+    found: Vec<Slowdown>,
+}
+
+/// One loop's state.
+#[derive(Debug, Default)]
+struct RankWatch {
+    /// Breakdowns taken.
+    taken: u64,
+    /// The latest normal iterations (reference window).
+    baseline: VecDeque<Split>,
+    /// Per category: the current run of grown iterations (first iteration, parts of each).
+    runs: [Run; 7],
+    /// Per category: the index in `found` of its open slowdown.
+    open: [Option<usize>; 7],
+}
+
+#[derive(Debug, Default, Clone)]
+struct Run {
+    first: u64,
+    splits: Vec<Split>,
+}
+
+/// The reference window's figures, ns.
+struct Baseline {
+    iteration: f64,
+    median: [f64; 7],
+    sigma: [f64; 7],
+    /// Per category, the median of the rest of the iteration (peer wait left out).
+    rest: [f64; 7],
+}
+
+impl SlowdownWatch {
+    /// Every slowdown found so far, in the order declared.
+    pub fn found(&self) -> &[Slowdown] {
+        &self.found
+    }
+
+    /// Takes one attributed iteration of a rank; iterations of one rank must come in order.
+    /// The first `warmup` iterations of each rank (at least [`WARMUP_SKIPPED`]) are skipped.
+    pub fn take(&mut self, b: &IterationBreakdown, warmup: u64) {
+        let w = self.ranks.entry((b.rank, b.pid)).or_default();
+        w.taken += 1;
+        if w.taken <= warmup.max(WARMUP_SKIPPED) || b.split.total() == 0 {
+            return;
+        }
+        if w.baseline.len() < BASELINE_MIN {
+            w.baseline.push_back(b.split);
+            return;
+        }
+        let base = baseline(&w.baseline);
+        let mut normal = true;
+        for c in Category::ALL
+            .into_iter()
+            .filter(|c| *c != Category::PeerWait)
+        {
+            let k = c.index();
+            let grown = has_grown(&base, &b.split, c);
+            match w.open[k] {
+                Some(at) => {
+                    normal = false;
+                    let back = !is_above(&base, &b.split, c, 0.5);
+                    let run = &mut w.runs[k];
+                    if !back {
+                        run.splits.clear();
+                        continue;
+                    }
+                    if run.splits.is_empty() {
+                        run.first = b.iter;
+                    }
+                    run.splits.push(b.split);
+                    if run.splits.len() >= PERSIST {
+                        self.found[at].until_iteration = Some(run.first);
+                        w.open[k] = None;
+                        run.splits.clear();
+                    }
+                }
+                None => {
+                    let run = &mut w.runs[k];
+                    if !grown {
+                        run.splits.clear();
+                        continue;
+                    }
+                    normal = false;
+                    if run.splits.is_empty() {
+                        run.first = b.iter;
+                    }
+                    run.splits.push(b.split);
+                    if run.splits.len() >= PERSIST {
+                        let walls: Vec<f64> = run.splits.iter().map(|s| s.total() as f64).collect();
+                        let parts: Vec<f64> = run.splits.iter().map(|s| s.get(c) as f64).collect();
+                        self.found.push(Slowdown {
+                            rank: b.rank,
+                            pid: b.pid,
+                            node: String::new(),
+                            category: c.name().to_string(),
+                            since_iteration: run.first,
+                            detected_iteration: b.iter,
+                            until_iteration: None,
+                            factor: median(walls) / base.iteration.max(1.0),
+                            before_seconds: base.median[k] / 1e9,
+                            after_seconds: median(parts) / 1e9,
+                        });
+                        w.open[k] = Some(self.found.len() - 1);
+                        run.splits.clear();
+                    }
+                }
+            }
+        }
+        if normal && w.open.iter().all(Option::is_none) {
+            if w.baseline.len() == BASELINE_KEPT {
+                w.baseline.pop_front();
+            }
+            w.baseline.push_back(b.split);
+        }
+    }
+}
+
+/// Whether category `c` of `split` has grown past every bar of the module docs.
+fn has_grown(base: &Baseline, split: &Split, c: Category) -> bool {
+    let k = c.index();
+    let now = split.get(c) as f64;
+    let floor = MIN_PART_SHARE * base.iteration.max(1.0);
+    let grew = now / base.median[k].max(floor);
+    let rest_before = base.rest[k];
+    if rest_before < floor {
+        return false;
+    }
+    let rest_now = split
+        .total()
+        .saturating_sub(split.get(c) + split.get(Category::PeerWait)) as f64;
+    is_above(base, split, c, 1.0)
+        && grew >= MIN_FACTOR
+        && grew >= REST_MARGIN * (rest_now / rest_before)
+}
+
+/// Whether category `c` of `split` lies above its baseline median by `part` of the bar
+/// (growth of [`MIN_GROWTH_SHARE`] of the iteration and [`NOISE_MADS`] deviations).
+fn is_above(base: &Baseline, split: &Split, c: Category, part: f64) -> bool {
+    let k = c.index();
+    let bar = (MIN_GROWTH_SHARE * base.iteration).max(NOISE_MADS * base.sigma[k]);
+    split.get(c) as f64 > base.median[k] + part * bar
+}
+
+fn baseline(window: &VecDeque<Split>) -> Baseline {
+    let mut median_ns = [0.0; 7];
+    let mut sigma = [0.0; 7];
+    let mut rest = [0.0; 7];
+    for c in Category::ALL {
+        let k = c.index();
+        let values: Vec<f64> = window.iter().map(|s| s.get(c) as f64).collect();
+        let m = median(values.clone());
+        median_ns[k] = m;
+        sigma[k] = 1.4826 * median(values.iter().map(|v| (v - m).abs()).collect());
+        let wait = Category::PeerWait;
+        rest[k] = median(
+            window
+                .iter()
+                .map(|s| s.total().saturating_sub(s.get(c) + s.get(wait)) as f64)
+                .collect(),
+        );
+    }
+    Baseline {
+        iteration: median(window.iter().map(|s| s.total() as f64).collect()),
+        median: median_ns,
+        sigma,
+        rest,
+    }
+}
+
+/// The median (the mean of the middle two for an even count); 0 when empty.
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Tells which slowdowns are news: each one once when found, and once more when it
+/// recovered (what `stallscope run` and the collector say as it happens).
+#[derive(Debug, Default)]
+pub struct SlowdownNews {
+    /// Per slowdown told (in the order found), whether its recovery was told too.
+    told: Vec<bool>,
+}
+
+impl SlowdownNews {
+    /// The news in `found` (every slowdown so far, in the order found) since the last call:
+    /// a new one as declared (`until_iteration` null), a recovered one with its end.
+    pub fn take(&mut self, found: &[Slowdown]) -> Vec<Slowdown> {
+        let mut news = Vec::new();
+        for (i, s) in found.iter().enumerate() {
+            if i == self.told.len() {
+                news.push(Slowdown {
+                    until_iteration: None,
+                    ..s.clone()
+                });
+                self.told.push(false);
+            }
+            if !s.ongoing() && !self.told[i] {
+                news.push(s.clone());
+                self.told[i] = true;
+            }
+        }
+        news
+    }
+}
+
+/// The slowdown in words, for stderr.
+pub fn describe(s: &Slowdown) -> String {
+    let at = if s.node.is_empty() {
+        String::new()
+    } else {
+        format!(" on {}", s.node)
+    };
+    match s.until_iteration {
+        None => format!(
+            "stallscope: rank {}{at} turned slow at iteration {} ({:.2}× slower): {} grew from {:.1} ms to {:.1} ms per iteration (seen at iteration {})",
+            s.rank,
+            s.since_iteration,
+            s.factor,
+            s.category,
+            s.before_seconds * 1e3,
+            s.after_seconds * 1e3,
+            s.detected_iteration
+        ),
+        Some(until) => format!(
+            "stallscope: rank {}{at} recovered at iteration {until}: its {} is back to normal (slow since iteration {})",
+            s.rank, s.category, s.since_iteration
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;
