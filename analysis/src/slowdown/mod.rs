@@ -7,12 +7,14 @@
 //! order, and runs a robust two-window test per category: the reference window is the rank's
 //! latest [`BASELINE_KEPT`] normal iterations (median and MAD per category, the median
 //! iteration); the test window is the latest [`PERSIST`] iterations. A category has grown when
-//! each iteration of the test window holds, in that category, all of:
+//! each iteration of the test window holds, in that category, the first two of these, and
+//! the window's medians the third:
 //! - at least [`MIN_GROWTH_SHARE`] of the baseline iteration more than its baseline median,
 //!   and [`NOISE_MADS`] robust standard deviations more (the noise the rank showed);
 //! - [`MIN_FACTOR`] times its baseline median;
 //! - a growth [`REST_MARGIN`] times the growth of the rest of the iteration (its other parts
-//!   but peer wait): a machine that slows down as a whole (this VM runs identical trainings
+//!   but peer wait and `other`, which on a contended CPU grows with the work that waits for
+//!   it): a machine that slows down as a whole (this VM runs identical trainings
 //!   at 5.4 or 8.3 ms per iteration; other processes' load comes and goes) stretches every
 //!   part alike. So a rank with nothing but one part (a single process that only computes)
 //!   is never named for it: nothing tells its own slowdown from the machine's.
@@ -48,8 +50,9 @@ pub const MIN_GROWTH_SHARE: f64 = 0.25;
 /// … to at least this many times its baseline median.
 pub const MIN_FACTOR: f64 = 2.0;
 /// … by at least this many robust standard deviations (1.4826 × MAD) of its baseline.
-pub const NOISE_MADS: f64 = 5.0;
-/// … and grow this many times more than the rest of the iteration (peer wait left out).
+pub const NOISE_MADS: f64 = 3.0;
+/// … and grow this many times more than the rest of the iteration (peer wait and `other`
+/// left out).
 pub const REST_MARGIN: f64 = 1.5;
 /// A part under this share of the baseline iteration counts as this share (factors of a
 /// part that was nearly nothing are not infinite), and a rest under it tells nothing.
@@ -111,7 +114,9 @@ struct RankWatch {
 
 #[derive(Debug, Default, Clone)]
 struct Run {
+    /// The run's first iteration.
     first: u64,
+    /// Its latest iterations' parts, at most [`PERSIST`].
     splits: Vec<Split>,
 }
 
@@ -120,7 +125,7 @@ struct Baseline {
     iteration: f64,
     median: [f64; 7],
     sigma: [f64; 7],
-    /// Per category, the median of the rest of the iteration (peer wait left out).
+    /// Per category, the median of the rest of the iteration ([`rest_of`]).
     rest: [f64; 7],
 }
 
@@ -180,7 +185,10 @@ impl SlowdownWatch {
                         run.first = b.iter;
                     }
                     run.splits.push(b.split);
-                    if run.splits.len() >= PERSIST {
+                    if run.splits.len() > PERSIST {
+                        run.splits.remove(0);
+                    }
+                    if run.splits.len() == PERSIST && outgrew_the_rest(&base, &run.splits, c) {
                         let walls: Vec<f64> = run.splits.iter().map(|s| s.total() as f64).collect();
                         let parts: Vec<f64> = run.splits.iter().map(|s| s.get(c) as f64).collect();
                         self.found.push(Slowdown {
@@ -213,19 +221,40 @@ impl SlowdownWatch {
 /// Whether category `c` of `split` has grown past every bar of the module docs.
 fn has_grown(base: &Baseline, split: &Split, c: Category) -> bool {
     let k = c.index();
-    let now = split.get(c) as f64;
-    let floor = MIN_PART_SHARE * base.iteration.max(1.0);
-    let grew = now / base.median[k].max(floor);
-    let rest_before = base.rest[k];
-    if rest_before < floor {
+    let grew = split.get(c) as f64 / base.median[k].max(part_floor(base));
+    is_above(base, split, c, 1.0) && grew >= MIN_FACTOR
+}
+
+/// ns: a part counts as at least this ([`MIN_PART_SHARE`] of the baseline iteration).
+fn part_floor(base: &Baseline) -> f64 {
+    MIN_PART_SHARE * base.iteration.max(1.0)
+}
+
+/// Whether category `c` grew, over the iterations `run`, [`REST_MARGIN`] times more than
+/// the rest of the iteration (medians over the run, against the baseline's); never when the
+/// rest was too small to tell.
+fn outgrew_the_rest(base: &Baseline, run: &[Split], c: Category) -> bool {
+    let k = c.index();
+    let floor = part_floor(base);
+    if base.rest[k] < floor {
         return false;
     }
-    let rest_now = split
-        .total()
-        .saturating_sub(split.get(c) + split.get(Category::PeerWait)) as f64;
-    is_above(base, split, c, 1.0)
-        && grew >= MIN_FACTOR
-        && grew >= REST_MARGIN * (rest_now / rest_before)
+    let part = median(run.iter().map(|s| s.get(c) as f64).collect());
+    let rest = median(run.iter().map(|s| rest_of(s, c) as f64).collect());
+    part / base.median[k].max(floor) >= REST_MARGIN * (rest / base.rest[k])
+}
+
+/// ns of `split` outside category `c`, peer wait and `other`: peer wait is the peers', and
+/// `other` on a CPU that other processes contend for is mostly the wait for the CPU that
+/// the grown part needed, so it grows with it.
+fn rest_of(split: &Split, c: Category) -> u64 {
+    let mut out = split.total() - split.get(c);
+    for left_out in [Category::PeerWait, Category::Other] {
+        if left_out != c {
+            out -= split.get(left_out);
+        }
+    }
+    out
 }
 
 /// Whether category `c` of `split` lies above its baseline median by `part` of the bar
@@ -246,13 +275,7 @@ fn baseline(window: &VecDeque<Split>) -> Baseline {
         let m = median(values.clone());
         median_ns[k] = m;
         sigma[k] = 1.4826 * median(values.iter().map(|v| (v - m).abs()).collect());
-        let wait = Category::PeerWait;
-        rest[k] = median(
-            window
-                .iter()
-                .map(|s| s.total().saturating_sub(s.get(c) + s.get(wait)) as f64)
-                .collect(),
-        );
+        rest[k] = median(window.iter().map(|s| rest_of(s, c) as f64).collect());
     }
     Baseline {
         iteration: median(window.iter().map(|s| s.total() as f64).collect()),
