@@ -20,7 +20,9 @@
 //!   is never named for it: nothing tells its own slowdown from the machine's.
 //!
 //! `peer_wait` is never the category that grew: a rank waits for a slow peer, so it is the
-//! peer's slowdown, named on the peer. The first iterations of a rank (the header's warm-up,
+//! peer's slowdown, named on the peer. Nor is `other` (nothing seen explains it): a rank that
+//! waits for a slow peer outside a marked collective (DDP's backward waiting for its
+//! all-reduce) shows that wait there. The first iterations of a rank (the header's warm-up,
 //! at least [`WARMUP_SKIPPED`]) are left out, and nothing is tested before [`BASELINE_MIN`]
 //! normal iterations. A slowdown recovers when [`PERSIST`] iterations in a row are back below
 //! half the growth. While one is open the baseline is frozen, so a long slowdown never
@@ -57,6 +59,15 @@ pub const REST_MARGIN: f64 = 1.5;
 /// A part under this share of the baseline iteration counts as this share (factors of a
 /// part that was nearly nothing are not infinite), and a rest under it tells nothing.
 pub const MIN_PART_SHARE: f64 = 0.02;
+
+/// The parts that can be the one that grew: not `peer_wait` nor `other` (see the module docs).
+const CANDIDATES: [Category; 5] = [
+    Category::Compute,
+    Category::DataFetch,
+    Category::DataPrep,
+    Category::Interconnect,
+    Category::Network,
+];
 
 /// One rank that turned slow.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -149,10 +160,7 @@ impl SlowdownWatch {
         }
         let base = baseline(&w.baseline);
         let mut normal = true;
-        for c in Category::ALL
-            .into_iter()
-            .filter(|c| *c != Category::PeerWait)
-        {
+        for c in CANDIDATES {
             let k = c.index();
             let grown = has_grown(&base, &b.split, c);
             match w.open[k] {

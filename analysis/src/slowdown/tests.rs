@@ -253,3 +253,16 @@ fn described_with_rank_node_and_category() {
     });
     assert!(back.contains("recovered at iteration 50"), "{back}");
 }
+
+#[test]
+fn other_growing_is_not_named() {
+    let found = watch(0, 100, |i, n| {
+        let p = steady(n);
+        if i >= 30 {
+            with(p, Category::Other, 20.0)
+        } else {
+            p
+        }
+    });
+    assert!(found.is_empty(), "{found:?}");
+}
