@@ -61,7 +61,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView) {
     let slow = view.summary.slowdowns.iter().rev().find(|s| s.ongoing());
     let note_text = match (slow, straggler) {
         (Some(s), _) => format!(
-            "  ▼ rank {} on {} slow since iteration {}: {} {} → {} per iteration ({:.2}× slower)",
+            "  ▼ rank {} on {} slow since iteration {}: {} {} → {} ({:.2}×)",
             s.rank,
             s.node,
             count(s.since_iteration),
