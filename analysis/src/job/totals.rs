@@ -39,8 +39,8 @@ impl JobTotals {
     pub fn record(&mut self, new: &[IterationBreakdown], warmup: u64) {
         for b in new {
             self.totals.add(b, warmup);
-            self.slowdowns.take(b, warmup);
         }
+        self.slowdowns.take_all(new, warmup);
         let keep = new.len().min(RECENT_BREAKDOWNS);
         let overflow = (self.recent.len() + keep).saturating_sub(RECENT_BREAKDOWNS);
         self.recent.drain(..overflow);

@@ -29,6 +29,10 @@
 //! becomes the norm. Iterations are taken as they were sent: the watch never walks iteration
 //! numbers, so a step numbered 10^14 costs what step 1 does.
 //!
+//! A communication part (`interconnect`, `network`) that grew on another rank too, in the same
+//! iterations, is not named: a collective's transfer is every rank's, so a slower link or a
+//! loaded machine (gloo's loopback all-reduce is CPU work) slows it on all of them at once.
+//!
 //! The live run and a profile read back feed the same breakdowns in the same order per rank
 //! (`crate::job::JobTotals::record`), so both find the same slowdowns.
 
@@ -121,7 +125,12 @@ struct RankWatch {
     runs: [Run; 7],
     /// Per category: the index in `found` of its open slowdown.
     open: [Option<usize>; 7],
+    /// The latest [`RECENT_KEPT`] iterations taken, by number: what its peers compare with.
+    recent: VecDeque<(u64, Split)>,
 }
+
+/// Iterations per rank kept for its peers to compare with.
+const RECENT_KEPT: usize = 16;
 
 #[derive(Debug, Default, Clone)]
 struct Run {
@@ -149,7 +158,31 @@ impl SlowdownWatch {
     /// Takes one attributed iteration of a rank; iterations of one rank must come in order.
     /// The first `warmup` iterations of each rank (at least [`WARMUP_SKIPPED`]) are skipped.
     pub fn take(&mut self, b: &IterationBreakdown, warmup: u64) {
-        let w = self.ranks.entry((b.rank, b.pid)).or_default();
+        self.take_all(std::slice::from_ref(b), warmup);
+    }
+
+    /// Takes the iterations one attribution round gave (every rank's, in any order between
+    /// ranks): each rank's are remembered first, so a rank is compared with whatever its
+    /// peers did in the same iterations, whichever order the round lists them in.
+    pub fn take_all(&mut self, new: &[IterationBreakdown], warmup: u64) {
+        for b in new {
+            let w = self.ranks.entry((b.rank, b.pid)).or_default();
+            if w.recent.len() == RECENT_KEPT {
+                w.recent.pop_front();
+            }
+            w.recent.push_back((b.iter, b.split));
+        }
+        for b in new {
+            let key = (b.rank, b.pid);
+            let Some(mut w) = self.ranks.remove(&key) else {
+                continue;
+            };
+            self.take_one(&mut w, b, warmup);
+            self.ranks.insert(key, w);
+        }
+    }
+
+    fn take_one(&mut self, w: &mut RankWatch, b: &IterationBreakdown, warmup: u64) {
         w.taken += 1;
         if w.taken <= warmup.max(WARMUP_SKIPPED) || b.split.total() == 0 {
             return;
@@ -196,7 +229,10 @@ impl SlowdownWatch {
                     if run.splits.len() > PERSIST {
                         run.splits.remove(0);
                     }
-                    if run.splits.len() == PERSIST && outgrew_the_rest(&base, &run.splits, c) {
+                    if run.splits.len() == PERSIST
+                        && outgrew_the_rest(&base, &run.splits, c)
+                        && !self.shared_with_peers(b.rank, &w.recent, &base, c)
+                    {
                         let walls: Vec<f64> = run.splits.iter().map(|s| s.total() as f64).collect();
                         let parts: Vec<f64> = run.splits.iter().map(|s| s.get(c) as f64).collect();
                         self.found.push(Slowdown {
@@ -225,6 +261,55 @@ impl SlowdownWatch {
         }
     }
 }
+
+impl SlowdownWatch {
+    /// Whether the growth of communication part `c` on rank `rank` (its `recent` iterations,
+    /// baseline `base`) shows on another rank too, in at least [`SHARED_BY`] of the same iterations
+    /// (the latest [`PERSIST`] + 2 of this rank) by at least half as much: a collective's
+    /// transfer is every rank's, so a link or a machine that slowed down slows it on all of
+    /// them, and no one rank turned slow. Compute and data are each rank's own.
+    fn shared_with_peers(
+        &self,
+        rank: u32,
+        recent: &VecDeque<(u64, Split)>,
+        base: &Baseline,
+        c: Category,
+    ) -> bool {
+        if !matches!(c, Category::Interconnect | Category::Network) {
+            return false;
+        }
+        let k = c.index();
+        let iters: Vec<u64> = recent
+            .iter()
+            .rev()
+            .take(PERSIST + 2)
+            .map(|(i, _)| *i)
+            .collect();
+        let own: Vec<f64> = recent
+            .iter()
+            .rev()
+            .take(PERSIST)
+            .map(|(_, s)| s.get(c) as f64)
+            .collect();
+        let growth = median(own) - base.median[k];
+        self.ranks
+            .iter()
+            .filter(|((r, _), q)| *r != rank && q.baseline.len() >= BASELINE_MIN)
+            .any(|(_, q)| {
+                let bar = baseline(&q.baseline).median[k] + growth / 2.0;
+                let grown = q
+                    .recent
+                    .iter()
+                    .filter(|(i, s)| iters.contains(i) && s.get(c) as f64 > bar)
+                    .count();
+                grown >= SHARED_BY
+            })
+    }
+}
+
+/// Iterations of the same numbers in which a peer's communication grew too, for the growth
+/// to be the job's rather than a rank's.
+const SHARED_BY: usize = 2;
 
 /// Whether category `c` of `split` has grown past every bar of the module docs.
 fn has_grown(base: &Baseline, split: &Split, c: Category) -> bool {

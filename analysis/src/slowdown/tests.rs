@@ -266,3 +266,43 @@ fn other_growing_is_not_named() {
     });
     assert!(found.is_empty(), "{found:?}");
 }
+
+/// Two ranks, 5 ms of compute and 1 ms of loopback all-reduce; from iteration 30 the
+/// all-reduce of `slow` ranks takes 8 ms more (rank 1's two iterations later: a machine
+/// whose load slowed both ranks' transfers).
+fn two_ranks_with_slower_transfers(slow: &[u32]) -> Vec<Slowdown> {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(5);
+    for i in 0..70u64 {
+        let round: Vec<IterationBreakdown> = (0..2)
+            .map(|rank| {
+                let mut p = steady(&mut noise);
+                p.push((Category::Interconnect, 1.0));
+                let onset = 30 + 2 * u64::from(rank);
+                if slow.contains(&rank) && i >= onset {
+                    p.push((Category::Interconnect, 8.0));
+                }
+                iteration(rank, i, &p)
+            })
+            .collect();
+        w.take_all(&round, 0);
+    }
+    w.found().to_vec()
+}
+
+#[test]
+fn transfers_slower_on_every_rank_are_the_jobs_not_a_ranks() {
+    let found = two_ranks_with_slower_transfers(&[0, 1]);
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[test]
+fn transfers_slower_on_one_rank_name_it() {
+    let found = two_ranks_with_slower_transfers(&[1]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].rank, found[0].category.as_str()),
+        (1, "interconnect")
+    );
+    assert!(found[0].since_iteration.abs_diff(32) <= 3, "{found:?}");
+}
