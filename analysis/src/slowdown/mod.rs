@@ -8,16 +8,20 @@
 //! latest [`BASELINE_KEPT`] normal iterations (median and MAD per category, the median
 //! iteration); the test window is the latest [`PERSIST`] iterations. A category has grown when
 //! each iteration of the test window holds, in that category, the first two of these, and
-//! the window's medians the third:
+//! the window the third:
 //! - at least [`MIN_GROWTH_SHARE`] of the baseline iteration more than its baseline median,
 //!   and [`NOISE_MADS`] robust standard deviations more (the noise the rank showed);
 //! - [`MIN_FACTOR`] times its baseline median;
-//! - a growth [`REST_MARGIN`] times the growth of the rest of the iteration (its other parts
-//!   but peer wait and `other`, which on a contended CPU grows with the work that waits for
-//!   it): a machine that slows down as a whole (this VM runs identical trainings
-//!   at 5.4 or 8.3 ms per iteration; other processes' load comes and goes) stretches every
-//!   part alike. So a rank with nothing but one part (a single process that only computes)
-//!   is never named for it: nothing tells its own slowdown from the machine's.
+//! - not shared: with other ranks to compare with, the same part did not grow by half as
+//!   much on any of them in [`SHARED_BY`] of the same iterations (a machine that slows down
+//!   as a whole, with other processes' load coming and going or a CPU that changes speed,
+//!   slows every rank's compute and loaders alike; a slower link slows a collective on
+//!   every rank); a rank alone is compared with itself instead: the part's growth must be
+//!   [`REST_MARGIN`] times the growth of the rest of the iteration (its other parts but peer
+//!   wait and `other`, which on a contended CPU grows with the work that waits for it), since
+//!   a machine that slows down stretches every part alike. So a single rank that does
+//!   nothing but compute is never named for it: nothing tells its own slowdown from the
+//!   machine's.
 //!
 //! `peer_wait` is never the category that grew: a rank waits for a slow peer, so it is the
 //! peer's slowdown, named on the peer. Nor is `other` (nothing seen explains it): a rank that
@@ -28,10 +32,6 @@
 //! half the growth. While one is open the baseline is frozen, so a long slowdown never
 //! becomes the norm. Iterations are taken as they were sent: the watch never walks iteration
 //! numbers, so a step numbered 10^14 costs what step 1 does.
-//!
-//! A communication part (`interconnect`, `network`) that grew on another rank too, in the same
-//! iterations, is not named: a collective's transfer is every rank's, so a slower link or a
-//! loaded machine (gloo's loopback all-reduce is CPU work) slows it on all of them at once.
 //!
 //! The live run and a profile read back feed the same breakdowns in the same order per rank
 //! (`crate::job::JobTotals::record`), so both find the same slowdowns.
@@ -57,8 +57,8 @@ pub const MIN_GROWTH_SHARE: f64 = 0.25;
 pub const MIN_FACTOR: f64 = 2.0;
 /// … by at least this many robust standard deviations (1.4826 × MAD) of its baseline.
 pub const NOISE_MADS: f64 = 3.0;
-/// … and grow this many times more than the rest of the iteration (peer wait and `other`
-/// left out).
+/// A rank alone: its part must grow this many times more than the rest of the iteration
+/// (peer wait and `other` left out).
 pub const REST_MARGIN: f64 = 1.5;
 /// A part under this share of the baseline iteration counts as this share (factors of a
 /// part that was nearly nothing are not infinite), and a rest under it tells nothing.
@@ -229,10 +229,14 @@ impl SlowdownWatch {
                     if run.splits.len() > PERSIST {
                         run.splits.remove(0);
                     }
-                    if run.splits.len() == PERSIST
-                        && outgrew_the_rest(&base, &run.splits, c)
-                        && !self.shared_with_peers(b.rank, &w.recent, &base, c)
-                    {
+                    let its_own = |watch: &SlowdownWatch, run: &Run| {
+                        if watch.has_peers(b.rank) {
+                            !watch.shared_with_peers(b.rank, &w.recent, &base, c)
+                        } else {
+                            outgrew_the_rest(&base, &run.splits, c)
+                        }
+                    };
+                    if run.splits.len() == PERSIST && its_own(self, run) {
                         let walls: Vec<f64> = run.splits.iter().map(|s| s.total() as f64).collect();
                         let parts: Vec<f64> = run.splits.iter().map(|s| s.get(c) as f64).collect();
                         self.found.push(Slowdown {
@@ -263,11 +267,19 @@ impl SlowdownWatch {
 }
 
 impl SlowdownWatch {
-    /// Whether the growth of communication part `c` on rank `rank` (its `recent` iterations,
-    /// baseline `base`) shows on another rank too, in at least [`SHARED_BY`] of the same iterations
-    /// (the latest [`PERSIST`] + 2 of this rank) by at least half as much: a collective's
-    /// transfer is every rank's, so a link or a machine that slowed down slows it on all of
-    /// them, and no one rank turned slow. Compute and data are each rank's own.
+    /// Whether another rank has a baseline to compare with.
+    fn has_peers(&self, rank: u32) -> bool {
+        self.ranks
+            .iter()
+            .any(|((r, _), q)| *r != rank && q.baseline.len() >= BASELINE_MIN)
+    }
+
+    /// Whether the growth of part `c` on rank `rank` (its `recent` iterations, baseline
+    /// `base`) shows on another rank too, in at least [`SHARED_BY`] of the same iterations
+    /// (the latest [`PERSIST`] + 2 of this rank) by at least half as much: then the job or
+    /// the machine slowed down (other processes' load, a slower link under a collective every
+    /// rank takes part in), and no one rank turned slow.
+
     fn shared_with_peers(
         &self,
         rank: u32,
@@ -275,9 +287,6 @@ impl SlowdownWatch {
         base: &Baseline,
         c: Category,
     ) -> bool {
-        if !matches!(c, Category::Interconnect | Category::Network) {
-            return false;
-        }
         let k = c.index();
         let iters: Vec<u64> = recent
             .iter()
@@ -307,8 +316,8 @@ impl SlowdownWatch {
     }
 }
 
-/// Iterations of the same numbers in which a peer's communication grew too, for the growth
-/// to be the job's rather than a rank's.
+/// Iterations of the same numbers in which a peer's part grew too, for the growth to be the
+/// job's or the machine's rather than a rank's.
 const SHARED_BY: usize = 2;
 
 /// Whether category `c` of `split` has grown past every bar of the module docs.

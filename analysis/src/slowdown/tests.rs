@@ -306,3 +306,24 @@ fn transfers_slower_on_one_rank_name_it() {
     );
     assert!(found[0].since_iteration.abs_diff(32) <= 3, "{found:?}");
 }
+
+#[test]
+fn load_that_slows_every_ranks_compute_is_the_machines() {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(13);
+    for i in 0..200u64 {
+        // Stretches of heavy load triple both ranks' compute (their rest less so).
+        let load = if (i / 40) % 2 == 1 { 3.0 } else { 1.0 };
+        let round: Vec<IterationBreakdown> = (0..2)
+            .map(|rank| {
+                let p = vec![
+                    (Category::Compute, 5.0 * load * (1.0 + 0.1 * noise.next())),
+                    (Category::Interconnect, 1.0 * (1.0 + 0.3 * noise.next())),
+                ];
+                iteration(rank, i, &p)
+            })
+            .collect();
+        w.take_all(&round, 0);
+    }
+    assert!(w.found().is_empty(), "{:?}", w.found());
+}
