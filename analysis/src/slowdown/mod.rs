@@ -279,7 +279,6 @@ impl SlowdownWatch {
     /// (the latest [`PERSIST`] + 2 of this rank) by at least half as much: then the job or
     /// the machine slowed down (other processes' load, a slower link under a collective every
     /// rank takes part in), and no one rank turned slow.
-
     fn shared_with_peers(
         &self,
         rank: u32,
