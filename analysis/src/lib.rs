@@ -36,6 +36,7 @@ pub mod resources;
 pub mod run_facts;
 pub mod sample_run;
 pub mod series;
+pub mod slowdown;
 pub mod summary;
 pub mod timeline;
 pub mod trace;

@@ -98,6 +98,10 @@ pub struct Summary {
     /// collectives waited on the network, the largest first (from the flow source).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared_links: Vec<crate::flows::SharedLink>,
+    /// Every rank that turned slow (a category of its iterations grew and stayed grown), in
+    /// the order found; a recovered one has its `until_iteration`.
+    #[serde(default)]
+    pub slowdowns: Vec<crate::slowdown::Slowdown>,
 }
 
 /// One node of a multi-node job.
@@ -190,7 +194,28 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             .collect(),
         hangs: job.hangs.clone(),
         shared_links,
+        slowdowns: slowdowns(job),
     }
+}
+
+/// The slowdowns found, each with its rank's node (the host in a single-node run).
+pub fn slowdowns(job: &JobTimeline) -> Vec<crate::slowdown::Slowdown> {
+    let host = job
+        .header
+        .as_ref()
+        .map(|h| h.host.clone())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "local".to_string());
+    let mut found = job.summary.slowdowns.found().to_vec();
+    for s in &mut found {
+        s.node = job
+            .nodes
+            .rank_nodes
+            .get(&s.rank)
+            .cloned()
+            .unwrap_or_else(|| host.clone());
+    }
+    found
 }
 
 /// Loop `pid`'s (rank `rank`'s) communication operations over its `iterations` counted ones.

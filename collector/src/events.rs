@@ -1,4 +1,5 @@
-//! The collector's events: agents joining and leaving, records dropped, iterations arriving —
+//! The collector's events: agents joining and leaving, records dropped, iterations arriving,
+//! ranks turning slow —
 //! what the collector's terminal says as it happens, and what its load benchmark times. An
 //! in-process broadcast; a subscriber that falls behind misses events (it is told how many)
 //! rather than slowing the collector. (The live job model every view renders is the feed:
@@ -7,6 +8,7 @@
 use std::net::SocketAddr;
 
 use stallscope_analysis::category::Split;
+use stallscope_analysis::slowdown::Slowdown;
 use stallscope_analysis::Nanos;
 
 /// Events kept for a slow subscriber before it starts missing them.
@@ -46,6 +48,8 @@ pub enum JobEvent {
         /// Share of the iteration the rank's GPU was busy, ppm, when its agent read one.
         gpu_busy_ppm: Option<u32>,
     },
+    /// A rank turned slow (`until_iteration` null), or one that did recovered.
+    Slowdown(Box<Slowdown>),
     /// Records from one node dropped by its agent while the collector was away (new total).
     Dropped {
         /// The node.

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use stallscope_analysis::frame::{Frame, RunEnd, RunHeader};
 use stallscope_analysis::journal::{Breakdowns, Journal};
-use stallscope_analysis::summary::Summary;
+use stallscope_analysis::slowdown::SlowdownNews;
+use stallscope_analysis::summary::{self, Summary};
 use stallscope_analysis::view::hub::FeedHub;
 use tokio::sync::{broadcast, mpsc, watch};
 
@@ -35,6 +36,8 @@ pub struct JobTask {
     /// number written since the last flush.
     unflushed: HashMap<usize, (Arc<AtomicU64>, u64)>,
     dropped: BTreeMap<String, u64>,
+    /// The slowdowns already published.
+    slowdowns: SlowdownNews,
 }
 
 impl JobTask {
@@ -53,6 +56,7 @@ impl JobTask {
             hub,
             unflushed: HashMap::new(),
             dropped: BTreeMap::new(),
+            slowdowns: SlowdownNews::default(),
         }
     }
 
@@ -120,6 +124,12 @@ impl JobTask {
     /// Joins what is ready, flushes, acknowledges, publishes the model.
     pub fn tick(&mut self, finishing: bool) {
         self.journal.attribute(monotonic_ns(), finishing);
+        let job = self.journal.timeline();
+        if !job.summary.slowdowns.found().is_empty() {
+            for s in self.slowdowns.take(&summary::slowdowns(job)) {
+                self.publish(JobEvent::Slowdown(Box::new(s)));
+            }
+        }
         self.journal.flush();
         if self.journal.is_writing() {
             for (_, (ack, seq)) in self.unflushed.drain() {

@@ -55,6 +55,13 @@ def parse_args(argv=None):
         help="CPU work per sample: MS for every rank, or RANK:MS,... for chosen ranks",
     )
     p.add_argument(
+        "--slow-from",
+        default=None,
+        metavar="ITER:RANK:KIND:MS",
+        help="from iteration ITER on, rank RANK turns slow: KIND data adds MS of CPU work per "
+        "sample in the loader, compute MS of CPU work to each step",
+    )
+    p.add_argument(
         "--data-on-thread",
         action="store_true",
         help="do each sample's CPU work on a helper thread of the loader worker, as decoders with "
@@ -92,6 +99,37 @@ def delay_for_rank(spec, rank):
         else:
             delay = float(item)
     return delay
+
+
+def parse_slow_from(spec, rank):
+    """``(iteration, kind, ms)`` when ``--slow-from ITER:RANK:KIND:MS`` slows ``rank``, else
+    None."""
+    if not spec:
+        return None
+    it, who, kind, ms = spec.split(":")
+    if kind not in ("data", "compute"):
+        sys.exit("--slow-from: KIND is data or compute, not {!r}".format(kind))
+    if int(who) != rank:
+        return None
+    return int(it), kind, float(ms)
+
+
+class NumberedSampler(torch.utils.data.Sampler):
+    """Yields ``(index, batch number in the training)`` for each index of ``inner``, so a
+    loader worker knows which iteration the sample is for (``--slow-from``). ``first_batch``
+    is set before each epoch to the iterations done so far."""
+
+    def __init__(self, inner, batch):
+        self.inner = inner
+        self.batch = batch
+        self.first_batch = 0
+
+    def __iter__(self):
+        for k, index in enumerate(self.inner):
+            yield index, self.first_batch + k // self.batch
+
+    def __len__(self):
+        return len(self.inner)
 
 
 def busy_work(ms):
@@ -149,7 +187,8 @@ def ensure_dataset(root, images, size, seed):
 class JpegFolder(Dataset):
     """Labelled JPEGs, decoded with PIL and augmented on each access."""
 
-    def __init__(self, folder, size, delay_ms, on_thread=False):
+    def __init__(self, folder, size, delay_ms, on_thread=False, slow_from=None):
+        self.slow_from = slow_from
         self.files = sorted(f for f in os.listdir(folder) if f.endswith(".jpg"))
         self.folder = folder
         self.delay_ms = delay_ms
@@ -174,14 +213,20 @@ class JpegFolder(Dataset):
         return self._pool
 
     def __getitem__(self, index):
+        delay_ms = self.delay_ms
+        if isinstance(index, tuple):
+            index, batch_number = index
+            it, _, ms = self.slow_from
+            if batch_number >= it:
+                delay_ms += ms
         name = self.files[index]
         with Image.open(os.path.join(self.folder, name)) as image:
             x = self.transform(image.convert("RGB"))
-        if self.delay_ms > 0:
+        if delay_ms > 0:
             if self.on_thread:
-                self.pool().submit(busy_work, self.delay_ms).result()
+                self.pool().submit(busy_work, delay_ms).result()
             else:
-                busy_work(self.delay_ms)
+                busy_work(delay_ms)
         return x, int(name[1 : name.index("_")])
 
 
@@ -275,15 +320,25 @@ def main(argv=None):
     torch.manual_seed(args.seed)
 
     folder = ensure_dataset(args.data_dir, args.images, args.image_size, args.seed)
+    slow = parse_slow_from(args.slow_from, rank)
+    data_slow = slow if slow is not None and slow[1] == "data" else None
     dataset = JpegFolder(
-        folder, args.image_size, delay_for_rank(args.data_delay_ms, rank), args.data_on_thread
+        folder,
+        args.image_size,
+        delay_for_rank(args.data_delay_ms, rank),
+        args.data_on_thread,
+        data_slow,
     )
     sampler = DistributedSampler(dataset, seed=args.seed) if world > 1 else None
+    numbered = None
+    if data_slow is not None:
+        inner = sampler if sampler is not None else torch.utils.data.RandomSampler(dataset)
+        numbered = NumberedSampler(inner, args.batch)
     loader = DataLoader(
         dataset,
         batch_size=args.batch,
-        shuffle=sampler is None,
-        sampler=sampler,
+        shuffle=sampler is None and numbered is None,
+        sampler=numbered if numbered is not None else sampler,
         num_workers=args.workers,
         pin_memory=device.type == "cuda",
         drop_last=True,
@@ -308,10 +363,14 @@ def main(argv=None):
     while done < args.iters:
         if sampler is not None:
             sampler.set_epoch(epoch)
+        if numbered is not None:
+            numbered.first_batch = done
         for x, y in loader:
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
             loss = F.cross_entropy(model(x), y)
+            if slow is not None and slow[1] == "compute" and done >= slow[0]:
+                busy_work(slow[2])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

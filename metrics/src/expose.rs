@@ -97,6 +97,7 @@ pub fn render_with(state: &MetricsState, own_cpu_seconds: Option<f64>) -> String
     gpus(&mut out, state);
     stragglers(&mut out, state);
     hang(&mut out, state);
+    slowdowns(&mut out, state);
     nodes(&mut out, state);
     let mut registry = Registry::default();
     registry.register_collector(Box::new(out));
@@ -300,6 +301,36 @@ fn hang(out: &mut Out, state: &MetricsState) {
         ("missing_ranks", missing.join(",")),
     ];
     out.sample_owned(name, &l, if hung { 1.0 } else { 0.0 });
+}
+
+/// `stallscope_slowdown`: per (rank, node, category) that turned slow, how many times slower
+/// its iterations are while it lasts, 0 once it recovered; absent before any.
+fn slowdowns(out: &mut Out, state: &MetricsState) {
+    let found = &state.view.summary.slowdowns;
+    if found.is_empty() {
+        return;
+    }
+    let name = "stallscope_slowdown";
+    out.family(
+        name,
+        "gauge",
+        "A rank that turned slow: how many times slower its iterations are since the category grew (its median iteration over its baseline's), 0 once it recovered.",
+    );
+    // The latest slowdown of each (rank, node, category) decides its value.
+    let mut latest: std::collections::BTreeMap<(u32, &str, &str), f64> = Default::default();
+    for s in found {
+        let value = if s.ongoing() { s.factor } else { 0.0 };
+        latest.insert((s.rank, s.node.as_str(), s.category.as_str()), value);
+    }
+    for ((rank, node, category), value) in latest {
+        let l = [
+            ("job", state.view.name.clone()),
+            ("rank", rank.to_string()),
+            ("node", node.to_string()),
+            ("category", category.to_string()),
+        ];
+        out.sample_owned(name, &l, value);
+    }
 }
 
 /// A node counter: name, help, and its value from the totals.

@@ -493,3 +493,35 @@ fn flow_bytes_per_class_and_retransmissions_are_counters() {
         "{text}"
     );
 }
+
+#[test]
+fn a_rank_that_turned_slow_is_a_gauge_of_its_factor_until_it_recovers() {
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(model())));
+    assert!(!expose::render_with(&state, None).contains("stallscope_slowdown"));
+    state
+        .view
+        .summary
+        .slowdowns
+        .push(stallscope_analysis::slowdown::Slowdown {
+            rank: 1,
+            node: "n1".into(),
+            category: "data_prep".into(),
+            since_iteration: 30,
+            detected_iteration: 33,
+            factor: 2.5,
+            ..Default::default()
+        });
+    let text = expose::render_with(&state, None);
+    assert!(
+        text.contains(
+            "stallscope_slowdown{job=\"train\",rank=\"1\",node=\"n1\",category=\"data_prep\"} 2.5"
+        ),
+        "{text}"
+    );
+    state.view.summary.slowdowns[0].until_iteration = Some(60);
+    let text = expose::render_with(&state, None);
+    assert!(text.contains(
+        "stallscope_slowdown{job=\"train\",rank=\"1\",node=\"n1\",category=\"data_prep\"} 0"
+    ));
+}

@@ -252,8 +252,9 @@ pub struct RunArgs {
     /// stands and its Python stacks, on stderr and in the summary. The job is not stopped.
     #[arg(long, value_name = "SECONDS", value_parser = seconds_up_to_a_day)]
     pub hang_after: Option<f64>,
-    /// The flight recorder: when a hang is declared, the trace of the run's last SECONDS is
-    /// written beside the profile (PROFILE.hang-<at>.trace.json, see `stallscope trace`);
+    /// The flight recorder: when a hang is declared or a rank turns slow, the trace of the
+    /// run's last SECONDS is written beside the profile (PROFILE.hang-<at>s.trace.json,
+    /// PROFILE.slowdown-rank<r>-iter<i>.trace.json, see `stallscope trace`);
     /// 0: never.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0, value_parser = seconds_up_to_a_day)]
     pub flight_recorder: f64,

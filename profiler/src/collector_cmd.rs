@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use stallscope_analysis::frame::RunHeader;
+use stallscope_analysis::slowdown;
 use stallscope_analysis::summary::{render_text, Summary};
 use stallscope_analysis::view::hub::{FeedHub, FeedMessage, SUBSCRIBER_QUEUE};
 use stallscope_analysis::view::JobView;
@@ -63,6 +64,7 @@ fn say(update: &JobEvent) {
             reason: None,
             ..
         } => eprintln!("stallscope collector: node {node} left"),
+        JobEvent::Slowdown(s) => eprintln!("{}", slowdown::describe(s)),
         JobEvent::Dropped { node, records } => eprintln!(
             "stallscope collector: node {node} dropped {records} records while the collector was away (its buffer was full)"
         ),

@@ -71,7 +71,7 @@ fn a_prep_bound_training_shows_prep_by_difference() {
     let text = String::from_utf8_lossy(&again.stdout);
     assert!(text.contains("T(R3) - T(R0)"), "{text}");
     let again = run_ok(stallscope().args(["summary", "--json"]).arg(&profile));
-    let replayed: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    let replayed = summary_json(&again.stdout);
     assert_eq!(replayed["differential"], e["differential"]);
 
     // The report of the warm run with the experiment beside it: online and by difference.

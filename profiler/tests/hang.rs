@@ -88,7 +88,7 @@ fn run_hanging(dir: &Path, script: &str, launch: &[&str]) -> (Value, String) {
             .args(["summary", "--json"])
             .arg(dir.join("p.stallscope")),
     );
-    let replayed: Value = serde_json::from_slice(&replayed.stdout).unwrap();
+    let replayed = summary_json(&replayed.stdout);
     assert_eq!(replayed["hangs"], s["hangs"], "the profile keeps the hangs");
     (s, String::from_utf8_lossy(&out.stderr).into_owned())
 }

@@ -262,7 +262,7 @@ fn agents_stream_to_a_collector_across_namespaces_through_refusals_and_a_restart
             .args(["summary", "--json"])
             .arg(d("job.stallscope")),
     );
-    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = summary_json(&out.stdout);
     let ranks_json = s["ranks"].as_array().unwrap();
     assert_eq!(ranks_json.len(), 2, "{s:#}");
     for r in ranks_json {

@@ -47,7 +47,7 @@ fn heavy_preprocessing_without_workers_is_reported_as_data_prep() {
     assert!(stderr.contains(&profile.display().to_string()), "{stderr}");
     // The profile replays to the same figures.
     let replay = run_ok(stallscope().arg("summary").arg("--json").arg(&profile));
-    let r: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    let r = summary_json(&replay.stdout);
     assert_eq!(r["job"], s["job"]);
     // The report, where people read it: Chromium shows the verdict on data prep, the rank,
     // every iteration's parts, the iteration time and the node's CPU beside them.
@@ -181,7 +181,7 @@ fn a_profile_cut_by_kill_9_is_still_summarised() {
     }
     assert!(enough, "no iterations reached the profile in 60 s");
     let out = run_ok(stallscope().arg("summary").arg("--json").arg(&profile));
-    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = summary_json(&out.stdout);
     assert_eq!(s["complete"], false);
     assert!(s["job"]["iterations"].as_u64().unwrap() >= 3, "{s:#}");
     assert!(s["exit_code"].is_null());

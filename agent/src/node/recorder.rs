@@ -18,7 +18,8 @@ use stallscope_analysis::journal::retention::KeepHandle;
 use stallscope_analysis::journal::{Breakdowns, FrameSink, Journal};
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::process::ancestors;
-use stallscope_analysis::summary::Summary;
+use stallscope_analysis::slowdown::{self, SlowdownNews};
+use stallscope_analysis::summary::{self, Summary};
 use stallscope_analysis::view::JobView;
 
 use super::feed::FeedHub;
@@ -118,7 +119,12 @@ pub struct Recorder {
     /// Asks the profile's sample flight recorder to keep a stretch of samples; none when
     /// every sample is written (or nothing is).
     sample_keeper: Option<KeepHandle>,
+    /// The slowdowns already said on stderr.
+    slowdown_news: SlowdownNews,
 }
+
+/// ns of raw samples kept in the profile before and after a slowdown is declared.
+const SAMPLES_AROUND_SLOWDOWN_NS: u64 = 60_000_000_000;
 
 /// The flight recorder's hook: called, once the profile is flushed, with what happened
 /// (`hang-37s`, a file-name part) and ns now on the profile's clock. It must not block (it
@@ -157,6 +163,7 @@ impl Recorder {
             hang_watch: None,
             flight_recorder: None,
             sample_keeper: None,
+            slowdown_news: SlowdownNews::default(),
         }
     }
 
@@ -348,6 +355,7 @@ impl Recorder {
         if !finishing {
             self.watch_for_hang(now);
         }
+        self.say_slowdowns(now);
         if let Some(tap) = self.tap.as_mut() {
             tap(self.journal.timeline(), self.journal.view(), &new);
         }
@@ -388,6 +396,28 @@ impl Recorder {
                 }
             }
             None => {}
+        }
+    }
+
+    /// Says each rank that turned slow, and each that recovered, once (the job timeline finds
+    /// them as it records iterations). A new slowdown also keeps the raw samples around `now`
+    /// (ns, the monotonic clock) in the profile, and writes the recent trace beside it (the
+    /// flight recorder), as a hang does.
+    fn say_slowdowns(&mut self, now: u64) {
+        let job = self.journal.timeline();
+        if job.summary.slowdowns.found().is_empty() {
+            return;
+        }
+        for s in self.slowdown_news.take(&summary::slowdowns(job)) {
+            self.status.say(&slowdown::describe(&s));
+            if s.ongoing() {
+                self.keep_samples(
+                    now.saturating_sub(SAMPLES_AROUND_SLOWDOWN_NS),
+                    now.saturating_add(SAMPLES_AROUND_SLOWDOWN_NS),
+                );
+                let what = format!("slowdown-rank{}-iter{}", s.rank, s.since_iteration);
+                self.record_flight(&what, now);
+            }
         }
     }
 

@@ -8,6 +8,7 @@ use crate::aggregate::RunningSummary;
 use crate::attribution::IterationBreakdown;
 use crate::collectives::{CommTotals, OpTime};
 use crate::gpu_usage::{GpuUsage, NvmlReading};
+use crate::slowdown::SlowdownWatch;
 
 /// Breakdowns [`JobTotals::recent`] keeps, the most recent (a few hundred bytes each: tens of
 /// MiB at most). Experiment runs and tests are far shorter, so they keep all of theirs.
@@ -27,6 +28,9 @@ pub struct JobTotals {
     /// Each of this node's loops' communication operations over its counted iterations, by
     /// (rank, pid) as [`RunningSummary::ranks`].
     pub comm: BTreeMap<(u32, u32), CommTotals>,
+    /// Ranks that turned slow, found as iterations are recorded (warm-up included: the watch
+    /// leaves out each rank's first iterations itself).
+    pub slowdowns: SlowdownWatch,
 }
 
 impl JobTotals {
@@ -36,6 +40,7 @@ impl JobTotals {
         for b in new {
             self.totals.add(b, warmup);
         }
+        self.slowdowns.take_all(new, warmup);
         let keep = new.len().min(RECENT_BREAKDOWNS);
         let overflow = (self.recent.len() + keep).saturating_sub(RECENT_BREAKDOWNS);
         self.recent.drain(..overflow);

@@ -337,6 +337,35 @@ fn stragglers(r: &Report, out: &mut String) {
     out.push_str("</table>\n</section>\n");
 }
 
+/// The ranks that turned slow (a part of their iterations grew and stayed grown), when any
+/// did: from when, seen when, until when, what grew and how much slower.
+fn slowdowns(r: &Report, out: &mut String) {
+    let found = &r.summary.slowdowns;
+    if found.is_empty() {
+        return;
+    }
+    out.push_str("<section id=\"slowdowns\">\n<h2>Ranks that turned slow</h2>\n");
+    out.push_str("<p>A part of these ranks' iterations grew, against their own earlier iterations, and stayed grown (change points, found while the run went on).</p>\n");
+    out.push_str("<table>\n<tr><th>Rank</th><th>Node</th><th>What grew</th><th>Slow since iteration</th><th>Seen at</th><th>Until</th><th>Before</th><th>After</th><th>Slower</th></tr>\n");
+    for d in found {
+        let _ = writeln!(
+            out,
+            "<tr data-slowdown=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}×</td></tr>",
+            d.rank,
+            d.rank,
+            escape(&d.node),
+            escape(&d.category),
+            d.since_iteration,
+            d.detected_iteration,
+            d.until_iteration.map_or("still slow at the end".into(), |u| u.to_string()),
+            duration(d.before_seconds),
+            duration(d.after_seconds),
+            d.factor
+        );
+    }
+    out.push_str("</table>\n</section>\n");
+}
+
 fn resources(r: &Report, out: &mut String) {
     out.push_str("<section id=\"resources\">\n<h2>Resources beside the stalls</h2>\n");
     let _ = write!(out, "<table>\n<tr><th>Node</th><th>Ranks</th><th>GPUs</th><th>Clock offset</th><th>Records dropped</th><th>Markers lost</th><th>Sources down</th></tr>\n");
@@ -601,6 +630,7 @@ pub fn html(r: &Report) -> String {
     timeline(r, &mut body);
     outside(r, &mut body);
     stragglers(r, &mut body);
+    slowdowns(r, &mut body);
     resources(r, &mut body);
     flows(r, &mut body);
     experiment(r, &mut body);

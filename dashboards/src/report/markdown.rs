@@ -82,6 +82,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     every_iteration(r, &mut out, stem, &mut files);
     outside(r, &mut out);
     stragglers(r, &mut out);
+    slowdowns(r, &mut out);
     resources(r, &mut out, stem, &mut files);
     experiment(r, &mut out, stem, &mut files);
     advice(r, &mut out);
@@ -319,6 +320,44 @@ fn stragglers(r: &Report, out: &mut String) {
             }),
         );
     }
+}
+
+/// The ranks that turned slow, when any did.
+fn slowdowns(r: &Report, out: &mut String) {
+    let found = &r.summary.slowdowns;
+    if found.is_empty() {
+        return;
+    }
+    out.push_str("## Ranks that turned slow\n\n");
+    out.push_str("A part of these ranks' iterations grew, against their own earlier iterations, and stayed grown.\n\n");
+    table(
+        out,
+        &[
+            "rank",
+            "node",
+            "what grew",
+            "slow since",
+            "seen at",
+            "until",
+            "before",
+            "after",
+            "slower",
+        ],
+        found.iter().map(|d| {
+            vec![
+                d.rank.to_string(),
+                d.node.clone(),
+                d.category.clone(),
+                d.since_iteration.to_string(),
+                d.detected_iteration.to_string(),
+                d.until_iteration
+                    .map_or("still slow at the end".into(), |u| u.to_string()),
+                duration(d.before_seconds),
+                duration(d.after_seconds),
+                format!("{:.2}×", d.factor),
+            ]
+        }),
+    );
 }
 
 /// The node resources, as charts written beside the document.

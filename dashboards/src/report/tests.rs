@@ -251,3 +251,38 @@ fn the_report_lists_flows_and_the_transfer_that_shared_the_link() {
         "{section}"
     );
 }
+
+#[test]
+fn a_rank_that_turned_slow_has_its_section_in_html_and_markdown() {
+    let mut r = report(false);
+    assert!(
+        !html(&r).contains("Ranks that turned slow"),
+        "none: no section"
+    );
+    r.summary.slowdowns = vec![stallscope_analysis::slowdown::Slowdown {
+        rank: 1,
+        node: "vm".into(),
+        category: "data_prep".into(),
+        since_iteration: 30,
+        detected_iteration: 33,
+        until_iteration: None,
+        factor: 1.54,
+        before_seconds: 0.0066,
+        after_seconds: 0.294,
+        pid: 7,
+    }];
+    let page = html(&r);
+    assert!(page.contains("<h2>Ranks that turned slow</h2>"), "{page}");
+    assert!(
+        page.contains("<tr data-slowdown=\"1\"><td>1</td><td>vm</td><td>data_prep</td><td>30</td><td>33</td><td>still slow at the end</td><td>6.6 ms</td><td>294.0 ms</td><td>1.54×</td></tr>"),
+        "{page}"
+    );
+    let md = markdown(&r, "report").text;
+    assert!(md.contains("## Ranks that turned slow"), "{md}");
+    assert!(
+        md.contains(
+            "| 1 | vm | data_prep | 30 | 33 | still slow at the end | 6.6 ms | 294.0 ms | 1.54× |"
+        ),
+        "{md}"
+    );
+}

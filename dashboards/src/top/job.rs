@@ -120,7 +120,8 @@ fn figure_lines(view: &JobView) -> Vec<Line<'static>> {
     ]
 }
 
-/// How far to trust the figures: what was lost, what is down, who held the others up.
+/// How far to trust the figures: what was lost, what is down, who turned slow, who held the
+/// others up.
 fn health_lines(view: &JobView) -> Vec<Line<'static>> {
     let s = &view.summary;
     let lost = s.markers.dropped + s.markers.rejected;
@@ -150,6 +151,26 @@ fn health_lines(view: &JobView) -> Vec<Line<'static>> {
         lines.push(Line::from(vec![
             Span::raw(" ! ").bold(),
             Span::raw(format!("{}: {}", d.source, d.message)),
+        ]));
+    }
+    // The latest few ranks that turned slow, the ongoing ones bold.
+    for d in s.slowdowns.iter().rev().take(3) {
+        let (mark, end) = match d.until_iteration {
+            None => (Span::raw(" ▼ ").bold(), String::new()),
+            Some(until) => (Span::raw(" ▽ "), format!(", back at {}", count(until))),
+        };
+        lines.push(Line::from(vec![
+            mark,
+            Span::raw(format!(
+                "rank {} on {} slow since iteration {}: {} {} → {} ({:.2}× slower{end})",
+                d.rank,
+                d.node,
+                count(d.since_iteration),
+                d.category,
+                duration(d.before_seconds),
+                duration(d.after_seconds),
+                d.factor
+            )),
         ]));
     }
     if let Some(w) = view.stragglers.back() {

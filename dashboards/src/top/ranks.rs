@@ -1,6 +1,7 @@
 //! The Ranks screen: one row per rank (node, iterations, median, p95, a bar of its recent
 //! parts, its largest stall, its GPU), sortable and filterable; the straggler of the last
-//! window marked. Only the rows on screen are built, so 1,024 ranks cost what 20 do.
+//! window marked ▲, a rank that turned slow and has not recovered ▼ (it comes first in the
+//! note). Only the rows on screen are built, so 1,024 ranks cost what 20 do.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style, Stylize};
@@ -46,12 +47,30 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView) {
         .take(height)
         .map(|(i, r)| {
             let is_straggler = straggler.is_some_and(|w| w.rank == r.rank && w.node == r.node);
-            row(r, i == selected, is_straggler)
+            let mark = if slow_now(view, r) {
+                "▼ "
+            } else if is_straggler {
+                "▲ "
+            } else {
+                "  "
+            };
+            row(r, i == selected, mark)
         })
         .collect();
     frame.render_widget(Paragraph::new(lines), rows_area);
-    let note_text = match straggler {
-        Some(w) => format!(
+    let slow = view.summary.slowdowns.iter().rev().find(|s| s.ongoing());
+    let note_text = match (slow, straggler) {
+        (Some(s), _) => format!(
+            "  ▼ rank {} on {} slow since iteration {}: {} {} → {} ({:.2}×)",
+            s.rank,
+            s.node,
+            count(s.since_iteration),
+            s.category,
+            duration(s.before_seconds),
+            duration(s.after_seconds),
+            s.factor
+        ),
+        (None, Some(w)) => format!(
             "  ▲ straggler, iterations {}–{}: rank {} on {} held the others {} ({} of their time waiting)",
             count(w.first_iter),
             count(w.last_iter),
@@ -60,7 +79,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView) {
             duration(w.held_seconds),
             pct(w.others_wait_fraction)
         ),
-        None => format!(
+        (None, None) => format!(
             "  {} of {} ranks shown · sorted by {}",
             rows.len(),
             view.ranks.len(),
@@ -70,7 +89,16 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView) {
     frame.render_widget(Paragraph::new(Line::raw(note_text).dim()), note);
 }
 
-fn row(r: &RankView, selected: bool, straggler: bool) -> Line<'static> {
+/// Whether rank `r` turned slow and has not recovered.
+fn slow_now(view: &JobView, r: &RankView) -> bool {
+    view.summary
+        .slowdowns
+        .iter()
+        .any(|s| s.ongoing() && s.rank == r.rank && s.node == r.node)
+}
+
+/// One rank's row; `mark`: `▼ ` slow now, `▲ ` the straggler, else blank.
+fn row(r: &RankView, selected: bool, mark: &'static str) -> Line<'static> {
     let window = r.window();
     let stall = match window.largest_stall() {
         Some(c) => format!("{} {}", c.name(), pct(largest_stall_share(&window))),
@@ -82,14 +110,14 @@ fn row(r: &RankView, selected: bool, straggler: bool) -> Line<'static> {
         .and_then(|g| g.busy_fraction)
         .map_or("–".to_string(), pct);
     let mut style = Style::new();
-    if straggler {
+    if mark != "  " {
         style = style.add_modifier(Modifier::BOLD);
     }
     if selected {
         style = style.add_modifier(Modifier::REVERSED);
     }
     let mut spans = vec![
-        Span::styled(if straggler { "▲ " } else { "  " }, style),
+        Span::styled(mark, style),
         Span::styled(
             format!(
                 "{:>4} {:<8} {:>6} {:>8} {:>8}  ",

@@ -12,6 +12,7 @@ use stallscope_analysis::crossnode::StragglerWindow;
 use stallscope_analysis::figures::{Categories, CoverageShare, Figures, RankSummary};
 use stallscope_analysis::finding::{find, FindingInput};
 use stallscope_analysis::gpu_usage::RankGpu;
+use stallscope_analysis::slowdown::Slowdown;
 use stallscope_analysis::summary::{SourceDown, Summary};
 use stallscope_analysis::view::{
     IterationParts, JobView, NodeResources, NodeView, RankView, RESOURCE_HISTORY,
@@ -285,6 +286,60 @@ fn key(app: &mut App, view: &JobView, code: KeyCode) -> Outcome {
 fn job_screen_of_a_straggler_job() {
     let v = straggler_job();
     insta::assert_snapshot!(screen(&on(Screen::Job), &v, 80, 24).backend());
+}
+
+/// The straggler job whose rank 4 turned slow at iteration 230 (data_prep), still slow, and
+/// whose rank 1 was slow in compute from 100 to 140.
+fn slowdown_job() -> JobView {
+    let mut v = straggler_job();
+    let slow = |rank: u32, node: &str, category: &str, since, until| Slowdown {
+        rank,
+        node: node.into(),
+        category: category.into(),
+        since_iteration: since,
+        detected_iteration: since + 3,
+        until_iteration: until,
+        factor: 1.6,
+        before_seconds: 0.002,
+        after_seconds: 0.048,
+        pid: 0,
+    };
+    v.summary.slowdowns = vec![
+        slow(1, "node-a", "compute", 100, Some(140)),
+        slow(4, "node-c", "data_prep", 230, None),
+    ];
+    v
+}
+
+#[test]
+fn a_rank_that_turned_slow_is_marked_and_said_on_the_ranks_and_job_screens() {
+    let v = slowdown_job();
+    let t = screen(&on(Screen::Ranks), &v, 100, 24);
+    let text = format!("{}", t.backend());
+    assert!(
+        text.contains(
+            "▼ rank 4 on node-c slow since iteration 230: data_prep 2.0 ms → 48.0 ms (1.60×)"
+        ),
+        "{text}"
+    );
+    let buf = t.backend().buffer();
+    let marked: Vec<String> = (0..24)
+        .filter(|y| buf[(0, *y)].symbol() == "▼")
+        .map(|y| (0..30).map(|x| buf[(x, y)].symbol()).collect())
+        .collect();
+    assert_eq!(marked.len(), 1, "the row of rank 4 alone: {text}");
+    assert!(marked[0].contains("4 node-c"), "{text}");
+    let t = screen(&on(Screen::Job), &v, 120, 30);
+    let text = format!("{}", t.backend());
+    assert!(
+        text.contains("▼ rank 4 on node-c slow since iteration 230: data_prep"),
+        "{text}"
+    );
+    assert!(
+        text.contains("▽ rank 1 on node-a slow since iteration 100: compute"),
+        "{text}"
+    );
+    assert!(text.contains("back at 140"), "{text}");
 }
 
 #[test]

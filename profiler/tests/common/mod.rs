@@ -129,10 +129,39 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// The JSON file at `path` (a summary, most often); a summary must name no rank that turned
+/// slow ([`no_slowdowns`]): read one that should with [`read_json_with_slowdowns`].
 pub fn read_json(path: &Path) -> Value {
+    let v = read_json_with_slowdowns(path);
+    no_slowdowns(&v);
+    v
+}
+
+/// The JSON file at `path`, a summary that may name ranks that turned slow.
+pub fn read_json_with_slowdowns(path: &Path) -> Value {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).expect("summary JSON parses")
+}
+
+/// The summary JSON `stallscope summary --json` printed, which must name no rank that turned
+/// slow ([`no_slowdowns`]).
+pub fn summary_json(stdout: &[u8]) -> Value {
+    let v: Value = serde_json::from_slice(stdout).expect("summary JSON parses");
+    no_slowdowns(&v);
+    v
+}
+
+/// Steady jobs raise no alarm: every end-to-end test reads its summaries through
+/// [`read_json`] or [`summary_json`], so a slowdown declared on a job that did not turn slow
+/// (a false alarm) fails the test whose job raised it, wherever in the suite. The count of
+/// false alarms over the suite is the count of these failures, and it must be 0.
+pub fn no_slowdowns(summary: &Value) {
+    let found = summary["slowdowns"].as_array().cloned().unwrap_or_default();
+    assert!(
+        found.is_empty(),
+        "false alarm: a steady job named ranks that turned slow: {found:#?}"
+    );
 }
 
 /// The job's share of one category, 0–1.

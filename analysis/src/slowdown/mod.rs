@@ -1,0 +1,459 @@
+//! Ranks that turn slow: online change-point detection, per rank, on each part of its
+//! iterations.
+//!
+//! A rank whose data loading, compute or links degrade halfway through a run (a failing disk,
+//! a throttled CPU, a flapping link) slows the whole job, and a share over the run hides when
+//! it began. [`SlowdownWatch`] takes every attributed iteration, rank by rank in iteration
+//! order, and runs a robust two-window test per category: the reference window is the rank's
+//! latest [`BASELINE_KEPT`] normal iterations (median and MAD per category, the median
+//! iteration); the test window is the latest [`PERSIST`] iterations. A category has grown when
+//! each iteration of the test window holds, in that category, the first two of these, and
+//! the window the third:
+//! - at least [`MIN_GROWTH_SHARE`] of the baseline iteration more than its baseline median,
+//!   and [`NOISE_MADS`] robust standard deviations more (the noise the rank showed);
+//! - [`MIN_FACTOR`] times its baseline median;
+//! - not shared: with other ranks to compare with, the same part did not grow by half as
+//!   much on any of them in [`SHARED_BY`] of the same iterations (a machine that slows down
+//!   as a whole, with other processes' load coming and going or a CPU that changes speed,
+//!   slows every rank's compute and loaders alike; a slower link slows a collective on
+//!   every rank); a rank alone is compared with itself instead: the part's growth must be
+//!   [`REST_MARGIN`] times the growth of the rest of the iteration (its other parts but peer
+//!   wait and `other`, which on a contended CPU grows with the work that waits for it), since
+//!   a machine that slows down stretches every part alike. So a single rank that does
+//!   nothing but compute is never named for it: nothing tells its own slowdown from the
+//!   machine's.
+//!
+//! `peer_wait` is never the category that grew: a rank waits for a slow peer, so it is the
+//! peer's slowdown, named on the peer. Nor is `other` (nothing seen explains it): a rank that
+//! waits for a slow peer outside a marked collective (DDP's backward waiting for its
+//! all-reduce) shows that wait there. The first iterations of a rank (the header's warm-up,
+//! at least [`WARMUP_SKIPPED`]) are left out, and nothing is tested before [`BASELINE_MIN`]
+//! normal iterations. A slowdown recovers when [`PERSIST`] iterations in a row are back below
+//! half the growth. While one is open the baseline is frozen, so a long slowdown never
+//! becomes the norm. Iterations are taken as they were sent: the watch never walks iteration
+//! numbers, so a step numbered 10^14 costs what step 1 does.
+//!
+//! The live run and a profile read back feed the same breakdowns in the same order per rank
+//! (`crate::job::JobTotals::record`), so both find the same slowdowns.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::attribution::IterationBreakdown;
+use crate::category::{Category, Split};
+
+/// Normal iterations per rank the reference window holds, the latest.
+pub const BASELINE_KEPT: usize = 64;
+/// Normal iterations a rank needs before it is tested.
+pub const BASELINE_MIN: usize = 10;
+/// Iterations at the start of every rank left out, at the least (start-up, first batches).
+pub const WARMUP_SKIPPED: u64 = 5;
+/// Iterations in a row that make a slowdown, and a recovery.
+pub const PERSIST: usize = 4;
+/// A category must grow by this share of the baseline iteration.
+pub const MIN_GROWTH_SHARE: f64 = 0.25;
+/// … to at least this many times its baseline median.
+pub const MIN_FACTOR: f64 = 2.0;
+/// … by at least this many robust standard deviations (1.4826 × MAD) of its baseline.
+pub const NOISE_MADS: f64 = 3.0;
+/// A rank alone: its part must grow this many times more than the rest of the iteration
+/// (peer wait and `other` left out).
+pub const REST_MARGIN: f64 = 1.5;
+/// A part under this share of the baseline iteration counts as this share (factors of a
+/// part that was nearly nothing are not infinite), and a rest under it tells nothing.
+pub const MIN_PART_SHARE: f64 = 0.02;
+
+/// The parts that can be the one that grew: not `peer_wait` nor `other` (see the module docs).
+const CANDIDATES: [Category; 5] = [
+    Category::Compute,
+    Category::DataFetch,
+    Category::DataPrep,
+    Category::Interconnect,
+    Category::Network,
+];
+
+/// One rank that turned slow.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Slowdown {
+    /// Global rank.
+    pub rank: u32,
+    /// Its node (the host in a single-node run; filled in by the summary).
+    pub node: String,
+    /// The category that grew (`compute`, `data_prep`, …).
+    pub category: String,
+    /// The first slow iteration.
+    pub since_iteration: u64,
+    /// The iteration whose end declared it.
+    pub detected_iteration: u64,
+    /// The first iteration back to normal; `None` while it lasts.
+    pub until_iteration: Option<u64>,
+    /// How much slower the rank's iterations became: median iteration over the slow
+    /// iterations that declared it / the baseline median iteration.
+    pub factor: f64,
+    /// s per iteration in the category before (the baseline median).
+    pub before_seconds: f64,
+    /// s per iteration in the category when declared (median of the slow iterations).
+    pub after_seconds: f64,
+    /// The rank's process id.
+    pub pid: u32,
+}
+
+impl Slowdown {
+    /// Whether it still lasts.
+    pub fn ongoing(&self) -> bool {
+        self.until_iteration.is_none()
+    }
+}
+
+/// The slowdowns of every rank, found as iterations are attributed; see the module docs.
+#[derive(Debug, Default)]
+pub struct SlowdownWatch {
+    ranks: BTreeMap<(u32, u32), RankWatch>,
+    /// Every slowdown found, in the order declared (a recovered one updated in place).
+    found: Vec<Slowdown>,
+}
+
+/// One loop's state.
+#[derive(Debug, Default)]
+struct RankWatch {
+    /// Breakdowns taken.
+    taken: u64,
+    /// The latest normal iterations (reference window).
+    baseline: VecDeque<Split>,
+    /// Per category: the current run of grown iterations (first iteration, parts of each).
+    runs: [Run; 7],
+    /// Per category: the index in `found` of its open slowdown.
+    open: [Option<usize>; 7],
+    /// The latest [`RECENT_KEPT`] iterations taken, by number: what its peers compare with.
+    recent: VecDeque<(u64, Split)>,
+}
+
+/// Iterations per rank kept for its peers to compare with.
+const RECENT_KEPT: usize = 16;
+
+#[derive(Debug, Default, Clone)]
+struct Run {
+    /// The run's first iteration.
+    first: u64,
+    /// Its latest iterations' parts, at most [`PERSIST`].
+    splits: Vec<Split>,
+}
+
+/// The reference window's figures, ns.
+struct Baseline {
+    iteration: f64,
+    median: [f64; 7],
+    sigma: [f64; 7],
+    /// Per category, the median of the rest of the iteration ([`rest_of`]).
+    rest: [f64; 7],
+}
+
+impl SlowdownWatch {
+    /// Every slowdown found so far, in the order declared.
+    pub fn found(&self) -> &[Slowdown] {
+        &self.found
+    }
+
+    /// Takes one attributed iteration of a rank; iterations of one rank must come in order.
+    /// The first `warmup` iterations of each rank (at least [`WARMUP_SKIPPED`]) are skipped.
+    pub fn take(&mut self, b: &IterationBreakdown, warmup: u64) {
+        self.take_all(std::slice::from_ref(b), warmup);
+    }
+
+    /// Takes the iterations one attribution round gave (every rank's, in any order between
+    /// ranks): each rank's are remembered first, so a rank is compared with whatever its
+    /// peers did in the same iterations, whichever order the round lists them in.
+    pub fn take_all(&mut self, new: &[IterationBreakdown], warmup: u64) {
+        for b in new {
+            let w = self.ranks.entry((b.rank, b.pid)).or_default();
+            if w.recent.len() == RECENT_KEPT {
+                w.recent.pop_front();
+            }
+            w.recent.push_back((b.iter, b.split));
+        }
+        for b in new {
+            let key = (b.rank, b.pid);
+            let Some(mut w) = self.ranks.remove(&key) else {
+                continue;
+            };
+            self.take_one(&mut w, b, warmup);
+            self.ranks.insert(key, w);
+        }
+    }
+
+    fn take_one(&mut self, w: &mut RankWatch, b: &IterationBreakdown, warmup: u64) {
+        w.taken += 1;
+        if w.taken <= warmup.max(WARMUP_SKIPPED) || b.split.total() == 0 {
+            return;
+        }
+        if w.baseline.len() < BASELINE_MIN {
+            w.baseline.push_back(b.split);
+            return;
+        }
+        let base = baseline(&w.baseline);
+        let mut normal = true;
+        for c in CANDIDATES {
+            let k = c.index();
+            let grown = has_grown(&base, &b.split, c);
+            match w.open[k] {
+                Some(at) => {
+                    normal = false;
+                    let back = !is_above(&base, &b.split, c, 0.5);
+                    let run = &mut w.runs[k];
+                    if !back {
+                        run.splits.clear();
+                        continue;
+                    }
+                    if run.splits.is_empty() {
+                        run.first = b.iter;
+                    }
+                    run.splits.push(b.split);
+                    if run.splits.len() >= PERSIST {
+                        self.found[at].until_iteration = Some(run.first);
+                        w.open[k] = None;
+                        run.splits.clear();
+                    }
+                }
+                None => {
+                    let run = &mut w.runs[k];
+                    if !grown {
+                        run.splits.clear();
+                        continue;
+                    }
+                    normal = false;
+                    if run.splits.is_empty() {
+                        run.first = b.iter;
+                    }
+                    run.splits.push(b.split);
+                    if run.splits.len() > PERSIST {
+                        run.splits.remove(0);
+                    }
+                    let its_own = |watch: &SlowdownWatch, run: &Run| {
+                        if watch.has_peers(b.rank) {
+                            !watch.shared_with_peers(b.rank, &w.recent, &base, c)
+                        } else {
+                            outgrew_the_rest(&base, &run.splits, c)
+                        }
+                    };
+                    if run.splits.len() == PERSIST && its_own(self, run) {
+                        let walls: Vec<f64> = run.splits.iter().map(|s| s.total() as f64).collect();
+                        let parts: Vec<f64> = run.splits.iter().map(|s| s.get(c) as f64).collect();
+                        self.found.push(Slowdown {
+                            rank: b.rank,
+                            pid: b.pid,
+                            node: String::new(),
+                            category: c.name().to_string(),
+                            since_iteration: run.first,
+                            detected_iteration: b.iter,
+                            until_iteration: None,
+                            factor: median(walls) / base.iteration.max(1.0),
+                            before_seconds: base.median[k] / 1e9,
+                            after_seconds: median(parts) / 1e9,
+                        });
+                        w.open[k] = Some(self.found.len() - 1);
+                        run.splits.clear();
+                    }
+                }
+            }
+        }
+        if normal && w.open.iter().all(Option::is_none) {
+            if w.baseline.len() == BASELINE_KEPT {
+                w.baseline.pop_front();
+            }
+            w.baseline.push_back(b.split);
+        }
+    }
+}
+
+impl SlowdownWatch {
+    /// Whether another rank has a baseline to compare with.
+    fn has_peers(&self, rank: u32) -> bool {
+        self.ranks
+            .iter()
+            .any(|((r, _), q)| *r != rank && q.baseline.len() >= BASELINE_MIN)
+    }
+
+    /// Whether the growth of part `c` on rank `rank` (its `recent` iterations, baseline
+    /// `base`) shows on another rank too, in at least [`SHARED_BY`] of the same iterations
+    /// (the latest [`PERSIST`] + 2 of this rank) by at least half as much: then the job or
+    /// the machine slowed down (other processes' load, a slower link under a collective every
+    /// rank takes part in), and no one rank turned slow.
+    fn shared_with_peers(
+        &self,
+        rank: u32,
+        recent: &VecDeque<(u64, Split)>,
+        base: &Baseline,
+        c: Category,
+    ) -> bool {
+        let k = c.index();
+        let iters: Vec<u64> = recent
+            .iter()
+            .rev()
+            .take(PERSIST + 2)
+            .map(|(i, _)| *i)
+            .collect();
+        let own: Vec<f64> = recent
+            .iter()
+            .rev()
+            .take(PERSIST)
+            .map(|(_, s)| s.get(c) as f64)
+            .collect();
+        let growth = median(own) - base.median[k];
+        self.ranks
+            .iter()
+            .filter(|((r, _), q)| *r != rank && q.baseline.len() >= BASELINE_MIN)
+            .any(|(_, q)| {
+                let bar = baseline(&q.baseline).median[k] + growth / 2.0;
+                let grown = q
+                    .recent
+                    .iter()
+                    .filter(|(i, s)| iters.contains(i) && s.get(c) as f64 > bar)
+                    .count();
+                grown >= SHARED_BY
+            })
+    }
+}
+
+/// Iterations of the same numbers in which a peer's part grew too, for the growth to be the
+/// job's or the machine's rather than a rank's.
+const SHARED_BY: usize = 2;
+
+/// Whether category `c` of `split` has grown past every bar of the module docs.
+fn has_grown(base: &Baseline, split: &Split, c: Category) -> bool {
+    let k = c.index();
+    let grew = split.get(c) as f64 / base.median[k].max(part_floor(base));
+    is_above(base, split, c, 1.0) && grew >= MIN_FACTOR
+}
+
+/// ns: a part counts as at least this ([`MIN_PART_SHARE`] of the baseline iteration).
+fn part_floor(base: &Baseline) -> f64 {
+    MIN_PART_SHARE * base.iteration.max(1.0)
+}
+
+/// Whether category `c` grew, over the iterations `run`, [`REST_MARGIN`] times more than
+/// the rest of the iteration (medians over the run, against the baseline's); never when the
+/// rest was too small to tell.
+fn outgrew_the_rest(base: &Baseline, run: &[Split], c: Category) -> bool {
+    let k = c.index();
+    let floor = part_floor(base);
+    if base.rest[k] < floor {
+        return false;
+    }
+    let part = median(run.iter().map(|s| s.get(c) as f64).collect());
+    let rest = median(run.iter().map(|s| rest_of(s, c) as f64).collect());
+    part / base.median[k].max(floor) >= REST_MARGIN * (rest / base.rest[k])
+}
+
+/// ns of `split` outside category `c`, peer wait and `other`: peer wait is the peers', and
+/// `other` on a CPU that other processes contend for is mostly the wait for the CPU that
+/// the grown part needed, so it grows with it.
+fn rest_of(split: &Split, c: Category) -> u64 {
+    let mut out = split.total() - split.get(c);
+    for left_out in [Category::PeerWait, Category::Other] {
+        if left_out != c {
+            out -= split.get(left_out);
+        }
+    }
+    out
+}
+
+/// Whether category `c` of `split` lies above its baseline median by `part` of the bar
+/// (growth of [`MIN_GROWTH_SHARE`] of the iteration and [`NOISE_MADS`] deviations).
+fn is_above(base: &Baseline, split: &Split, c: Category, part: f64) -> bool {
+    let k = c.index();
+    let bar = (MIN_GROWTH_SHARE * base.iteration).max(NOISE_MADS * base.sigma[k]);
+    split.get(c) as f64 > base.median[k] + part * bar
+}
+
+fn baseline(window: &VecDeque<Split>) -> Baseline {
+    let mut median_ns = [0.0; 7];
+    let mut sigma = [0.0; 7];
+    let mut rest = [0.0; 7];
+    for c in Category::ALL {
+        let k = c.index();
+        let values: Vec<f64> = window.iter().map(|s| s.get(c) as f64).collect();
+        let m = median(values.clone());
+        median_ns[k] = m;
+        sigma[k] = 1.4826 * median(values.iter().map(|v| (v - m).abs()).collect());
+        rest[k] = median(window.iter().map(|s| rest_of(s, c) as f64).collect());
+    }
+    Baseline {
+        iteration: median(window.iter().map(|s| s.total() as f64).collect()),
+        median: median_ns,
+        sigma,
+        rest,
+    }
+}
+
+/// The median (the mean of the middle two for an even count); 0 when empty.
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Tells which slowdowns are news: each one once when found, and once more when it
+/// recovered (what `stallscope run` and the collector say as it happens).
+#[derive(Debug, Default)]
+pub struct SlowdownNews {
+    /// Per slowdown told (in the order found), whether its recovery was told too.
+    told: Vec<bool>,
+}
+
+impl SlowdownNews {
+    /// The news in `found` (every slowdown so far, in the order found) since the last call:
+    /// a new one as declared (`until_iteration` null), a recovered one with its end.
+    pub fn take(&mut self, found: &[Slowdown]) -> Vec<Slowdown> {
+        let mut news = Vec::new();
+        for (i, s) in found.iter().enumerate() {
+            if i == self.told.len() {
+                news.push(Slowdown {
+                    until_iteration: None,
+                    ..s.clone()
+                });
+                self.told.push(false);
+            }
+            if !s.ongoing() && !self.told[i] {
+                news.push(s.clone());
+                self.told[i] = true;
+            }
+        }
+        news
+    }
+}
+
+/// The slowdown in words, for stderr.
+pub fn describe(s: &Slowdown) -> String {
+    let at = if s.node.is_empty() {
+        String::new()
+    } else {
+        format!(" on {}", s.node)
+    };
+    match s.until_iteration {
+        None => format!(
+            "stallscope: rank {}{at} turned slow at iteration {} ({:.2}× slower): {} grew from {:.1} ms to {:.1} ms per iteration (seen at iteration {})",
+            s.rank,
+            s.since_iteration,
+            s.factor,
+            s.category,
+            s.before_seconds * 1e3,
+            s.after_seconds * 1e3,
+            s.detected_iteration
+        ),
+        Some(until) => format!(
+            "stallscope: rank {}{at} recovered at iteration {until}: its {} is back to normal (slow since iteration {})",
+            s.rank, s.category, s.since_iteration
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,329 @@
+use super::*;
+
+const MS: f64 = 1e6;
+
+/// A deterministic noise source: uniform in [-1, 1).
+struct Noise(u64);
+
+impl Noise {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+    }
+}
+
+fn iteration(rank: u32, iter: u64, parts: &[(Category, f64)]) -> IterationBreakdown {
+    let mut split = Split::default();
+    for (c, ms) in parts {
+        split.add(*c, (ms * MS).max(0.0) as u64);
+    }
+    IterationBreakdown {
+        rank,
+        pid: 100 + rank,
+        iter,
+        start_ns: 0,
+        end_ns: split.total(),
+        split,
+        evidence: Vec::new(),
+        coverage: Default::default(),
+    }
+}
+
+/// Runs `n` iterations numbered from `first`, `parts(i, noise)` giving iteration `i`'s ms.
+fn watch(
+    first: u64,
+    n: u64,
+    mut parts: impl FnMut(u64, &mut Noise) -> Vec<(Category, f64)>,
+) -> Vec<Slowdown> {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(7);
+    for i in 0..n {
+        w.take(&iteration(1, first + i, &parts(i, &mut noise)), 0);
+    }
+    w.found().to_vec()
+}
+
+/// A steady rank: 5 ms of compute, 0.3 ms of data preparation, 0.5 ms of peer wait, ±10%.
+fn steady(noise: &mut Noise) -> Vec<(Category, f64)> {
+    vec![
+        (Category::Compute, 5.0 * (1.0 + 0.1 * noise.next())),
+        (Category::DataPrep, 0.3 * (1.0 + 0.1 * noise.next())),
+        (Category::PeerWait, 0.5 * (1.0 + 0.1 * noise.next())),
+    ]
+}
+
+fn with(mut parts: Vec<(Category, f64)>, c: Category, extra_ms: f64) -> Vec<(Category, f64)> {
+    parts.push((c, extra_ms));
+    parts
+}
+
+#[test]
+fn a_step_up_at_30_is_named_within_3_and_detected_by_35() {
+    let found = watch(0, 100, |i, n| {
+        let p = steady(n);
+        if i >= 30 {
+            with(p, Category::DataPrep, 6.0)
+        } else {
+            p
+        }
+    });
+    assert_eq!(found.len(), 1, "{found:?}");
+    let s = &found[0];
+    assert_eq!((s.rank, s.category.as_str()), (1, "data_prep"));
+    assert!(s.since_iteration.abs_diff(30) <= 3, "{s:?}");
+    assert!(s.detected_iteration <= 35, "{s:?}");
+    assert!(s.detected_iteration >= s.since_iteration);
+    assert_eq!(s.until_iteration, None, "still slow at the end");
+    assert!((s.factor - 2.1).abs() < 0.3, "{s:?}");
+    assert!(s.after_seconds > 0.005 && s.before_seconds < 0.001, "{s:?}");
+}
+
+#[test]
+fn a_compute_step_is_named_compute() {
+    let found = watch(0, 80, |i, n| {
+        let p = steady(n);
+        if i >= 30 {
+            with(p, Category::Compute, 8.0)
+        } else {
+            p
+        }
+    });
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].category, "compute");
+    assert!(found[0].since_iteration.abs_diff(30) <= 3);
+}
+
+#[test]
+fn recovery_is_reported_and_a_second_slowdown_is_a_new_one() {
+    let found = watch(0, 200, |i, n| {
+        let p = steady(n);
+        if (30..60).contains(&i) || (120..150).contains(&i) {
+            with(p, Category::DataFetch, 10.0)
+        } else {
+            p
+        }
+    });
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(found[0].category, "data_fetch");
+    let until = found[0].until_iteration.expect("recovered");
+    assert!(until.abs_diff(60) <= 3, "{:?}", found[0]);
+    assert!(
+        found[1].since_iteration.abs_diff(120) <= 3,
+        "{:?}",
+        found[1]
+    );
+    assert!(found[1].until_iteration.unwrap().abs_diff(150) <= 3);
+}
+
+#[test]
+fn a_bimodal_machine_under_load_that_comes_and_goes_raises_nothing() {
+    // Warm-up: 200 ms first iterations. Then each iteration runs at 5.4 or 8.3 ms (whole
+    // iteration), with stretches where other processes' load triples everything.
+    let mut mode_slow = false;
+    let found = watch(0, 2000, |i, n| {
+        if i < 8 {
+            return vec![(Category::Compute, 200.0), (Category::DataPrep, 30.0)];
+        }
+        if n.next() > 0.9 {
+            mode_slow = !mode_slow;
+        }
+        let scale =
+            if mode_slow { 8.3 / 5.4 } else { 1.0 } * if (i / 150) % 3 == 2 { 3.0 } else { 1.0 };
+        steady(n)
+            .into_iter()
+            .map(|(c, ms)| (c, ms * scale))
+            .collect()
+    });
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[test]
+fn compute_alone_flipping_between_two_speeds_raises_nothing() {
+    let found = watch(0, 1000, |_, n| {
+        let compute = if n.next() > 0.0 { 4.0 } else { 6.9 };
+        vec![
+            (Category::Compute, compute * (1.0 + 0.05 * n.next())),
+            (Category::DataPrep, 0.4),
+            (Category::Interconnect, 1.0),
+        ]
+    });
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[test]
+fn peer_wait_growing_is_the_peers_slowdown_not_this_ranks() {
+    let found = watch(0, 100, |i, n| {
+        let p = steady(n);
+        if i >= 30 {
+            with(p, Category::PeerWait, 20.0)
+        } else {
+            p
+        }
+    });
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[test]
+fn single_odd_iterations_and_the_last_partial_one_raise_nothing() {
+    let found = watch(0, 300, |i, n| match i {
+        // A checkpoint every 50 iterations, an eval pause, and a short last iteration.
+        i if i % 50 == 49 => vec![(Category::Other, 400.0), (Category::Compute, 5.0)],
+        120..=121 => vec![(Category::DataFetch, 100.0), (Category::Compute, 5.0)],
+        299 => vec![(Category::Compute, 0.5)],
+        _ => steady(n),
+    });
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[test]
+fn a_step_numbered_ten_to_the_fourteen_does_not_walk() {
+    let start = std::time::Instant::now();
+    let first = 100_000_000_000_000;
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(3);
+    // Iterations numbered 10^14 + 0..40, then a gap of 10^13, then the slow ones.
+    for i in 0..80u64 {
+        let iter = if i < 40 {
+            first + i
+        } else {
+            first + 10_000_000_000_000 + i
+        };
+        let p = steady(&mut noise);
+        let p = if i >= 40 {
+            with(p, Category::DataPrep, 7.0)
+        } else {
+            p
+        };
+        w.take(&iteration(0, iter, &p), 0);
+    }
+    let found = w.found();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].since_iteration, first + 10_000_000_000_040);
+    assert!(found[0].detected_iteration - found[0].since_iteration <= 5);
+    assert!(start.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn ranks_are_watched_apart() {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(11);
+    for i in 0..60u64 {
+        for rank in 0..2 {
+            let p = steady(&mut noise);
+            let p = if rank == 1 && i >= 30 {
+                with(p, Category::Compute, 9.0)
+            } else {
+                p
+            };
+            w.take(&iteration(rank, i, &p), 0);
+        }
+    }
+    let ranks: Vec<u32> = w.found().iter().map(|s| s.rank).collect();
+    assert_eq!(ranks, [1]);
+}
+
+#[test]
+fn described_with_rank_node_and_category() {
+    let s = Slowdown {
+        rank: 1,
+        node: "n1".into(),
+        category: "data_prep".into(),
+        since_iteration: 30,
+        detected_iteration: 33,
+        factor: 2.5,
+        before_seconds: 0.0003,
+        after_seconds: 0.0063,
+        ..Slowdown::default()
+    };
+    let text = describe(&s);
+    assert!(
+        text.contains("rank 1 on n1 turned slow at iteration 30"),
+        "{text}"
+    );
+    assert!(
+        text.contains("data_prep grew from 0.3 ms to 6.3 ms"),
+        "{text}"
+    );
+    let back = describe(&Slowdown {
+        until_iteration: Some(50),
+        ..s
+    });
+    assert!(back.contains("recovered at iteration 50"), "{back}");
+}
+
+#[test]
+fn other_growing_is_not_named() {
+    let found = watch(0, 100, |i, n| {
+        let p = steady(n);
+        if i >= 30 {
+            with(p, Category::Other, 20.0)
+        } else {
+            p
+        }
+    });
+    assert!(found.is_empty(), "{found:?}");
+}
+
+/// Two ranks, 5 ms of compute and 1 ms of loopback all-reduce; from iteration 30 the
+/// all-reduce of `slow` ranks takes 8 ms more (rank 1's two iterations later: a machine
+/// whose load slowed both ranks' transfers).
+fn two_ranks_with_slower_transfers(slow: &[u32]) -> Vec<Slowdown> {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(5);
+    for i in 0..70u64 {
+        let round: Vec<IterationBreakdown> = (0..2)
+            .map(|rank| {
+                let mut p = steady(&mut noise);
+                p.push((Category::Interconnect, 1.0));
+                let onset = 30 + 2 * u64::from(rank);
+                if slow.contains(&rank) && i >= onset {
+                    p.push((Category::Interconnect, 8.0));
+                }
+                iteration(rank, i, &p)
+            })
+            .collect();
+        w.take_all(&round, 0);
+    }
+    w.found().to_vec()
+}
+
+#[test]
+fn transfers_slower_on_every_rank_are_the_jobs_not_a_ranks() {
+    let found = two_ranks_with_slower_transfers(&[0, 1]);
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[test]
+fn transfers_slower_on_one_rank_name_it() {
+    let found = two_ranks_with_slower_transfers(&[1]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].rank, found[0].category.as_str()),
+        (1, "interconnect")
+    );
+    assert!(found[0].since_iteration.abs_diff(32) <= 3, "{found:?}");
+}
+
+#[test]
+fn load_that_slows_every_ranks_compute_is_the_machines() {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(13);
+    for i in 0..200u64 {
+        // Stretches of heavy load triple both ranks' compute (their rest less so).
+        let load = if (i / 40) % 2 == 1 { 3.0 } else { 1.0 };
+        let round: Vec<IterationBreakdown> = (0..2)
+            .map(|rank| {
+                let p = vec![
+                    (Category::Compute, 5.0 * load * (1.0 + 0.1 * noise.next())),
+                    (Category::Interconnect, 1.0 * (1.0 + 0.3 * noise.next())),
+                ];
+                iteration(rank, i, &p)
+            })
+            .collect();
+        w.take_all(&round, 0);
+    }
+    assert!(w.found().is_empty(), "{:?}", w.found());
+}
