@@ -298,6 +298,10 @@ pub enum Frame {
     /// where each rank stood and their stacks; written again, with `resumed_after_seconds`,
     /// when iterations resume. Last, so that profiles written before it still read.
     Hang(Box<crate::hang::HangReport>),
+    /// A node's answer when the collector asked where its ranks stand (agents of protocol 10
+    /// on): the collector folds the answers into one [`Frame::Hang`]. Last, so that profiles
+    /// written before it still read.
+    NodeHang(Box<crate::hang::NodeHang>),
 }
 
 /// What a node's RDMA ports moved, for the reading that follows (same node, same `t_ns`) and

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 
 use stallscope_analysis::category::Split;
+use stallscope_analysis::hang::HangReport;
 use stallscope_analysis::Nanos;
 
 /// Events kept for a slow subscriber before it starts missing them.
@@ -45,6 +46,18 @@ pub enum JobEvent {
         split: Split,
         /// Share of the iteration the rank's GPU was busy, ppm, when its agent read one.
         gpu_busy_ppm: Option<u32>,
+    },
+    /// No rank finished an iteration for the hang threshold: where each stands, with stacks.
+    Hang {
+        /// The hang.
+        report: Box<HangReport>,
+        /// s from the collector's request to the last agent's answer (`None`: none answered).
+        answered_after_seconds: Option<f64>,
+    },
+    /// The declared hang ended: a rank finished an iteration.
+    HangResumed {
+        /// s from the declaration to that iteration.
+        after_seconds: f64,
     },
     /// Records from one node dropped by its agent while the collector was away (new total).
     Dropped {

@@ -389,6 +389,7 @@ fn every_variant() -> Vec<Frame> {
                 state: "compute_or_unknown".into(),
                 collective: None,
                 has_hook: true,
+                node: Some("b".into()),
             }],
             stacks: [(
                 "1".to_string(),
@@ -396,10 +397,23 @@ fn every_variant() -> Vec<Frame> {
             )]
             .into(),
             resumed_after_seconds: None,
+            missing_at: vec!["1@b".into()],
+            waiting_at: vec!["0@a".into()],
+            unanswered_nodes: vec![],
+        },
+    )));
+    frames.push(Frame::NodeHang(Box::new(
+        stallscope_analysis::hang::NodeHang {
+            node: "b".into(),
+            id: 3,
+            ranks: vec![],
+            groups: [(0, vec![0, 1])].into(),
+            world_size: Some(2),
+            stacks: [("1".to_string(), "Thread 0x1:\n".to_string())].into(),
         },
     )));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 21];
+    let mut seen = [false; 22];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -423,6 +437,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeCounters(_) => 18,
             Frame::NodeRdma(_) => 19,
             Frame::Hang(_) => 20,
+            Frame::NodeHang(_) => 21,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them.
             Frame::SampleRun(_) => unreachable!("not a frame callers write"),

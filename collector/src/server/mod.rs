@@ -66,6 +66,9 @@ pub struct ServerConfig {
     pub feed: Option<Arc<FeedHub>>,
     /// TLS on every connection (`--tls-cert`, `--tls-key`); `None`: plain TCP.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The job task's latest request for the ranks' places and stacks (0: none yet): each
+    /// agent's connection passes a new one on as [`CollectorMsg::Stacks`].
+    pub stacks_asked: Option<watch::Receiver<u64>>,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +80,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             feed: None,
             tls: None,
+            stacks_asked: None,
         }
     }
 }
@@ -540,8 +544,23 @@ where
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut last_ping = tokio::time::Instant::now();
     let mut acked = u64::MAX;
+    // A request made before this agent came is not its to answer.
+    let mut asks = config.stacks_asked.clone();
+    if let Some(a) = asks.as_mut() {
+        a.borrow_and_update();
+    }
     let result = loop {
         tokio::select! {
+            changed = async { asks.as_mut().expect("a request channel").changed().await }, if asks.is_some() => {
+                match (changed, asks.as_mut()) {
+                    (Ok(()), Some(a)) => {
+                        let id = *a.borrow_and_update();
+                        send(&mut w, &CollectorMsg::Stacks { id }).await?;
+                    }
+                    // The job task is gone: nothing will ask again.
+                    _ => asks = None,
+                }
+            }
             item = msgs.recv() => {
                 let Some(item) = item else { break Ok(()) };
                 match on_message(item, node, &mut clock, tx, &ack).await {
@@ -617,6 +636,13 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
         Frame::NodeRdma(mut x) => {
             x.node = node.to_string();
             Ok(Frame::NodeRdma(x))
+        }
+        Frame::NodeHang(mut h) => {
+            h.node = node.to_string();
+            for r in &mut h.ranks {
+                r.node = Some(node.to_string());
+            }
+            Ok(Frame::NodeHang(h))
         }
         Frame::NodeMeta(mut m) => {
             // Only what the advisor reads, as the hook's wire format bounds it.
@@ -765,7 +791,7 @@ mod tests {
         assert!(matches!(viewer, Ok(Peer::Viewer)), "{viewer:?}");
         let old = check(AgentMsg::Hello(hello(8, Role::Agent)));
         assert!(
-            matches!(&old, Err(ConnError::Refused(r)) if r.contains("protocol version 8, this collector speaks 9: run the same stallscope version")),
+            matches!(&old, Err(ConnError::Refused(r)) if r.contains(&format!("protocol version 8, this collector speaks {PROTOCOL_VERSION}: run the same stallscope version"))),
             "{old:?}"
         );
     }
