@@ -13,28 +13,7 @@ use serde_json::Value;
 
 /// Two ranks over gloo; at iteration 12 rank 1 sleeps in `stuck_in_here` while rank 0 enters
 /// that iteration's all-reduce (its 13th, #12).
-const STUCK_RANK: &str = r#"
-import time
-import torch
-import torch.distributed as dist
-
-def stuck_in_here():
-    time.sleep(15)
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.Linear(8, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for i in range(15):
-    if rank == 1 and i == 12:
-        stuck_in_here()
-    model(torch.randn(4, 8)).sum().backward()
-    dist.all_reduce(torch.ones(4))
-    opt.step()
-    opt.zero_grad()
-dist.destroy_process_group()
-print("trained")
-"#;
+const STUCK_RANK: &str = include_str!("common/stuck_rank.py");
 
 /// One loop (no rank said: rank 0, the only one) whose dataset takes 15 s for the first
 /// sample of batch 6.
