@@ -34,19 +34,32 @@ pub fn rows(view: &JobView, width: u16, height: u16) -> u16 {
     u16::try_from(text + 2).unwrap_or(u16::MAX).min(most)
 }
 
-/// The hang in words, as the run's and the collector's stderr say it, without the prefix.
+/// The hang in words, as the run's and the collector's stderr say it (without the prefix),
+/// the stacks of the ranks that never arrived first: a short banner still shows theirs.
 fn lines(h: &HangReport) -> Vec<Line<'static>> {
-    describe(h)
+    let mut words = h.clone();
+    let stacks = std::mem::take(&mut words.stacks);
+    let mut out: Vec<Line<'static>> = describe(&words)
         .lines()
-        .map(|l| {
-            let l = l.strip_prefix("stallscope: ").unwrap_or(l);
-            if l.starts_with("  rank ") && l.ends_with("Python stacks:") {
-                Line::from(l.trim_start().to_string()).bold()
-            } else {
-                Line::from(l.to_string())
-            }
-        })
-        .collect()
+        .map(|l| Line::from(l.strip_prefix("stallscope: ").unwrap_or(l).to_string()))
+        .collect();
+    let missing = |rank: &String| {
+        let rank = rank.parse::<u32>().ok();
+        !rank.is_some_and(|r| h.missing_ranks.contains(&r))
+    };
+    let mut ordered: Vec<(&String, &String)> = stacks.iter().collect();
+    ordered.sort_by_key(|(rank, _)| missing(rank));
+    for (rank, text) in ordered {
+        let named = h
+            .ranks
+            .iter()
+            .find(|r| r.rank.to_string() == *rank)
+            .and_then(|r| r.node.as_ref())
+            .map_or_else(|| rank.clone(), |node| format!("{rank}@{node}"));
+        out.push(Line::from(format!("rank {named}'s Python stacks:")).bold());
+        out.extend(text.lines().map(|l| Line::from(format!("  {l}"))));
+    }
+    out
 }
 
 /// Draws the banner of `view`'s lasting hang in `area`.
