@@ -472,6 +472,7 @@ mod tests {
             stop: AtomicBool::new(false),
             connected: AtomicBool::new(false),
             refused: Mutex::default(),
+            stacks_asked: AtomicU64::new(0),
         }
     }
 
@@ -539,6 +540,19 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), freed)
             .await
             .expect("acknowledged records are freed, the rest kept");
+        // The collector asks where the ranks stand (the job stalls): the request is kept for
+        // the recorder's tap to answer.
+        cw.write_all(&wire::encode(&CollectorMsg::Stacks { id: 4 }))
+            .await
+            .unwrap();
+        let asked = async {
+            while shared.stacks_asked.load(Ordering::Acquire) != 4 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), asked)
+            .await
+            .expect("the request is kept");
         shared.stop.store(true, Ordering::Release);
         shared.more.notify_one();
         assert!(matches!(read_agent(&mut cr).await, AgentMsg::Bye));

@@ -324,7 +324,7 @@ impl Recorder {
             Some(HangEvent::Declared(mut report)) => {
                 report.stacks = super::stacks::fetch(&job.node.markers, &report.ranks);
                 self.status.say(&hang::describe(&report));
-                self.emit(Frame::Hang(Box::new(report)));
+                self.emit(Frame::Hang(report));
             }
             Some(HangEvent::Resumed {
                 at_seconds,

@@ -117,7 +117,7 @@ pub struct NodeHang {
 #[derive(Clone, Debug, PartialEq)]
 pub enum HangEvent {
     /// A new hang (its stacks still to fetch).
-    Declared(HangReport),
+    Declared(Box<HangReport>),
     /// Iterations resumed after the hang declared at `at_seconds`.
     Resumed {
         /// The hang's `at_seconds`.
@@ -186,7 +186,7 @@ impl HangWatch {
         report.at_seconds = secs(now.saturating_sub(started_ns));
         report.stalled_seconds = secs(stalled);
         self.declare(report.at_seconds, now);
-        Some(HangEvent::Declared(report))
+        Some(HangEvent::Declared(Box::new(report)))
     }
 
     /// Takes one finished iteration: `duration_ns` long (when known), its end seen at

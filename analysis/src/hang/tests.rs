@@ -45,7 +45,7 @@ impl Job {
 
 fn declared(event: Option<HangEvent>) -> HangReport {
     match event {
-        Some(HangEvent::Declared(r)) => r,
+        Some(HangEvent::Declared(r)) => *r,
         other => panic!("no hang declared: {other:?}"),
     }
 }
