@@ -7,15 +7,15 @@
 //! `CollectorMsg::Stacks` — and a hang once the answers are in ([`Frame::NodeHang`], one per
 //! node) or [`ANSWER_WAIT`] has passed: the collective entered last across the job, the ranks
 //! waiting in it and the ones missing, as `RANK@NODE`, and every rank's stacks. A stall in
-//! which no agent has a live training loop (the job ended, its agents stay) is no hang, and is
-//! not asked about again until iterations come. The job is never touched.
+//! which no agent has a live training loop, or only loops that said they are finishing (the
+//! job ended, its agents stay) is no hang, and is not asked about again until iterations come. The job is never touched.
 //!
 //! [`Frame::NodeHang`]: stallscope_analysis::frame::Frame::NodeHang
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use stallscope_analysis::hang::{
-    assemble, members_of, HangEvent, HangReport, HangWatch, NodeHang, RankAtHang,
+    all_finishing, assemble, members_of, HangEvent, HangReport, HangWatch, NodeHang, RankAtHang,
 };
 use stallscope_analysis::Nanos;
 
@@ -142,7 +142,7 @@ impl JobHangs {
 
     /// The hang the answers of `a` make, or none when every answer says no loop runs.
     fn declare(&mut self, a: Asking, now: Nanos, started_ns: Nanos) -> Option<HangAction> {
-        let no_loop = a.answers.values().all(|(h, _)| h.ranks.is_empty());
+        let no_loop = a.answers.values().all(|(h, _)| all_finishing(&h.ranks));
         if no_loop && !a.answers.is_empty() {
             self.quiet = true;
             return None;

@@ -48,8 +48,10 @@ pub struct RankAtHang {
     pub pid: u32,
     /// Its last finished iteration.
     pub last_iteration: Option<u64>,
-    /// `collective` (inside `collective`), `data_loading` (waiting for a batch) or
-    /// `compute_or_unknown` (neither is open: computing, or in code the hook does not mark).
+    /// `collective` (inside `collective`), `data_loading` (waiting for a batch),
+    /// `finishing` (it destroyed its default process group, or exits), `compute_or_unknown`
+    /// (none of these: computing, or in code the hook does not mark) or, across nodes,
+    /// `no_answer` (its agent did not answer).
     pub state: String,
     /// The collective it is inside, when `state` is `collective`.
     pub collective: Option<Collective>,
@@ -180,7 +182,7 @@ impl HangWatch {
         let live_loops = markers
             .procs
             .values()
-            .any(|p| p.is_loop() && !exited.contains_key(&p.pid));
+            .any(|p| p.is_loop() && !exited.contains_key(&p.pid) && !winding_down(p));
         let stalled = self.stalled_ns(now).filter(|_| live_loops)?;
         let mut report = where_ranks_stand(markers, exited);
         report.at_seconds = secs(now.saturating_sub(started_ns));
@@ -292,6 +294,7 @@ pub fn ranks_at(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Vec<RankA
             let state = match (&collective, loading) {
                 (Some(_), _) => "collective",
                 (None, true) => "data_loading",
+                (None, false) if winding_down(p) => "finishing",
                 (None, false) => "compute_or_unknown",
             };
             Some(RankAtHang {
@@ -307,6 +310,18 @@ pub fn ranks_at(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Vec<RankA
         .collect();
     ranks.sort_by_key(|r| r.rank);
     ranks
+}
+
+/// Whether loop `p` said its training is over: it destroyed its default process group (meta
+/// `finishing=1`) or is exiting (`exit=1`). A job whose live loops all did is ending, not
+/// hung (a torch 2 job's teardown may take longer than a short `--hang-after`).
+fn winding_down(p: &crate::loops::ProcessMarks) -> bool {
+    p.meta.contains_key("finishing") || p.meta.contains_key("exit")
+}
+
+/// Whether every rank of `ranks` is ending (state `finishing`): no hang then.
+pub fn all_finishing(ranks: &[RankAtHang]) -> bool {
+    ranks.iter().all(|r| r.state == "finishing")
 }
 
 /// The process groups the loops of `markers` described (`group.<id>=<size>/<r0:r1:…>`), and
@@ -452,6 +467,9 @@ pub fn describe(report: &HangReport) -> String {
             (Some(c), _) => format!("inside {}", c.describe()),
             (None, "data_loading") => "stuck in data loading (waiting for a batch)".to_string(),
             (None, "no_answer") => "unknown: its node's agent did not answer".to_string(),
+            (None, "finishing") => {
+                "finishing (it destroyed its process group, or exits)".to_string()
+            }
             _ => "in compute or code the hook does not mark".to_string(),
         };
         let last = r

@@ -191,3 +191,24 @@ fn a_step_with_a_huge_number_is_read_in_one_jump() {
     assert_eq!(job.check(&mut watch, 7 * S), None, "nothing new: no walk");
     assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
 }
+
+/// A torch 2 job's teardown may outlast a short threshold: loops that destroyed their default
+/// process group (`finishing=1`) or exit (`exit=1`) are ending, not hung; one that did not
+/// still makes a hang, and the one ending is said to be finishing.
+#[test]
+fn loops_that_said_they_finish_make_no_hang() {
+    let mut job = Job::new(11);
+    job.send(100, 12 * S, "M - finishing=1");
+    job.send(101, 12 * S, "M - exit=1");
+    let mut watch = HangWatch::new(Some(5 * S));
+    assert_eq!(job.check(&mut watch, 30 * S), None);
+
+    let mut job = Job::new(11);
+    job.send(100, 12 * S, "M - finishing=1");
+    let mut watch = HangWatch::new(Some(5 * S));
+    let hang = declared(job.check(&mut watch, 30 * S));
+    assert_eq!(hang.ranks[0].state, "finishing");
+    assert_eq!(hang.ranks[1].state, "compute_or_unknown");
+    assert!(!all_finishing(&hang.ranks));
+    assert!(describe(&hang).contains("rank 0 (pid 100): finishing"));
+}

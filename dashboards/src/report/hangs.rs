@@ -38,6 +38,7 @@ fn place(r: &RankAtHang) -> String {
         (Some(c), _) => format!("inside {}", c.describe()),
         (None, "data_loading") => "in data loading (waiting for a batch)".into(),
         (None, "no_answer") => "unknown (its node's agent did not answer)".into(),
+        (None, "finishing") => "finishing (it destroyed its process group, or exits)".into(),
         _ => "in compute or code the hook does not mark".into(),
     }
 }

@@ -668,6 +668,10 @@ def _patch_init_process_group(torch):
 
     @functools.wraps(destroy)
     def destroy_process_group(*args, **kwargs):
+        # The default group destroyed: the training is over, and its last seconds (the
+        # teardown, the interpreter's exit) are no hang. meta() never raises.
+        if (args[0] if args else kwargs.get("group")) is None:
+            stallscope.meta(finishing=1)
         _comm_release.wait_for_release()
         return destroy(*args, **kwargs)
 
