@@ -13,7 +13,7 @@
 //! It runs on its own thread with a single-threaded tokio runtime.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -67,6 +67,8 @@ struct Shared {
     connected: AtomicBool,
     /// How the last connection ended, said once per distinct reason.
     refused: Mutex<Option<ConnectionEnd>>,
+    /// The collector's latest request for the ranks' places and stacks (0: none).
+    stacks_asked: AtomicU64,
 }
 
 /// A running shipper.
@@ -85,6 +87,7 @@ impl Shipper {
             stop: AtomicBool::new(false),
             connected: AtomicBool::new(false),
             refused: Mutex::default(),
+            stacks_asked: AtomicU64::new(0),
         });
         let thread = {
             let (shared, config) = (shared.clone(), config.clone());
@@ -130,6 +133,12 @@ impl Shipper {
         }
         drop(q);
         self.shared.more.notify_one();
+    }
+
+    /// The collector's latest request for where this node's ranks stand and their stacks
+    /// (`CollectorMsg::Stacks`; 0: none yet), to answer with a `Frame::NodeHang`.
+    pub fn stacks_asked(&self) -> u64 {
+        self.shared.stacks_asked.load(Ordering::Acquire)
     }
 
     /// Records dropped because the queue was full.
@@ -410,6 +419,9 @@ where
                         (CollectorMsg::Challenge { .. }, _) => {
                             return Err(ConnectionEnd::Lost("the collector challenged twice".into()));
                         }
+                        (CollectorMsg::Stacks { id }, _) => {
+                            shared.stacks_asked.store(id, Ordering::Release);
+                        }
                     }
                 }
                 _ = shared.more.notified() => {}
@@ -460,6 +472,7 @@ mod tests {
             stop: AtomicBool::new(false),
             connected: AtomicBool::new(false),
             refused: Mutex::default(),
+            stacks_asked: AtomicU64::new(0),
         }
     }
 
@@ -527,6 +540,19 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), freed)
             .await
             .expect("acknowledged records are freed, the rest kept");
+        // The collector asks where the ranks stand (the job stalls): the request is kept for
+        // the recorder's tap to answer.
+        cw.write_all(&wire::encode(&CollectorMsg::Stacks { id: 4 }))
+            .await
+            .unwrap();
+        let asked = async {
+            while shared.stacks_asked.load(Ordering::Acquire) != 4 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), asked)
+            .await
+            .expect("the request is kept");
         shared.stop.store(true, Ordering::Release);
         shared.more.notify_one();
         assert!(matches!(read_agent(&mut cr).await, AgentMsg::Bye));

@@ -313,6 +313,10 @@ pub enum Frame {
     /// nothing past the file sees this variant. Last, so that profiles written before it
     /// still read.
     Deflated(Vec<u8>),
+    /// A node's answer when the collector asked where its ranks stand (agents of protocol 10
+    /// on): the collector folds the answers into one [`Frame::Hang`]. Last, so that profiles
+    /// written before it still read.
+    NodeHang(Box<crate::hang::NodeHang>),
 }
 
 /// What a run profile's sample flight recorder kept ([`Frame::SamplesThinned`]).

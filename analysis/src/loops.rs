@@ -103,9 +103,9 @@ pub struct ProcessMeta {
     pub comm_bucket_ready_seconds: Option<Vec<f64>>,
     /// `comm_overlap_us`: s of the all-reduce hidden behind backward per iteration (sent in µs).
     pub comm_overlap_seconds: Option<f64>,
-    /// `finished=1` (the hook's `destroy_process_group`) or `exit=1` (its goodbye at exit):
+    /// `finishing=1` (the hook's `destroy_process_group`) or `exit=1` (its goodbye at exit):
     /// the process is past its training. Its own, never absorbed from another process.
-    pub finished: bool,
+    pub finishing: bool,
 }
 
 impl ProcessMeta {
@@ -150,7 +150,7 @@ impl ProcessMeta {
                     list(value).map(|ms| ms.iter().map(|m| m / 1e3).collect())
             }
             "comm_overlap_us" => self.comm_overlap_seconds = finite(value).map(|us| us / 1e6),
-            "finished" | "exit" => self.finished = value == "1",
+            "finishing" | "exit" => self.finishing = value == "1",
             _ => {}
         }
     }

@@ -123,6 +123,17 @@ pub struct NodeSummary {
     pub flows: Vec<crate::flows::FlowSummary>,
 }
 
+impl Summary {
+    /// Takes hang `h`, declared or resumed: it replaces the one declared at the same time,
+    /// else it is a new one.
+    pub fn note_hang(&mut self, h: crate::hang::HangReport) {
+        match self.hangs.iter_mut().find(|k| k.at_seconds == h.at_seconds) {
+            Some(k) => *k = h,
+            None => self.hangs.push(h),
+        }
+    }
+}
+
 /// Builds the summary of everything attributed so far.
 pub fn summarize(job: &JobTimeline) -> Summary {
     let header = job.header.clone().unwrap_or_default();

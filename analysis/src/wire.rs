@@ -34,7 +34,9 @@ use crate::Nanos;
 /// the agent proves it holds the token ([`prove`]) instead of sending it. 7: agents forward
 /// their ranks' facts for the advisor ([`Frame::NodeMeta`]). 8: the proof binds the peer's
 /// role ([`Role`]), so a viewer's proof cannot be relayed as an agent's. 9: agents send their
-/// node's RDMA bytes ([`Frame::NodeRdma`]). 10: and their TCP flows ([`Frame::NodeFlows`]).
+/// node's RDMA bytes ([`Frame::NodeRdma`]). 10: and their TCP flows ([`Frame::NodeFlows`]);
+/// the collector asks where the ranks stand when the job stalls ([`CollectorMsg::Stacks`]),
+/// agents answer with [`Frame::NodeHang`].
 pub const PROTOCOL_VERSION: u16 = 10;
 
 /// bytes, the largest message either side accepts (1 MiB).
@@ -129,6 +131,13 @@ pub enum CollectorMsg {
     Challenge {
         /// [`NONCE_BYTES`] random bytes, fresh per connection.
         nonce: Vec<u8>,
+    },
+    /// To an agent: no rank of the job finished an iteration for the hang threshold; say
+    /// where this node's ranks stand, with their stacks ([`Frame::NodeHang`] answering `id`).
+    /// Last, so that the other variants keep their tags.
+    Stacks {
+        /// The request, answered as [`NodeHang::id`](crate::hang::NodeHang::id).
+        id: u64,
     },
 }
 

@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 
 use stallscope_analysis::category::Split;
+use stallscope_analysis::hang::HangReport;
 use stallscope_analysis::slowdown::Slowdown;
 use stallscope_analysis::Nanos;
 
@@ -50,6 +51,18 @@ pub enum JobEvent {
     },
     /// A rank turned slow (`until_iteration` null), or one that did recovered.
     Slowdown(Box<Slowdown>),
+    /// No rank finished an iteration for the hang threshold: where each stands, with stacks.
+    Hang {
+        /// The hang.
+        report: Box<HangReport>,
+        /// s from the collector's request to the last agent's answer (`None`: none answered).
+        answered_after_seconds: Option<f64>,
+    },
+    /// The declared hang ended: a rank finished an iteration.
+    HangResumed {
+        /// s from the declaration to that iteration.
+        after_seconds: f64,
+    },
     /// Records from one node dropped by its agent while the collector was away (new total).
     Dropped {
         /// The node.

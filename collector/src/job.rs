@@ -7,7 +7,7 @@
 //! agent may forget it. Node events go out on the broadcast as they happen; the live model
 //! goes to the [`FeedHub`] every tick.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +20,7 @@ use stallscope_analysis::view::hub::FeedHub;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::events::JobEvent;
+use crate::hang::{HangAction, JobHangs};
 use crate::monotonic_ns;
 use crate::profile::ProfileWriter;
 use crate::server::Ingest;
@@ -38,6 +39,12 @@ pub struct JobTask {
     dropped: BTreeMap<String, u64>,
     /// The slowdowns already published.
     slowdowns: SlowdownNews,
+    /// Declares hangs across nodes.
+    hangs: JobHangs,
+    /// Where a request for the ranks' places and stacks goes (every agent's connection).
+    stacks_asks: Option<watch::Sender<u64>>,
+    /// Connections welcomed, by node (a node reconnecting may briefly hold two).
+    connected: BTreeMap<String, usize>,
 }
 
 impl JobTask {
@@ -57,7 +64,19 @@ impl JobTask {
             unflushed: HashMap::new(),
             dropped: BTreeMap::new(),
             slowdowns: SlowdownNews::default(),
+            hangs: JobHangs::new(None),
+            stacks_asks: None,
+            connected: BTreeMap::new(),
         }
+    }
+
+    /// Declares a hang after `after_ns` without an iteration of any rank (`None`: the
+    /// default, see [`stallscope_analysis::hang::HangWatch::new`]), asking the agents through
+    /// `asks` (the server's `ServerConfig::stacks_asked`) where their ranks stand.
+    pub fn with_hang_watch(mut self, after_ns: Option<u64>, asks: watch::Sender<u64>) -> JobTask {
+        self.hangs = JobHangs::new(after_ns);
+        self.stacks_asks = Some(asks);
+        self
     }
 
     fn emit(&mut self, frame: Frame) {
@@ -71,14 +90,31 @@ impl JobTask {
     /// Takes one message from a connection.
     pub fn on_ingest(&mut self, msg: Ingest) {
         match msg {
-            Ingest::NodeUp { node, peer } => self.publish(JobEvent::NodeUp { node, peer }),
+            Ingest::NodeUp { node, peer } => {
+                *self.connected.entry(node.clone()).or_default() += 1;
+                self.publish(JobEvent::NodeUp { node, peer })
+            }
             Ingest::NodeDown { node, peer, reason } => {
+                if let Some(n) = node.as_ref().and_then(|n| self.connected.get_mut(n)) {
+                    *n = n.saturating_sub(1);
+                }
+                self.connected.retain(|_, n| *n > 0);
                 self.publish(JobEvent::NodeDown { node, peer, reason })
             }
             Ingest::Clock(c) => {
                 self.emit(Frame::NodeClock(c));
             }
             Ingest::Record { seq, frame, ack } => {
+                let now = monotonic_ns();
+                if let Some(it) = frame.node_iteration() {
+                    let b = &it.breakdown;
+                    let duration = b.end_ns.saturating_sub(b.start_ns);
+                    self.hangs
+                        .on_iteration(&it.node, b.rank, b.iter, duration, now);
+                }
+                if let Frame::NodeHang(h) = &frame {
+                    self.hangs.on_answer((**h).clone(), now);
+                }
                 let update = if let Some(it) = frame.node_iteration() {
                     let end_ns = self
                         .journal
@@ -130,6 +166,9 @@ impl JobTask {
                 self.publish(JobEvent::Slowdown(Box::new(s)));
             }
         }
+        if !finishing {
+            self.watch_for_hang();
+        }
         self.journal.flush();
         if self.journal.is_writing() {
             for (_, (ack, seq)) in self.unflushed.drain() {
@@ -138,6 +177,42 @@ impl JobTask {
         }
         let update = self.journal.take_update();
         self.hub.publish(self.journal.view(), update);
+    }
+
+    /// Asks the agents when the job stalls, declares the hang from their answers (or its end):
+    /// in the profile (`Frame::Hang`, so the summary's `hangs`, the live model, `/metrics`
+    /// and the report) and as an event (the collector's stderr).
+    fn watch_for_hang(&mut self) {
+        let started = self
+            .journal
+            .timeline()
+            .header
+            .as_ref()
+            .map_or(0, |h| h.started_mono_ns);
+        let nodes: BTreeSet<String> = self.connected.keys().cloned().collect();
+        match self.hangs.check(monotonic_ns(), started, &nodes) {
+            Some(HangAction::Ask(id)) => {
+                if let Some(asks) = &self.stacks_asks {
+                    asks.send_replace(id);
+                }
+            }
+            Some(HangAction::Declared {
+                report,
+                answered_after_seconds,
+            }) => {
+                self.emit(Frame::Hang(report.clone()));
+                self.publish(JobEvent::Hang {
+                    report,
+                    answered_after_seconds,
+                });
+            }
+            Some(HangAction::Resumed(report)) => {
+                let after_seconds = report.resumed_after_seconds.unwrap_or_default();
+                self.emit(Frame::Hang(report));
+                self.publish(JobEvent::HangResumed { after_seconds });
+            }
+            None => {}
+        }
     }
 
     /// Writes the end of the profile and returns the job summary.

@@ -4,6 +4,7 @@
 
 pub mod clock;
 pub mod events;
+pub mod hang;
 pub mod job;
 pub mod profile;
 pub mod server;

@@ -282,8 +282,9 @@ fn stragglers(out: &mut Out, state: &MetricsState) {
     }
 }
 
-/// `stallscope_hang`: 1 while the latest hang `stallscope run` declared lasts, 0 once it
-/// resumed; absent before any hang (an agent or a collector declares none).
+/// `stallscope_hang`: 1 while the latest hang `stallscope run` or the collector declared
+/// lasts, 0 once it resumed; absent before any hang (an agent declares none). The
+/// collector's also names the missing ranks' nodes (`missing_at`).
 fn hang(out: &mut Out, state: &MetricsState) {
     let Some(latest) = state.view.summary.hangs.last() else {
         return;
@@ -292,14 +293,17 @@ fn hang(out: &mut Out, state: &MetricsState) {
     out.family(
         name,
         "gauge",
-        "1 while no rank finishes an iteration (a hang declared), 0 once one did; missing_ranks: the ranks that never arrived at the collective the others wait in, comma-separated.",
+        "1 while no rank finishes an iteration (a hang declared), 0 once one did; missing_ranks: the ranks that never arrived at the collective the others wait in, comma-separated; missing_at (across nodes): the same as RANK@NODE.",
     );
     let missing: Vec<String> = latest.missing_ranks.iter().map(u32::to_string).collect();
     let hung = latest.resumed_after_seconds.is_none();
-    let l = [
+    let mut l = vec![
         ("job", state.view.name.clone()),
         ("missing_ranks", missing.join(",")),
     ];
+    if !latest.missing_at.is_empty() {
+        l.push(("missing_at", latest.missing_at.join(",")));
+    }
     out.sample_owned(name, &l, if hung { 1.0 } else { 0.0 });
 }
 

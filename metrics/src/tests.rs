@@ -445,6 +445,24 @@ fn a_hang_is_a_gauge_naming_the_missing_ranks_until_it_resumes() {
     state.view.summary.hangs[0].resumed_after_seconds = Some(2.0);
     let text = expose::render_with(&state, None);
     assert!(text.contains("stallscope_hang{job=\"train\",missing_ranks=\"1,3\"} 0"));
+    // The collector's names each missing rank's node.
+    state
+        .view
+        .summary
+        .hangs
+        .push(stallscope_analysis::hang::HangReport {
+            at_seconds: 90.0,
+            missing_ranks: vec![1],
+            missing_at: vec!["1@node-b".into()],
+            ..Default::default()
+        });
+    let text = expose::render_with(&state, None);
+    assert!(
+        text.contains(
+            "stallscope_hang{job=\"train\",missing_ranks=\"1\",missing_at=\"1@node-b\"} 1"
+        ),
+        "{text}"
+    );
 }
 
 /// Issue 29: each node's flow bytes per class and direction, and its retransmissions.

@@ -208,6 +208,12 @@ pub struct CollectorArgs {
     /// The job's name in the live feed and its views.
     #[arg(long, value_name = "NAME")]
     pub job: Option<String>,
+    /// Declare a hang when no rank of the job finishes an iteration for SECONDS (default: the
+    /// longer of 60 s and 20 median iterations; never before the first iteration): ask every
+    /// agent where its ranks stand and for their Python stacks, and say it on stderr, in the
+    /// summary and the live model. The job is not stopped.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds_up_to_a_day)]
+    pub hang_after: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -65,6 +65,21 @@ fn say(update: &JobEvent) {
             ..
         } => eprintln!("stallscope collector: node {node} left"),
         JobEvent::Slowdown(s) => eprintln!("{}", slowdown::describe(s)),
+        JobEvent::Hang {
+            report,
+            answered_after_seconds,
+        } => {
+            eprintln!("{}", stallscope_analysis::hang::describe(report));
+            match answered_after_seconds {
+                Some(s) => eprintln!(
+                    "stallscope collector: the agents answered within {s:.2} s of the request"
+                ),
+                None => eprintln!("stallscope collector: no agent answered the request"),
+            }
+        }
+        JobEvent::HangResumed { after_seconds } => eprintln!(
+            "stallscope: the job resumed: a rank finished an iteration {after_seconds:.0} s after the hang was declared"
+        ),
         JobEvent::Dropped { node, records } => eprintln!(
             "stallscope collector: node {node} dropped {records} records while the collector was away (its buffer was full)"
         ),
@@ -155,14 +170,17 @@ pub(crate) struct Collector {
 impl Collector {
     /// Starts serving `listener`, writing the job profile with `writer` from `header`, and
     /// publishing the live model of job `name` to `hub`.
+    /// `hang_after_ns`: see [`JobTask::with_hang_watch`].
     pub(crate) fn start(
         listener: tokio::net::TcpListener,
-        config: ServerConfig,
+        mut config: ServerConfig,
         writer: ProfileWriter,
         header: RunHeader,
         (name, hub): (&str, Arc<FeedHub>),
-        quiet: bool,
+        (quiet, hang_after_ns): (bool, Option<u64>),
     ) -> Collector {
+        let (asks, asks_rx) = watch::channel(0);
+        config.stacks_asked = Some(asks_rx);
         let (feed, feed_rx) = broadcast::channel(EVENTS_CAPACITY);
         let (stop, stop_rx) = watch::channel(false);
         let (tx, rx) = mpsc::channel(INGEST_QUEUE);
@@ -174,7 +192,8 @@ impl Collector {
                 .name("stallscope-status".into())
                 .spawn(move || print_status(rx));
         }
-        let task = JobTask::new(writer, header, name, feed.clone(), hub);
+        let task = JobTask::new(writer, header, name, feed.clone(), hub)
+            .with_hang_watch(hang_after_ns, asks);
         let job = tokio::spawn(job::run(task, rx, stop_rx));
         Collector {
             feed,
@@ -297,8 +316,15 @@ pub fn collector(args: CollectorArgs) -> anyhow::Result<i32> {
             &format!("collector-{}.feed", addr.port()),
         );
         let name = args.job.clone().unwrap_or_else(|| "job".into());
-        let collector =
-            Collector::start(listener, config, writer, header, (&name, hub), args.quiet);
+        let hang_after = args.hang_after.map(|s| (s * 1e9) as u64);
+        let collector = Collector::start(
+            listener,
+            config,
+            writer,
+            header,
+            (&name, hub),
+            (args.quiet, hang_after),
+        );
         shutdown_signal().await;
         collector.stop().await
     })?;

@@ -13,28 +13,7 @@ use serde_json::Value;
 
 /// Two ranks over gloo; at iteration 12 rank 1 sleeps in `stuck_in_here` while rank 0 enters
 /// that iteration's all-reduce (its 13th, #12).
-const STUCK_RANK: &str = r#"
-import time
-import torch
-import torch.distributed as dist
-
-def stuck_in_here():
-    time.sleep(15)
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.Linear(8, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for i in range(15):
-    if rank == 1 and i == 12:
-        stuck_in_here()
-    model(torch.randn(4, 8)).sum().backward()
-    dist.all_reduce(torch.ones(4))
-    opt.step()
-    opt.zero_grad()
-dist.destroy_process_group()
-print("trained")
-"#;
+const STUCK_RANK: &str = include_str!("common/stuck_rank.py");
 
 /// One loop (no rank said: rank 0, the only one) whose dataset takes 15 s for the first
 /// sample of batch 6.
@@ -57,6 +36,36 @@ for x in torch.utils.data.DataLoader(Slow(), batch_size=4, num_workers=0):
     model(x).sum().backward()
     opt.step()
     opt.zero_grad()
+print("trained")
+"#;
+
+/// Two ranks over gloo, each reading its batches from a DataLoader; rank 1's dataset takes
+/// 15 s for the first sample of batch 12 while rank 0 enters that iteration's all-reduce.
+const LOADER_STUCK_RANK: &str = r#"
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 60
+
+    def __getitem__(self, i):
+        if rank == 1 and i == 48:
+            time.sleep(15)
+        return torch.randn(8)
+
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in torch.utils.data.DataLoader(Data(), batch_size=4, num_workers=0):
+    model(x).sum().backward()
+    dist.all_reduce(torch.ones(4))
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
 print("trained")
 "#;
 
@@ -147,4 +156,28 @@ fn a_rank_stuck_in_its_data_loading_is_told_apart() {
     let stack = h["stacks"]["0"].as_str().unwrap_or_default();
     assert!(stack.contains("__getitem__"), "{h:#}");
     assert!(stderr.contains("stuck in data loading"), "{stderr}");
+}
+
+#[test]
+fn a_rank_stuck_in_its_data_loading_is_missing_and_not_in_a_collective() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_stallscope");
+    let launch = [bin, "launch", "--nproc-per-node", "2", "--master-port"];
+    let launch: Vec<&str> = launch.into_iter().chain(["29593", "--"]).collect();
+    let (s, stderr) = run_hanging(dir.path(), LOADER_STUCK_RANK, &launch);
+    let h = the_hang(&s, &stderr);
+    assert_eq!(h["missing_ranks"], serde_json::json!([1]), "{h:#}");
+    assert_eq!(h["waiting_ranks"], serde_json::json!([0]), "{h:#}");
+    assert_eq!(h["ranks"][0]["state"], "collective", "{h:#}");
+    assert_eq!(h["ranks"][1]["state"], "data_loading", "{h:#}");
+    assert!(h["ranks"][1]["collective"].is_null(), "{h:#}");
+    let stack = h["stacks"]["1"].as_str().unwrap_or_default();
+    assert!(stack.contains("__getitem__"), "{h:#}");
+    assert!(
+        stderr.contains("rank 1 (pid") && stderr.contains("stuck in data loading"),
+        "{stderr}"
+    );
 }

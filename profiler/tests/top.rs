@@ -280,3 +280,57 @@ fn a_terminal_that_goes_away_ends_the_dashboard_and_the_run() {
         "still running 20 s after the terminal went away: {left:?}"
     );
 }
+
+/// Issue 28: a hang is on the screen while it lasts. Two ranks under `run --tui
+/// --hang-after 5`; at iteration 12 rank 1 sleeps 25 s in `stuck_in_here` while rank 0 waits
+/// in the all-reduce: the dashboard opens with the hang banner naming rank 1 and its stack,
+/// the banner goes when iterations resume, and the job ends by itself.
+#[test]
+fn a_hang_shows_as_a_banner_with_the_missing_rank_and_its_stack_until_it_resumes() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("train.py");
+    std::fs::write(&script, include_str!("common/stuck_rank.py")).unwrap();
+    let command = format!(
+        "STUCK_SECONDS=25 {bin} run --tui --hang-after 5 -o {} -- {bin} launch --nproc-per-node 2 --master-port 29615 -- {} {}",
+        dir.path().join("p.stallscope").display(),
+        python(),
+        script.display(),
+        bin = env!("CARGO_BIN_EXE_stallscope"),
+    );
+    let Some(pane) = Pane::start("hang", &command) else {
+        return;
+    };
+    let (hung, screen) = pane.wait_for(
+        120,
+        &[
+            "HANG: no rank finishes an iteration",
+            "all_reduce #12 of group 0",
+            "rank 1's Python stacks",
+            "in stuck_in_here",
+        ],
+    );
+    assert!(hung, "no hang banner:\n{screen}");
+    let stack = screen.find("rank 1's Python stacks").unwrap_or_default();
+    let (own, next) = (
+        screen[stack..].find("in stuck_in_here"),
+        screen[stack..].find("rank 0's Python stacks"),
+    );
+    assert!(
+        own.is_some() && (next.is_none() || own < next),
+        "the missing rank's stack comes first:\n{screen}"
+    );
+    let mut screen = String::new();
+    let resumed = wait_for(Duration::from_secs(60), || {
+        screen = pane.screen();
+        !screen.contains("HANG:") || screen.contains("EXIT=")
+    });
+    assert!(
+        resumed,
+        "the banner stayed after the job resumed:\n{screen}"
+    );
+    let (ended, screen) = pane.wait_for(90, &["EXIT=0"]);
+    assert!(ended, "the job did not end by itself:\n{screen}");
+}

@@ -379,7 +379,7 @@ impl Recorder {
                 report.stacks = super::stacks::fetch(&job.node.markers, &report.ranks);
                 self.status.say(&hang::describe(&report));
                 let what = format!("hang-{:.0}s", report.at_seconds);
-                self.emit(Frame::Hang(Box::new(report)));
+                self.emit(Frame::Hang(report));
                 self.record_flight(&what, now);
             }
             Some(HangEvent::Resumed {

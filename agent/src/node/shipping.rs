@@ -1,7 +1,8 @@
 //! What an agent ships to the collector: per attributed iteration, the rank's iteration with
 //! the begin and end of its collectives (for the cross-node join) and what its GPU did; every
 //! few seconds, the node's health (when it changed), its latest resource reading and its bytes
-//! per NIC; its GPUs' names when known, changed, and every [`GPUS_EVERY`].
+//! per NIC; its GPUs' names when known, changed, and every [`GPUS_EVERY`]; and when the
+//! collector asks (the job stalls), where its ranks stand and their stacks.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,6 +70,7 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
     let mut last_gpus: Option<(Instant, Vec<GpuIdentity>)> = None;
     let mut last_meta: HashMap<u32, (Instant, NodeMeta)> = HashMap::new();
     let mut flows_sent = FlowsSent::default();
+    let mut last_answered = shipper.stacks_asked();
     Box::new(
         move |job: &JobTimeline, view: &JobView, new: &[IterationBreakdown]| {
             for b in new {
@@ -76,6 +78,12 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
                     iteration: node_iteration(job, b, offset),
                     gpu: job.gpu_reading(b.rank, b.iter).cloned(),
                 })));
+            }
+            let asked = shipper.stacks_asked();
+            if asked != last_answered {
+                last_answered = asked;
+                let answer = super::stacks::node_answer(job, asked);
+                shipper.push(Frame::NodeHang(Box::new(answer)));
             }
             if last_health
                 .as_ref()

@@ -11,13 +11,17 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use stallscope_analysis::hang::RankAtHang;
+use stallscope_analysis::hang::{self, NodeHang, RankAtHang};
+use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::loops::MarkerLog;
 
 /// How long the dumps are waited for, at most.
 pub const STACKS_WAIT: Duration = Duration::from_secs(1);
 /// bytes of one rank's stacks kept, at most.
 pub const STACKS_MAX_BYTES: u64 = 64 * 1024;
+/// bytes of all of a node's stacks sent to the collector at most (a message holds 1 MiB):
+/// ranks beyond are named without theirs.
+pub const NODE_STACKS_MAX_BYTES: usize = 512 * 1024;
 /// How long a dump file must stop growing to count as written.
 const SETTLED: Duration = Duration::from_millis(100);
 
@@ -53,6 +57,29 @@ pub fn fetch(markers: &MarkerLog, ranks: &[RankAtHang]) -> BTreeMap<String, Stri
         .iter()
         .filter_map(|a| Some((a.rank.to_string(), read_from(&a.path, a.from)?)))
         .collect()
+}
+
+/// This node's answer to the collector's request `id` (the job stalls): where each live loop
+/// stands, the groups they described, and their stacks (fetched now, holding the caller up to
+/// [`STACKS_WAIT`]).
+pub fn node_answer(job: &JobTimeline, id: u64) -> NodeHang {
+    let markers = &job.node.markers;
+    let ranks = hang::ranks_at(markers, &job.node.exited);
+    let mut stacks = fetch(markers, &ranks);
+    let mut total = 0;
+    stacks.retain(|_, text| {
+        total += text.len();
+        total <= NODE_STACKS_MAX_BYTES
+    });
+    let (groups, world_size) = hang::groups_said(markers);
+    NodeHang {
+        node: String::new(),
+        id,
+        ranks,
+        groups,
+        world_size,
+        stacks,
+    }
 }
 
 /// Signals rank `r`'s loop when its hook said where it dumps; `None` when it did not, or

@@ -48,13 +48,18 @@ pub struct RankAtHang {
     pub pid: u32,
     /// Its last finished iteration.
     pub last_iteration: Option<u64>,
-    /// `collective` (inside `collective`), `data_loading` (waiting for a batch) or
-    /// `compute_or_unknown` (neither is open: computing, or in code the hook does not mark).
+    /// `collective` (inside `collective`), `data_loading` (waiting for a batch),
+    /// `finishing` (it destroyed its default process group, or exits), `compute_or_unknown`
+    /// (none of these: computing, or in code the hook does not mark) or, across nodes,
+    /// `no_answer` (its agent did not answer).
     pub state: String,
     /// The collective it is inside, when `state` is `collective`.
     pub collective: Option<Collective>,
     /// Whether its process has the hook's stack dump (`stacks=` meta).
     pub has_hook: bool,
+    /// Its node, when the collector declared the hang (`None` in `stallscope run`).
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 /// One declared hang.
@@ -78,13 +83,43 @@ pub struct HangReport {
     pub stacks: BTreeMap<String, String>,
     /// s from the declaration until a rank finished an iteration again; `None` while hung.
     pub resumed_after_seconds: Option<f64>,
+    /// `missing_ranks` as `RANK@NODE`, when the collector declared the hang (empty in
+    /// `stallscope run`; a rank of no known node is its number alone).
+    #[serde(default)]
+    pub missing_at: Vec<String>,
+    /// `waiting_ranks` as `RANK@NODE`, as `missing_at`.
+    #[serde(default)]
+    pub waiting_at: Vec<String>,
+    /// Nodes whose agent did not answer the collector's request for where its ranks stand
+    /// (their ranks' state is `no_answer`, without stacks).
+    #[serde(default)]
+    pub unanswered_nodes: Vec<String>,
+}
+
+/// One node's answer to the collector's request when the job stalls
+/// ([`Frame::NodeHang`](crate::frame::Frame::NodeHang)): where its live ranks stand, the
+/// process groups their hooks described, and their stacks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeHang {
+    /// The node (set by the collector from the agent's Hello).
+    pub node: String,
+    /// The request it answers.
+    pub id: u64,
+    /// Its live ranks (none: no training loop runs there).
+    pub ranks: Vec<RankAtHang>,
+    /// Global ranks of each process group its loops described (`group.<id>` meta).
+    pub groups: BTreeMap<u32, Vec<u32>>,
+    /// The job's world size, as its loops said.
+    pub world_size: Option<u32>,
+    /// Its ranks' Python stacks, by rank (as text).
+    pub stacks: BTreeMap<String, String>,
 }
 
 /// What one check found.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HangEvent {
     /// A new hang (its stacks still to fetch).
-    Declared(HangReport),
+    Declared(Box<HangReport>),
     /// Iterations resumed after the hang declared at `at_seconds`.
     Resumed {
         /// The hang's `at_seconds`.
@@ -141,31 +176,60 @@ impl HangWatch {
         started_ns: Nanos,
     ) -> Option<HangEvent> {
         self.take_steps(markers);
-        let last = self.last_step_ns?;
-        let secs = |ns: Nanos| ns as f64 / 1e9;
-        if let Some((at_seconds, declared_ns, step_before)) = self.hung {
-            if last > step_before {
-                self.hung = None;
-                return Some(HangEvent::Resumed {
-                    at_seconds,
-                    after_seconds: secs(last.saturating_sub(declared_ns)),
-                });
-            }
-            return None;
+        if let Some(resumed) = self.resumed() {
+            return Some(resumed);
         }
-        let stalled = now.saturating_sub(last);
         let live_loops = markers
             .procs
             .values()
-            .any(|p| p.is_loop() && !has_ended(p, exited));
-        if stalled < self.threshold_ns() || !live_loops {
-            return None;
-        }
+            .any(|p| p.is_loop() && !exited.contains_key(&p.pid) && !winding_down(p));
+        let stalled = self.stalled_ns(now).filter(|_| live_loops)?;
         let mut report = where_ranks_stand(markers, exited);
         report.at_seconds = secs(now.saturating_sub(started_ns));
         report.stalled_seconds = secs(stalled);
-        self.hung = Some((report.at_seconds, now, last));
-        Some(HangEvent::Declared(report))
+        self.declare(report.at_seconds, now);
+        Some(HangEvent::Declared(Box::new(report)))
+    }
+
+    /// Takes one finished iteration: `duration_ns` long (when known), its end seen at
+    /// `end_ns` (the watch's clock).
+    pub fn observe(&mut self, duration_ns: Option<Nanos>, end_ns: Nanos) {
+        if let Some(d) = duration_ns {
+            if self.durations.len() == DURATIONS_KEPT {
+                self.durations.pop_front();
+            }
+            self.durations.push_back(d);
+        }
+        self.last_step_ns = Some(self.last_step_ns.map_or(end_ns, |l| l.max(end_ns)));
+    }
+
+    /// ns without an iteration at `now`, when that makes a hang not yet declared; `None`
+    /// before the first iteration, below the threshold, or while a declared one lasts.
+    pub fn stalled_ns(&self, now: Nanos) -> Option<Nanos> {
+        let stalled = now.saturating_sub(self.last_step_ns?);
+        (self.hung.is_none() && stalled >= self.threshold_ns()).then_some(stalled)
+    }
+
+    /// Marks the hang of `at_seconds` declared at `now`: no other is declared until
+    /// iterations resume.
+    pub fn declare(&mut self, at_seconds: f64, now: Nanos) {
+        if let Some(last) = self.last_step_ns {
+            self.hung = Some((at_seconds, now, last));
+        }
+    }
+
+    /// The end of the declared hang, once an iteration came after it (observed since).
+    pub fn resumed(&mut self) -> Option<HangEvent> {
+        let (at_seconds, declared_ns, step_before) = self.hung?;
+        let last = self.last_step_ns?;
+        if last <= step_before {
+            return None;
+        }
+        self.hung = None;
+        Some(HangEvent::Resumed {
+            at_seconds,
+            after_seconds: secs(last.saturating_sub(declared_ns)),
+        })
     }
 
     fn take_steps(&mut self, markers: &MarkerLog) {
@@ -183,35 +247,36 @@ impl HangWatch {
             };
             for iter in sent {
                 if let Some((a, b)) = p.iteration(iter) {
-                    if self.durations.len() == DURATIONS_KEPT {
-                        self.durations.pop_front();
-                    }
-                    self.durations.push_back(b - a);
+                    self.observe(Some(b - a), at);
                 }
             }
             self.seen.insert(p.pid, latest);
-            self.last_step_ns = Some(self.last_step_ns.map_or(at, |l| l.max(at)));
+            self.observe(None, at);
         }
     }
 }
 
-/// Whether loop `p` is done: its process is gone, it destroyed its process group (meta
-/// `finished=1`, said by the hook's `destroy_process_group`), or it is exiting (meta `exit=1`,
-/// the hook's goodbye). A job tearing down after its last iteration is not hung, and a loop
-/// past its goodbye is not signalled for stacks.
-fn has_ended(p: &crate::loops::ProcessMarks, exited: &BTreeMap<u32, Nanos>) -> bool {
-    exited.contains_key(&p.pid) || p.info().finished
+/// s of `ns`.
+fn secs(ns: Nanos) -> f64 {
+    ns as f64 / 1e9
 }
 
 /// Each live loop's last iteration and open phase, the collective entered last, and who is in
 /// it and who is not.
-/// A loop that never said its rank is rank 0 when it is the only one.
 fn where_ranks_stand(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> HangReport {
+    let ranks = ranks_at(markers, exited);
+    let members = |group: u32| group_ranks(markers, group, &ranks);
+    assemble(ranks.clone(), members)
+}
+
+/// Where each live loop of `markers` stands: its last iteration and open phase, by rank.
+/// A loop that never said its rank is rank 0 when it is the only one.
+pub fn ranks_at(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Vec<RankAtHang> {
     let live = || {
         markers
             .procs
             .values()
-            .filter(|p| p.is_loop() && !has_ended(p, exited))
+            .filter(|p| p.is_loop() && !exited.contains_key(&p.pid))
     };
     let alone = live().count() == 1;
     let mut ranks: Vec<RankAtHang> = live()
@@ -229,6 +294,7 @@ fn where_ranks_stand(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Hang
             let state = match (&collective, loading) {
                 (Some(_), _) => "collective",
                 (None, true) => "data_loading",
+                (None, false) if winding_down(p) => "finishing",
                 (None, false) => "compute_or_unknown",
             };
             Some(RankAtHang {
@@ -238,10 +304,58 @@ fn where_ranks_stand(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Hang
                 state: state.to_string(),
                 collective,
                 has_hook: p.meta.contains_key("stacks"),
+                node: None,
             })
         })
         .collect();
     ranks.sort_by_key(|r| r.rank);
+    ranks
+}
+
+/// Whether loop `p` said its training is over: it destroyed its default process group (meta
+/// `finishing=1`) or is exiting (`exit=1`). A job whose live loops all did is ending, not
+/// hung (a torch 2 job's teardown may take longer than a short `--hang-after`).
+fn winding_down(p: &crate::loops::ProcessMarks) -> bool {
+    p.info().finishing
+}
+
+/// Whether every rank of `ranks` is ending (state `finishing`): no hang then.
+pub fn all_finishing(ranks: &[RankAtHang]) -> bool {
+    ranks.iter().all(|r| r.state == "finishing")
+}
+
+/// The process groups the loops of `markers` described (`group.<id>=<size>/<r0:r1:…>`), and
+/// the job's world size as they said it: what a node tells the collector, which sees no
+/// markers.
+pub fn groups_said(markers: &MarkerLog) -> (BTreeMap<u32, Vec<u32>>, Option<u32>) {
+    let mut groups = BTreeMap::new();
+    for p in markers.procs.values() {
+        for (key, value) in &p.meta {
+            let Some(id) = key.strip_prefix("group.").and_then(|g| g.parse().ok()) else {
+                continue;
+            };
+            let said = value.split_once('/').and_then(|(_, list)| {
+                list.split(':')
+                    .map(|r| r.parse::<u32>().ok())
+                    .collect::<Option<Vec<u32>>>()
+            });
+            if let Some(ranks) = said {
+                groups.insert(id, ranks);
+            }
+        }
+    }
+    let world = markers
+        .procs
+        .values()
+        .filter_map(|p| p.info().world_size)
+        .max();
+    (groups, world)
+}
+
+/// The hang of `ranks` (sorted by rank): the collective entered last (the highest
+/// (group, seq) any rank is inside), the ranks inside it and the members of its group
+/// (`members`) that are not.
+pub fn assemble(ranks: Vec<RankAtHang>, members: impl Fn(u32) -> BTreeSet<u32>) -> HangReport {
     let collective = ranks
         .iter()
         .filter_map(|r| r.collective.clone())
@@ -256,7 +370,7 @@ fn where_ranks_stand(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Hang
             .filter(|r| r.collective.as_ref() == Some(c))
             .map(|r| r.rank)
             .collect();
-        report.missing_ranks = group_ranks(markers, c.group, &ranks)
+        report.missing_ranks = members(c.group)
             .into_iter()
             .filter(|r| !report.waiting_ranks.contains(r))
             .collect();
@@ -270,24 +384,32 @@ fn where_ranks_stand(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Hang
 /// without one, every rank of the job (by `world_size`) for the default group, or the ranks
 /// seen.
 fn group_ranks(markers: &MarkerLog, group: u32, seen: &[RankAtHang]) -> BTreeSet<u32> {
-    let key = format!("group.{group}");
-    let said = markers.procs.values().find_map(|p| {
-        let (_, list) = p.meta.get(&key)?.split_once('/')?;
-        list.split(':')
-            .map(|r| r.parse::<u32>().ok())
-            .collect::<Option<BTreeSet<u32>>>()
-    });
-    if let Some(ranks) = said {
-        return ranks;
+    let (groups, world) = groups_said(markers);
+    members_of(&groups, world, group, seen)
+}
+
+/// The global ranks of group `group`: as `groups` says; else every rank of the job (by
+/// `world`) for the default group; else the ranks seen.
+pub fn members_of(
+    groups: &BTreeMap<u32, Vec<u32>>,
+    world: Option<u32>,
+    group: u32,
+    seen: &[RankAtHang],
+) -> BTreeSet<u32> {
+    if let Some(ranks) = groups.get(&group) {
+        return ranks.iter().copied().collect();
     }
-    let world = markers
-        .procs
-        .values()
-        .filter_map(|p| p.info().world_size)
-        .max();
     match world {
         Some(n) if group == 0 => (0..n).collect(),
         _ => seen.iter().map(|r| r.rank).collect(),
+    }
+}
+
+/// `RANK@NODE`, or the rank alone when its node is not known.
+fn at_node(r: &RankAtHang) -> String {
+    match &r.node {
+        Some(node) => format!("{}@{node}", r.rank),
+        None => r.rank.to_string(),
     }
 }
 
@@ -301,8 +423,15 @@ impl Collective {
 /// The hang in words, for stderr: who never arrived where, where each rank stands, and each
 /// rank's stacks.
 pub fn describe(report: &HangReport) -> String {
+    let named = |rank: u32| {
+        let node = report.ranks.iter().find(|r| r.rank == rank);
+        match node.and_then(|r| r.node.as_deref()) {
+            Some(node) => format!("{rank}@{node}"),
+            None => rank.to_string(),
+        }
+    };
     let list = |ranks: &[u32]| {
-        let names: Vec<String> = ranks.iter().map(u32::to_string).collect();
+        let names: Vec<String> = ranks.iter().map(|r| named(*r)).collect();
         let s = if ranks.len() == 1 { "" } else { "s" };
         format!("rank{s} {}", names.join(", "))
     };
@@ -334,23 +463,32 @@ pub fn describe(report: &HangReport) -> String {
     }
     out += ". The job goes on; stallscope does not stop it.";
     for r in &report.ranks {
-        let at = match (&r.collective, r.state.as_str()) {
+        let place = match (&r.collective, r.state.as_str()) {
             (Some(c), _) => format!("inside {}", c.describe()),
             (None, "data_loading") => "stuck in data loading (waiting for a batch)".to_string(),
+            (None, "no_answer") => "unknown: its node's agent did not answer".to_string(),
+            (None, "finishing") => {
+                "finishing (it destroyed its process group, or exits)".to_string()
+            }
             _ => "in compute or code the hook does not mark".to_string(),
         };
         let last = r
             .last_iteration
             .map_or_else(|| "none".to_string(), |i| i.to_string());
         out += &format!(
-            "\n  rank {} (pid {}): {at}; last iteration {last}",
-            r.rank, r.pid
+            "\n  rank {} (pid {}): {place}; last iteration {last}",
+            at_node(r),
+            r.pid
         );
-        if !r.has_hook {
+        if !r.has_hook && r.state != "no_answer" {
             out += "; no stallscope hook in it, so no stacks";
         }
     }
+    for node in &report.unanswered_nodes {
+        out += &format!("\n  node {node}: its agent did not answer, so its ranks' places and stacks are unknown");
+    }
     for (rank, text) in &report.stacks {
+        let rank = rank.parse().map_or_else(|_| rank.clone(), named);
         out += &format!("\n  rank {rank}'s Python stacks:");
         for line in text.lines() {
             out += &format!("\n    {line}");

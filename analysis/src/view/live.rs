@@ -72,6 +72,11 @@ impl LiveModel {
     /// resources, other nodes' frames their health and clocks.
     pub fn ingest(&mut self, frame: &Frame) {
         match frame {
+            Frame::Hang(h) => {
+                // At once, not at the next summary: a hang is news.
+                self.view.summary.note_hang((**h).clone());
+                self.pending.hangs.push((**h).clone());
+            }
             Frame::Header(h) => {
                 if self.view.name.is_empty() {
                     self.view.name = job_name(&h.command);

@@ -253,6 +253,9 @@ impl JobView {
         if let Some(s) = u.summary {
             self.summary = *s;
         }
+        for h in u.hangs {
+            self.summary.note_hang(h);
+        }
         // Before the ranks: a rank removed may be taken again by another process since.
         for rank in &u.removed_ranks {
             self.ranks.remove(rank);
@@ -327,6 +330,10 @@ pub struct ViewUpdate {
     /// Ranks that left the model: their process now reports as another rank.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed_ranks: Vec<u32>,
+    /// The feed's hang events: each hang declared, or resumed (`resumed_after_seconds` set),
+    /// since the last update, as the summary's `hangs` holds it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hangs: Vec<crate::hang::HangReport>,
 }
 
 /// One node's resources over one reading.
@@ -357,7 +364,9 @@ impl ViewUpdate {
             stragglers,
             readings,
             removed_ranks,
+            hangs,
         } = later;
+        self.hangs.extend(hangs);
         self.now_ns = now_ns;
         self.attributed = attributed;
         self.samples_per_second = samples_per_second;

@@ -352,3 +352,38 @@ fn another_nodes_rdma_bytes_complete_its_reading_and_counters() {
         "not the second it was sent with"
     );
 }
+
+/// Issue 28: a hang is a feed event the moment it is declared (not at the next summary), and
+/// its end updates it in place, in the model and in a client applying the updates.
+#[test]
+fn a_hang_is_a_feed_event_and_its_end_updates_it_in_place() {
+    use crate::hang::HangReport;
+    let mut live = LiveModel::new("train");
+    live.ingest(&header("vm"));
+    let mut client = live.view().clone();
+    client.apply(live.take_update());
+    let hang = HangReport {
+        at_seconds: 70.0,
+        missing_ranks: vec![1],
+        missing_at: vec!["1@node-b".into()],
+        ..HangReport::default()
+    };
+    live.ingest(&Frame::Hang(Box::new(hang.clone())));
+    assert_eq!(live.view().summary.hangs, vec![hang.clone()]);
+    let update = live.take_update();
+    let line = hub::json_line(&hub::FeedMessage::Update(std::sync::Arc::new(
+        update.clone(),
+    )));
+    assert!(line.contains("\"hangs\":[{\"at_seconds\":70.0"), "{line}");
+    assert!(line.contains("\"missing_at\":[\"1@node-b\"]"), "{line}");
+    client.apply(update);
+    assert_eq!(client.summary.hangs, vec![hang.clone()]);
+    let resumed = HangReport {
+        resumed_after_seconds: Some(3.0),
+        ..hang
+    };
+    live.ingest(&Frame::Hang(Box::new(resumed.clone())));
+    client.apply(live.take_update());
+    assert_eq!(client.summary.hangs, vec![resumed]);
+    assert!(live.take_update().hangs.is_empty(), "said once");
+}

@@ -394,6 +394,7 @@ fn every_variant() -> Vec<Frame> {
                 state: "compute_or_unknown".into(),
                 collective: None,
                 has_hook: true,
+                node: Some("b".into()),
             }],
             stacks: [(
                 "1".to_string(),
@@ -401,6 +402,19 @@ fn every_variant() -> Vec<Frame> {
             )]
             .into(),
             resumed_after_seconds: None,
+            missing_at: vec!["1@b".into()],
+            waiting_at: vec!["0@a".into()],
+            unanswered_nodes: vec![],
+        },
+    )));
+    frames.push(Frame::NodeHang(Box::new(
+        stallscope_analysis::hang::NodeHang {
+            node: "b".into(),
+            id: 3,
+            ranks: vec![],
+            groups: [(0, vec![0, 1])].into(),
+            world_size: Some(2),
+            stacks: [("1".to_string(), "Thread 0x1:\n".to_string())].into(),
         },
     )));
     frames.push(Frame::NodeFlows(stallscope_analysis::flows::NodeFlows {
@@ -425,7 +439,7 @@ fn every_variant() -> Vec<Frame> {
         },
     ));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 23];
+    let mut seen = [false; 24];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -451,6 +465,7 @@ fn every_variant() -> Vec<Frame> {
             Frame::Hang(_) => 20,
             Frame::NodeFlows(_) => 21,
             Frame::SamplesThinned(_) => 22,
+            Frame::NodeHang(_) => 23,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them. Deflated
             // frames likewise (`deflated_frames_read_back_as_written`).

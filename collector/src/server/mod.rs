@@ -66,6 +66,9 @@ pub struct ServerConfig {
     pub feed: Option<Arc<FeedHub>>,
     /// TLS on every connection (`--tls-cert`, `--tls-key`); `None`: plain TCP.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The job task's latest request for the ranks' places and stacks (0: none yet): each
+    /// agent's connection passes a new one on as [`CollectorMsg::Stacks`].
+    pub stacks_asked: Option<watch::Receiver<u64>>,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +80,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             feed: None,
             tls: None,
+            stacks_asked: None,
         }
     }
 }
@@ -540,8 +544,21 @@ where
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut last_ping = tokio::time::Instant::now();
     let mut acked = u64::MAX;
+    // A request made before this agent came (or came back) is sent at once: its answer is
+    // still awaited, and the agent answers each request once.
+    let mut asks = config.stacks_asked.clone();
     let result = loop {
         tokio::select! {
+            changed = async { asks.as_mut().expect("a request channel").changed().await }, if asks.is_some() => {
+                match (changed, asks.as_mut()) {
+                    (Ok(()), Some(a)) => {
+                        let id = *a.borrow_and_update();
+                        send(&mut w, &CollectorMsg::Stacks { id }).await?;
+                    }
+                    // The job task is gone: nothing will ask again.
+                    _ => asks = None,
+                }
+            }
             item = msgs.recv() => {
                 let Some(item) = item else { break Ok(()) };
                 match on_message(item, node, &mut clock, tx, &ack).await {
@@ -621,6 +638,13 @@ fn tag(frame: Frame, node: &str) -> Result<Frame, ConnError> {
         Frame::NodeFlows(mut f) => {
             f.node = node.to_string();
             Ok(Frame::NodeFlows(f))
+        }
+        Frame::NodeHang(mut h) => {
+            h.node = node.to_string();
+            for r in &mut h.ranks {
+                r.node = Some(node.to_string());
+            }
+            Ok(Frame::NodeHang(h))
         }
         Frame::NodeMeta(mut m) => {
             // Only what the advisor reads, as the hook's wire format bounds it.
@@ -706,6 +730,77 @@ mod tests {
             .estimate("node-a")
             .expect("an estimate from the exchanges");
         assert!(c.offset_ns.abs() < 1_000_000_000, "{c:?}");
+    }
+
+    /// Issue 28: a request of the job task reaches a welcomed agent as `Stacks`, and its
+    /// answer comes back under the connection's node name, each rank's node set.
+    #[tokio::test]
+    async fn a_stacks_request_reaches_the_agent_and_its_answer_is_tagged_with_its_node() {
+        use stallscope_analysis::hang::{NodeHang, RankAtHang};
+        let (server, agent) = duplex(64 * 1024);
+        let (sr, sw) = split(server);
+        let (mut ar, mut aw) = split(agent);
+        let (asks, asks_rx) = watch::channel(0);
+        let config = ServerConfig {
+            stacks_asked: Some(asks_rx),
+            ..config()
+        };
+        let (tx, mut rx) = mpsc::channel(16);
+        let (_stop, stop_rx) = watch::channel(false);
+        let serving = tokio::spawn(async move {
+            welcomed(
+                sr,
+                sw,
+                "node-a",
+                ClockEstimator::default(),
+                &config,
+                &tx,
+                stop_rx,
+            )
+            .await
+        });
+        asks.send_replace(3);
+        let asked = async {
+            loop {
+                if let CollectorMsg::Stacks { id } = read_msg(&mut ar).await {
+                    return id;
+                }
+            }
+        };
+        let id = tokio::time::timeout(Duration::from_secs(10), asked)
+            .await
+            .expect("the request is sent");
+        assert_eq!(id, 3);
+        let answer = NodeHang {
+            node: "claimed".into(),
+            id,
+            ranks: vec![RankAtHang {
+                rank: 1,
+                pid: 7,
+                last_iteration: Some(11),
+                state: "data_loading".into(),
+                collective: None,
+                has_hook: true,
+                node: None,
+            }],
+            ..NodeHang::default()
+        };
+        let record = AgentMsg::Record {
+            seq: 0,
+            frame: Frame::NodeHang(Box::new(answer)),
+        };
+        aw.write_all(&wire::encode(&record)).await.unwrap();
+        let Some(Ingest::Record {
+            frame: Frame::NodeHang(h),
+            ..
+        }) = rx.recv().await
+        else {
+            panic!("the answer reaches the job task");
+        };
+        assert_eq!(h.node, "node-a");
+        assert_eq!(h.ranks[0].node.as_deref(), Some("node-a"));
+        aw.write_all(&wire::encode(&AgentMsg::Bye)).await.unwrap();
+        assert!(serving.await.unwrap().is_ok());
     }
 
     #[test]

@@ -626,6 +626,7 @@ pub fn html(r: &Report) -> String {
         body.push_str("</ul></aside>\n");
     }
     verdict(r, &mut body);
+    super::hangs::html(r, &mut body);
     breakdown(r, &mut body);
     timeline(r, &mut body);
     outside(r, &mut body);

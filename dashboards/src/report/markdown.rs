@@ -78,6 +78,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     let mut out = String::new();
     let mut files = Vec::new();
     header_and_verdict(r, &mut out);
+    super::hangs::markdown(r, &mut out, text);
     breakdown(r, &mut out);
     every_iteration(r, &mut out, stem, &mut files);
     outside(r, &mut out);

@@ -4,6 +4,7 @@
 //! Each is a pure function of a [`Report`] or a [`Comparison`].
 
 pub mod charts;
+mod hangs;
 mod html;
 mod markdown;
 

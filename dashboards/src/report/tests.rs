@@ -286,3 +286,77 @@ fn a_rank_that_turned_slow_has_its_section_in_html_and_markdown() {
         "{md}"
     );
 }
+
+/// Issue 28: a hang gets a section in both renderings: who never arrived where, who waited,
+/// where each rank stood, and each rank's stacks (escaped, as the program's text).
+#[test]
+fn a_hang_has_a_section_with_the_missing_rank_and_its_stacks() {
+    use stallscope_analysis::hang::{Collective, HangReport, RankAtHang};
+    let mut r = report(false);
+    assert!(
+        !super::html::html(&r).contains("id=\"hangs\""),
+        "no hang, no section"
+    );
+    let all_reduce = Collective {
+        op: "all_reduce".into(),
+        group: 0,
+        seq: 12,
+    };
+    let rank = |rank: u32, state: &str, collective: Option<Collective>| RankAtHang {
+        rank,
+        pid: 10 + rank,
+        last_iteration: Some(11),
+        state: state.into(),
+        collective,
+        has_hook: true,
+        node: Some(format!("node-{rank}")),
+    };
+    r.summary.hangs.push(HangReport {
+        at_seconds: 70.0,
+        stalled_seconds: 61.0,
+        last_iteration: Some(11),
+        collective: Some(all_reduce.clone()),
+        waiting_ranks: vec![0],
+        missing_ranks: vec![1],
+        ranks: vec![
+            rank(0, "collective", Some(all_reduce)),
+            rank(1, "data_loading", None),
+        ],
+        stacks: [(
+            "1".to_string(),
+            "  File \"train.py\", line 9 in __getitem__ <lambda>\n".to_string(),
+        )]
+        .into(),
+        resumed_after_seconds: Some(4.0),
+        ..HangReport::default()
+    });
+    let html = super::html::html(&r);
+    let section = &html[html.find("<section id=\"hangs\">").expect("a hang section")..];
+    let section = &section[..section.find("</section>").unwrap()];
+    assert!(section.contains("data-missing=\"1\""), "{section}");
+    assert!(
+        section.contains(
+            "1@node-1 never arrived at all_reduce #12 of group 0 while 0@node-0 waited in it"
+        ),
+        "{section}"
+    );
+    assert!(
+        section.contains("data-rank=\"1\" data-state=\"data_loading\""),
+        "{section}"
+    );
+    assert!(
+        section.contains("in __getitem__ &lt;lambda&gt;"),
+        "{section}"
+    );
+    assert!(section.contains("Iterations resumed"), "{section}");
+    let md = super::markdown::markdown(&r, "r").text;
+    let md = &md[md.find("## Hangs").expect("a hang section")..];
+    assert!(
+        md.contains("| 1 | node-1 | in data loading (waiting for a batch) | 11 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("```text\n  File \"train.py\", line 9 in __getitem__ <lambda>\n```"),
+        "{md}"
+    );
+}

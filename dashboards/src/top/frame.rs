@@ -1,5 +1,6 @@
-//! The frame around every screen: the header (job, size, live or replay), the tabs, the
-//! training's output pane under `run --tui`, and the footer with the keys or the filter.
+//! The frame around every screen: the header (job, size, live or replay), the tabs, the hang
+//! banner while a hang lasts, the training's output pane under `run --tui`, and the footer
+//! with the keys or the filter.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style, Stylize};
@@ -9,7 +10,7 @@ use ratatui::Frame;
 use stallscope_analysis::view::JobView;
 
 use super::format::count;
-use super::{detail, help, job, nodes, ranks, timeline, App, Mode, Screen};
+use super::{detail, hang, help, job, nodes, ranks, timeline, App, Mode, Screen};
 
 /// Rows of training output the pane shows (plus its border): more on a tall terminal.
 fn output_rows(height: u16) -> u16 {
@@ -36,6 +37,12 @@ pub fn draw(frame: &mut Frame, app: &App, live: &JobView) {
         Constraint::Length(1),
     ])
     .areas(area);
+    let [banner, body] = Layout::vertical([
+        Constraint::Length(hang::rows(view, body.width, body.height)),
+        Constraint::Min(1),
+    ])
+    .areas(body);
+    hang::draw(frame, banner, view);
     frame.render_widget(Paragraph::new(header(app, view)), head);
     frame.render_widget(
         Tabs::new(

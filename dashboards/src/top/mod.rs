@@ -12,6 +12,7 @@ mod chart;
 mod detail;
 pub mod format;
 mod frame;
+mod hang;
 mod help;
 mod job;
 mod keys;

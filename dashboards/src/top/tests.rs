@@ -342,6 +342,61 @@ fn a_rank_that_turned_slow_is_marked_and_said_on_the_ranks_and_job_screens() {
     assert!(text.contains("back at 140"), "{text}");
 }
 
+/// Issue 28: while a hang lasts, every screen opens with it: rank 1@node-b missing, rank
+/// 0@node-a waiting in the all-reduce, and rank 1's stack; it goes once iterations resume.
+#[test]
+fn a_lasting_hang_opens_every_screen_with_the_missing_rank_and_its_stack() {
+    use stallscope_analysis::hang::{Collective, HangReport, RankAtHang};
+    let mut v = straggler_job();
+    let at = |rank: u32, node: &str, collective: Option<Collective>| RankAtHang {
+        rank,
+        pid: 4000 + rank,
+        last_iteration: Some(11),
+        state: if collective.is_some() {
+            "collective"
+        } else {
+            "compute_or_unknown"
+        }
+        .into(),
+        collective,
+        has_hook: true,
+        node: Some(node.into()),
+    };
+    let all_reduce = Collective {
+        op: "all_reduce".into(),
+        group: 0,
+        seq: 12,
+    };
+    v.summary.hangs.push(HangReport {
+        at_seconds: 80.0,
+        stalled_seconds: 61.0,
+        last_iteration: Some(11),
+        collective: Some(all_reduce.clone()),
+        waiting_ranks: vec![0],
+        missing_ranks: vec![1],
+        ranks: vec![at(0, "node-a", Some(all_reduce)), at(1, "node-b", None)],
+        stacks: [(
+            "1".to_string(),
+            "Thread 0x7f01 (most recent call first):\n  File \"train.py\", line 7 in stuck_in_here\n  File \"train.py\", line 15 in <module>\n".to_string(),
+        )]
+        .into(),
+        missing_at: vec!["1@node-b".into()],
+        waiting_at: vec!["0@node-a".into()],
+        ..HangReport::default()
+    });
+    let t = screen(&on(Screen::Job), &v, 100, 30);
+    insta::assert_snapshot!(t.backend());
+    for s in [Screen::Ranks, Screen::Nodes, Screen::Timeline] {
+        let text = format!("{}", screen(&on(s), &v, 100, 30).backend());
+        assert!(text.contains("HANG"), "{text}");
+        assert!(text.contains("rank 1@node-b's Python stacks"), "{text}");
+        assert!(text.contains("line 7 in stuck_in_here"), "{text}");
+    }
+    v.summary.hangs[0].resumed_after_seconds = Some(3.0);
+    let text = format!("{}", screen(&on(Screen::Job), &v, 100, 30).backend());
+    assert!(!text.contains("HANG"), "{text}");
+}
+
 #[test]
 fn timeline_screen_of_a_straggler_job() {
     let v = straggler_job();

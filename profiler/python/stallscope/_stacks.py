@@ -9,6 +9,13 @@ stallscope then signals the process and reads what the dump appended. Only the t
 loops are signalled; a forked child (a DataLoader worker) inherits the registration and its
 parent's file, and says nothing of it. A registration that fails is said in meta
 ``stacks_failed=1`` and the training goes on.
+
+A signal that comes late must not end the process: Python's finalization unregisters the
+dump and puts back the disposition it found, and a real-time signal's default action
+terminates. Where the program left it at the default, the hook sets it to ignored first, so
+what finalization puts back ignores a request that arrives while the process exits (stallscope
+asks when a job stalls, and a job's last seconds look like a stall). Processes it execs
+inherit that (only that one signal) ignored.
 """
 
 import faulthandler
@@ -33,6 +40,9 @@ def install(torch=None):
         # Chained only to a handler the program set: chaining to the default action of a
         # real-time signal would end the process after the dump.
         chain = signal.getsignal(number) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        if not chain:
+            # What finalization puts back: ignored, not the default (which terminates).
+            signal.signal(number, signal.SIG_IGN)
         faulthandler.register(number, file=handle, all_threads=True, chain=chain)
         _file = handle  # kept open: the handler writes to its descriptor
         stallscope.meta(stacks=path, stacks_signal=number)

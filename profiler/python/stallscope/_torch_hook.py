@@ -668,11 +668,11 @@ def _patch_init_process_group(torch):
 
     @functools.wraps(destroy)
     def destroy_process_group(*args, **kwargs):
-        _comm_release.wait_for_release()
+        # The default group destroyed: the training is over, and its last seconds (the
+        # teardown, the interpreter's exit) are no hang. meta() never raises.
         if (args[0] if args else kwargs.get("group")) is None:
-            # The default group goes: the loop's distributed work is over, and what follows is
-            # teardown, which no hang watch should take for a hang.
-            stallscope.meta(finished=1)
+            stallscope.meta(finishing=1)
+        _comm_release.wait_for_release()
         return destroy(*args, **kwargs)
 
     _mark(destroy_process_group)

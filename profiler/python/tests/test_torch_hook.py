@@ -548,7 +548,7 @@ class TorchHookTest(unittest.TestCase):
             self.assertEqual((metas.get("group.0"), metas.get("group.1")), ("2/0:1", "2/0:1"))
             # destroy_process_group() says the loop is past its training (the hang watch then
             # takes its teardown for no hang).
-            self.assertEqual(metas.get("finished"), "1", metas)
+            self.assertEqual(metas.get("finishing"), "1", metas)
             # An asynchronous operation lasts until its wait() returned.
             for b, e in pairs:
                 self.assertLessEqual(b.t_ns, e.t_ns)

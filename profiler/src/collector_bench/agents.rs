@@ -223,6 +223,8 @@ impl Conn {
                 CollectorMsg::Ack { upto } => self.acked = self.acked.max(upto + 1),
                 CollectorMsg::Refused { reason } => return Err(format!("refused: {reason}")),
                 CollectorMsg::Feed { .. } => return Err("a viewer's feed sent to an agent".into()),
+                // Simulated agents run no loops: the collector declares no hang without one.
+                CollectorMsg::Stacks { .. } => {}
                 CollectorMsg::Challenge { nonce } => {
                     let hello = AgentMsg::Hello(Hello {
                         protocol: PROTOCOL_VERSION,

@@ -204,7 +204,14 @@ pub fn run() -> anyhow::Result<i32> {
             ..ServerConfig::default()
         };
         let hub = std::sync::Arc::new(stallscope_analysis::view::hub::FeedHub::default());
-        let collector = Collector::start(listener, config, writer, header, ("bench", hub), true);
+        let collector = Collector::start(
+            listener,
+            config,
+            writer,
+            header,
+            ("bench", hub),
+            (true, None),
+        );
         tokio::spawn(measure(collector.subscribe(), probe.clone()));
         println!("addr {addr}");
         std::io::stdout().flush()?;
