@@ -377,7 +377,7 @@ pub struct MarkerLog {
 
 /// What forgotten processes said that the summary still reads: a node's agent serves job
 /// after job, so their marks go once attributed, and these few figures stay.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Forgotten {
     /// Datagrams known lost.
     dropped: u64,
@@ -385,6 +385,8 @@ struct Forgotten {
     workers: Option<u32>,
     /// The largest batch (samples per rank) a forgotten loop said it took.
     batch_size: Option<u64>,
+    /// The process groups forgotten loops said were tensor parallel, sorted.
+    tensor_parallel_groups: Vec<u32>,
 }
 
 impl MarkerLog {
@@ -484,7 +486,23 @@ impl MarkerLog {
         if p.is_loop() {
             f.workers = f.workers.max(p.info.workers);
             f.batch_size = f.batch_size.max(p.info.batch_size);
+            f.tensor_parallel_groups
+                .extend(crate::collectives::tensor_parallel_groups(&p.meta));
+            f.tensor_parallel_groups.sort_unstable();
+            f.tensor_parallel_groups.dedup();
         }
+    }
+
+    /// The process groups any loop said were tensor parallel (a DeviceMesh's `tp` dimension,
+    /// or DTensor's collectives' group), forgotten ones included; sorted.
+    pub fn tensor_parallel_groups(&self) -> Vec<u32> {
+        let mut out = self.forgotten.tensor_parallel_groups.clone();
+        for p in self.loops() {
+            out.extend(crate::collectives::tensor_parallel_groups(&p.meta));
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// The rank each loop process stands for: its reported rank, or, for loops that never

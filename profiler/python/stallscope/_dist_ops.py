@@ -13,6 +13,14 @@ rank for a send or receive. Each group's size and global ranks go once as meta
 one, as ``group_dim.<id>=<name>`` (``tp``, ``dp``, as the mesh's ``mesh_dim_names`` say). The analysis matches the operation across ranks by that
 identity.
 
+DTensor (tensor parallel) does not call these functions: it issues functional collectives
+(``torch.distributed._functional_collectives``: ``all_reduce``, ``all_gather_tensor``,
+``reduce_scatter_tensor``, ``all_to_all_single``, ``broadcast``), which return at once and are
+waited for when their result is first used (``wait_tensor``). Those are wrapped too
+(``install_functional``), and marked as asynchronous operations are: from
+the call to the wait. A group they run on that no DeviceMesh dimension names is sent as
+``group_role.<id>=tp``: DTensor's collectives are tensor parallelism's.
+
 A blocking call sends its ``B`` event as it is entered and its ``E`` as it returns (or
 raises: the time until the failure was spent in it, and its number is taken), so a rank stuck
 inside a collective is seen to be in it while it blocks: the hang report reads that open span.
@@ -99,6 +107,132 @@ def install(torch):
         _wrap_wait(c10d)
     except Exception:
         pass
+    install_functional(torch)
+
+
+FUNCTIONAL = (
+    "all_reduce",
+    "all_gather_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "broadcast",
+)
+# Functional collectives issued and not yet waited for: the address of their result's memory
+# -> record.
+_pending_functional = {}
+
+
+def install_functional(torch):
+    """Wraps DTensor's functional collectives (torch 2.x; nothing on 1.x); idempotent, never
+    raises. Imports their module (3 ms), which DTensor reads its functions from at each call."""
+    try:
+        from torch.distributed import _functional_collectives as funcol
+    except Exception:
+        return
+    c10d = torch.distributed.distributed_c10d
+    for name in FUNCTIONAL:
+        try:
+            _wrap_functional(torch, funcol, c10d, name)
+        except Exception:
+            pass
+    try:
+        _wrap_wait_tensor(funcol)
+    except Exception:
+        pass
+
+
+def _wrap_functional(torch, funcol, c10d, name):
+    original = getattr(funcol, name, None)
+    if original is None or getattr(original, "_stallscope", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if getattr(_local, "depth", 0):
+            return original(*args, **kwargs)
+        start = _monotonic_ns()
+        _local.depth = 1
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            _local.depth = 0
+        try:
+            _issued(torch, funcol, c10d, name, signature, args, kwargs, start, result)
+        except Exception:
+            pass
+        return result
+
+    wrapper._stallscope = True
+    setattr(funcol, name, wrapper)
+
+
+def _issued(torch, funcol, c10d, name, signature, args, kwargs, start, result):
+    """Marks a functional collective now when it already completed, or keeps it until its
+    result is waited for."""
+    if funcol._are_we_tracing():
+        return  # torch.compile traces it: the compiled graph runs it, not this call
+    bound = signature.bind_partial(*args, **kwargs).arguments
+    group = c10d._resolve_process_group(funcol._resolve_group_name(bound["group"], bound.get("tag", "")))
+    gid = _group_id(c10d, group)
+    if gid is None:
+        return
+    if gid not in _tensor_parallel_sent:
+        _tensor_parallel_sent.add(gid)
+        desc = str(getattr(group, "group_desc", "") or "")
+        if not (desc.startswith("mesh_") and not desc.startswith("mesh_dim_")):
+            stallscope.meta(**{"group_role.%d" % gid: "tp"})
+    key = (gid, "functional." + name)
+    with _lock:
+        seq = _numbers.get(key, 0)
+        _numbers[key] = seq + 1
+    # An all-gather's bytes are the whole tensor gathered; the others', the tensor given.
+    nbytes = _bytes(torch, bound.get("self"))
+    if name == "all_gather_tensor":
+        nbytes *= group.size()
+    record = [start, name, gid, seq, nbytes, None]
+    elem = getattr(result, "elem", None)
+    if not isinstance(elem, torch.Tensor):
+        _send(record, _monotonic_ns())  # waited for already (a gather on another dim)
+        return
+    with _lock:
+        while len(_pending_functional) >= _MAX_PENDING:
+            _pending_functional.pop(next(iter(_pending_functional)))
+        _pending_functional[_storage(elem)] = record
+
+
+def _storage(tensor):
+    """The address of the memory a tensor views: a view of a pending collective's result (DTensor
+    reshapes it before waiting) is waited for in its stead. No tensor is kept alive."""
+    return tensor.untyped_storage().data_ptr()
+
+
+# Groups whose DTensor role was sent.
+_tensor_parallel_sent = set()
+
+
+def _wrap_wait_tensor(funcol):
+    """Wraps ``wait_tensor``, which an AsyncCollectiveTensor calls (through the module) when its
+    value is first needed: waiting for a pending functional collective ends it."""
+    wait = getattr(funcol, "wait_tensor", None)
+    if wait is None or getattr(wait, "_stallscope", False):
+        return
+
+    @functools.wraps(wait)
+    def wrapper(tensor, *args, **kwargs):
+        result = wait(tensor, *args, **kwargs)
+        if _pending_functional:
+            try:
+                with _lock:
+                    record = _pending_functional.pop(_storage(tensor), None)
+                if record is not None:
+                    _send(record, _monotonic_ns())
+            except Exception:
+                pass
+        return result
+
+    wrapper._stallscope = True
+    funcol.wait_tensor = wrapper
 
 
 def _wrap(torch, dist, c10d, name):
