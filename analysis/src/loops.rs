@@ -16,6 +16,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::marker::{phase, CommOp, Direction, Marker, MarkerEvent};
+
+/// The operation name of a batch of point-to-point operations.
+pub const BATCH_P2P: &str = "batch_isend_irecv";
 use crate::Nanos;
 
 /// A closed phase of one process.
@@ -235,6 +238,9 @@ pub struct ProcessMarks {
     /// Point-to-point operations it marked, by (peer's global rank, direction), counted
     /// since it started (never pruned: a few entries per peer).
     pub p2p: BTreeMap<(u32, Direction), u64>,
+    /// Batched point-to-point operations it marked (`batch_isend_irecv`, which
+    /// `torch.distributed.pipelining` sends and receives with), counted since it started.
+    pub batch_p2p: u64,
 }
 
 impl ProcessMarks {
@@ -422,6 +428,9 @@ impl MarkerLog {
             MarkerEvent::BeginOp(name, op) => {
                 if let (Some(peer), Some(direction)) = (op.peer, op.direction()) {
                     *p.p2p.entry((peer, direction)).or_default() += 1;
+                }
+                if op.op == BATCH_P2P {
+                    p.batch_p2p += 1;
                 }
                 p.open.insert(name.clone(), (m.t_ns, Some(op.clone())));
             }

@@ -10,9 +10,9 @@
 //! stages, which no per-category advice would say. A fully sharded job (FSDP's all-gathers and
 //! reduce-scatters, no DDP) whose exposed operations are its largest stall is told FSDP's
 //! knobs (`finding/fsdp.rs`). A tensor-parallel job (DTensor's collectives, or a DeviceMesh `tp`
-dimension's) whose exposed TP communication is its largest stall is told to keep TP on fast
-links (`finding/tensor_parallel.rs`). Advice naming DDP's knobs is given only to a job that uses
-DDP.
+//! dimension's) whose exposed TP communication is its largest stall is told to keep TP on fast
+//! links (`finding/tensor_parallel.rs`). Advice naming DDP's knobs is given only to a job that
+//! uses DDP.
 
 use serde::{Deserialize, Serialize};
 

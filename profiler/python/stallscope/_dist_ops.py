@@ -17,17 +17,19 @@ DTensor (tensor parallel) does not call these functions: it issues functional co
 (``torch.distributed._functional_collectives``: ``all_reduce``, ``all_gather_tensor``,
 ``reduce_scatter_tensor``, ``all_to_all_single``, ``broadcast``), which return at once and are
 waited for when their result is first used (``wait_tensor``). Those are wrapped too
-(``install_functional``), and marked as asynchronous operations are: from
-the call to the wait. A group they run on that no DeviceMesh dimension names is sent as
+(``install_functional``), and marked as asynchronous operations are: the
+wait. A group they run on that no DeviceMesh dimension names is sent as
 ``group_role.<id>=tp``: DTensor's collectives are tensor parallelism's.
 
 A blocking call sends its ``B`` event as it is entered and its ``E`` as it returns (or
 raises: the time until the failure was spent in it, and its number is taken), so a rank stuck
 inside a collective is seen to be in it while it blocks: the hang report reads that open span.
 An asynchronous one (``isend``, ``async_op=True``, ``batch_isend_irecv``) sends both events
-when its ``Work.wait()`` returns, with the time it was called as the begin (one never waited
-for is never marked), and so does a receive from any source, to name the sender it got. So
-overlapping operations of one thread never interleave their events.
+when its ``Work.wait()`` returns, with the time its first wait began as the begin: what it
+holds the loop up is the wait, not the compute a pipeline schedule runs between posting a
+send or receive and waiting for it (one never waited for is never marked). A receive from any
+source sends both as it returns, to name the sender it got. So overlapping operations of one
+thread never interleave their events.
 
 Transparent: the wrapper returns what the function returned and lets its exceptions through
 (an asynchronous operation that fails is not marked); calls made inside another marked
@@ -220,12 +222,14 @@ def _wrap_wait_tensor(funcol):
 
     @functools.wraps(wait)
     def wrapper(tensor, *args, **kwargs):
+        entered = _monotonic_ns()
         result = wait(tensor, *args, **kwargs)
         if _pending_functional:
             try:
                 with _lock:
                     record = _pending_functional.pop(_storage(tensor), None)
                 if record is not None:
+                    record[0] = max(record[0], entered)
                     _send(record, _monotonic_ns())
             except Exception:
                 pass
@@ -420,10 +424,11 @@ def _wrap_wait(c10d):
 
     @functools.wraps(wait)
     def wrapper(self, *args, **kwargs):
+        entered = _monotonic_ns()
         result = wait(self, *args, **kwargs)
         if _pending:
             try:
-                _waited(self)
+                _waited(self, entered)
             except Exception:
                 pass
         return result
@@ -432,7 +437,9 @@ def _wrap_wait(c10d):
     work_cls.wait = wrapper
 
 
-def _waited(work):
+def _waited(work, entered):
+    """Work ``work``, waited for from ``entered`` (ns), has returned: the operation's span
+    begins at its first wait and ends with its last."""
     with _lock:
         entry = _pending.pop(id(work), None)
         if entry is None:
@@ -441,6 +448,9 @@ def _waited(work):
             _pending[id(work)] = entry
             return
         record = entry[1]
+        if len(record) == 7:
+            record[0] = max(record[0], entered)
+            record.append(True)  # its first wait's entry is the begin
         record[6] -= 1
         done = record[6] == 0
     if done:
