@@ -393,6 +393,28 @@ struct Forgotten {
     batch_size: Option<u64>,
     /// The process groups forgotten loops said were tensor parallel, sorted.
     tensor_parallel_groups: Vec<u32>,
+    /// Some forgotten loop used DDP (it sent `comm_buckets`).
+    ddp: bool,
+    /// The forgotten loops that exchanged point-to-point operations (pipeline stages), the
+    /// latest [`MAX_FORGOTTEN_STAGES`].
+    stages: Vec<P2pLoop>,
+}
+
+/// Forgotten pipeline stages kept: a node's agent serves job after job.
+const MAX_FORGOTTEN_STAGES: usize = 1024;
+
+/// What a loop that exchanged point-to-point operations said of them: what tells a pipeline's
+/// stages and micro-batches (`crate::parallelism`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct P2pLoop {
+    /// Its rank, as [`MarkerLog::ranks`] gives it.
+    pub rank: u32,
+    /// Its point-to-point operations by (peer's global rank, direction).
+    pub p2p: BTreeMap<(u32, Direction), u64>,
+    /// Its batches of point-to-point operations.
+    pub batch_p2p: u64,
+    /// Iterations it ended (its last step's number + 1).
+    pub iterations: Option<u64>,
 }
 
 impl MarkerLog {
@@ -487,10 +509,18 @@ impl MarkerLog {
 
     /// Removes process `pid`'s marks, keeping what the summary reads of them.
     pub fn forget(&mut self, pid: u32) {
+        let stage = self.p2p_loops().into_iter().find(|(p, _)| *p == pid);
         let Some(p) = self.procs.remove(&pid) else {
             return;
         };
         let f = &mut self.forgotten;
+        if let Some((_, stage)) = stage {
+            if f.stages.len() >= MAX_FORGOTTEN_STAGES {
+                f.stages.remove(0);
+            }
+            f.stages.push(stage);
+        }
+        f.ddp |= p.meta.contains_key("comm_buckets");
         f.dropped += p.dropped;
         if p.is_loop() {
             f.workers = f.workers.max(p.info.workers);
@@ -500,6 +530,35 @@ impl MarkerLog {
             f.tensor_parallel_groups.sort_unstable();
             f.tensor_parallel_groups.dedup();
         }
+    }
+
+    /// Whether any loop, forgotten ones included, used DDP (it sent `comm_buckets`).
+    pub fn ddp(&self) -> bool {
+        self.forgotten.ddp || self.loops().any(|p| p.meta.contains_key("comm_buckets"))
+    }
+
+    /// The live loops that exchanged point-to-point operations, by pid, with their rank.
+    fn p2p_loops(&self) -> Vec<(u32, P2pLoop)> {
+        let ranks = self.ranks();
+        self.loops()
+            .filter(|p| !p.p2p.is_empty() || p.batch_p2p > 0)
+            .filter_map(|p| {
+                let stage = P2pLoop {
+                    rank: *ranks.get(&p.pid)?,
+                    p2p: p.p2p.clone(),
+                    batch_p2p: p.batch_p2p,
+                    iterations: p.steps.keys().next_back().map(|s| s + 1),
+                };
+                Some((p.pid, stage))
+            })
+            .collect()
+    }
+
+    /// The loops that exchanged point-to-point operations, forgotten ones included.
+    pub fn pipeline_stages(&self) -> Vec<P2pLoop> {
+        let mut out = self.forgotten.stages.clone();
+        out.extend(self.p2p_loops().into_iter().map(|(_, s)| s));
+        out
     }
 
     /// The process groups any loop said were tensor parallel (a DeviceMesh's `tp` dimension,

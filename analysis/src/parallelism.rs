@@ -37,15 +37,11 @@ impl Pipeline {
     }
 }
 
-/// What `log`'s loops said of the job's parallelism.
+/// What `log`'s loops said of the job's parallelism, those it forgot (they ended) included.
 pub fn of_markers(log: &MarkerLog) -> Parallelism {
-    let ranks = log.ranks();
-    let ddp = log.loops().any(|p| p.meta.contains_key("comm_buckets"));
-    let mut stages: Vec<u32> = log
-        .loops()
-        .filter(|p| !p.p2p.is_empty() || p.batch_p2p > 0)
-        .filter_map(|p| ranks.get(&p.pid).copied())
-        .collect();
+    let ddp = log.ddp();
+    let loops = log.pipeline_stages();
+    let mut stages: Vec<u32> = loops.iter().map(|l| l.rank).collect();
     stages.sort_unstable();
     stages.dedup();
     if stages.len() < 2 {
@@ -54,11 +50,10 @@ pub fn of_markers(log: &MarkerLog) -> Parallelism {
             pipeline: None,
         };
     }
-    let first = log.loops().find(|p| ranks.get(&p.pid) == Some(&stages[0]));
-    let micro_batches = first.and_then(|p| {
-        let sends = *p.p2p.get(&(stages[1], Direction::Send))?;
-        let iterations = p.steps.keys().next_back()? + 1;
-        Some(sends as f64 / iterations as f64)
+    let first = loops.iter().rev().find(|l| l.rank == stages[0]);
+    let micro_batches = first.and_then(|l| {
+        let sends = *l.p2p.get(&(stages[1], Direction::Send))?;
+        Some(sends as f64 / l.iterations? as f64)
     });
     Parallelism {
         ddp,
@@ -111,7 +106,9 @@ mod tests {
         let mut log = MarkerLog::default();
         rank(&mut log, 10, 0, "send", Some(1));
         rank(&mut log, 11, 1, "recv", Some(0));
-        let p = of_markers(&log).pipeline.expect("send and recv make a pipeline");
+        let p = of_markers(&log)
+            .pipeline
+            .expect("send and recv make a pipeline");
         assert_eq!(p.stages, [0, 1]);
         assert_eq!(p.micro_batches, Some(4.0));
 
@@ -121,11 +118,21 @@ mod tests {
         rank(&mut log, 10, 0, "batch_isend_irecv", None);
         rank(&mut log, 11, 1, "batch_isend_irecv", None);
         let p = of_markers(&log).pipeline.expect("batches make a pipeline");
-        assert_eq!((p.stages, p.micro_batches), (vec![0, 1], None));
+        assert_eq!((&p.stages, p.micro_batches), (&vec![0, 1], None));
+
+        // Ranks that ended are forgotten (a node's agent serves job after job): what they
+        // said of their sends and receives stays.
+        log.forget(10);
+        log.forget(11);
+        assert_eq!(of_markers(&log).pipeline, Some(p));
 
         let mut log = MarkerLog::default();
         rank(&mut log, 10, 0, "all_reduce", None);
         rank(&mut log, 11, 1, "all_reduce", None);
-        assert_eq!(of_markers(&log).pipeline, None, "collectives are no pipeline");
+        assert_eq!(
+            of_markers(&log).pipeline,
+            None,
+            "collectives are no pipeline"
+        );
     }
 }

@@ -179,7 +179,11 @@ mod tests {
         ] {
             assert!(f.sentence.contains(part), "{part}: {}", f.sentence);
         }
-        assert!(f.suggestion.contains("inside a fast-link domain"), "{}", f.suggestion);
+        assert!(
+            f.suggestion.contains("inside a fast-link domain"),
+            "{}",
+            f.suggestion
+        );
         for text in [&f.sentence, &f.suggestion] {
             assert!(!text.contains("no_sync") && !text.contains("DDP"), "{text}");
         }
