@@ -232,13 +232,9 @@ pub fn render_line(rank: u32, ops: &[Collective]) -> Option<String> {
         .iter()
         .take(SHOWN_PER_RANK)
         .map(|c| {
-            let role = match c.role {
-                Some(Role::Pipeline) => " (pipeline)",
-                Some(Role::Fsdp) => " (fsdp)",
-                Some(Role::DataParallel) => " (ddp)",
-                Some(Role::TensorParallel) => " (tp)",
-                None => "",
-            };
+            let role = c
+                .role
+                .map_or(String::new(), |r| format!(" ({})", r.short()));
             format!(
                 "{}{role} {:.1} × {} {:.1} ms ({:.1} ms waiting)",
                 c.op,
@@ -261,8 +257,20 @@ pub fn render_line(rank: u32, ops: &[Collective]) -> Option<String> {
     ))
 }
 
+impl Role {
+    /// Its short name in text: `pipeline`, `fsdp`, `ddp`, `tp`.
+    pub fn short(self) -> &'static str {
+        match self {
+            Role::Pipeline => "pipeline",
+            Role::Fsdp => "fsdp",
+            Role::DataParallel => "ddp",
+            Role::TensorParallel => "tp",
+        }
+    }
+}
+
 /// `bytes` in B, kB, MB or GB (powers of 1000).
-fn bytes_text(bytes: f64) -> String {
+pub fn bytes_text(bytes: f64) -> String {
     match bytes {
         b if b >= 1e9 => format!("{:.1} GB", b / 1e9),
         b if b >= 1e6 => format!("{:.1} MB", b / 1e6),
