@@ -173,6 +173,9 @@ fn ranks(out: &mut Out, state: &MetricsState) {
     }
 }
 
+/// A collective's figure: family name, help, and its value per iteration.
+type CollectiveFigure = (&'static str, &'static str, fn(&Collective) -> f64);
+
 /// Each rank's collective and point-to-point operations over its counted iterations, as the
 /// summary lists them (`ranks[].collectives`), labelled by operation, process group and role;
 /// no family at all for a job that had none.
@@ -188,7 +191,7 @@ fn collectives(out: &mut Out, state: &MetricsState) {
     if rows.is_empty() {
         return;
     }
-    let families: [(&'static str, &str, fn(&Collective) -> f64); 4] = [
+    let families: [CollectiveFigure; 4] = [
         (
             "stallscope_collective_seconds_total",
             "Time the loop was held in the operation over the counted iterations, s.",

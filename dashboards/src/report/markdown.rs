@@ -312,7 +312,7 @@ fn collectives(r: &Report, out: &mut String) {
             "time",
             "waited",
         ],
-        rows.into_iter(),
+        rows,
     );
 }
 
