@@ -144,11 +144,18 @@ pub const TENSOR_PARALLEL_DIM: &str = "tp";
 /// The meta key prefix naming a group's DeviceMesh dimension: `group_dim.<g>=<name>`.
 pub const GROUP_DIM_PREFIX: &str = "group_dim.";
 
-/// The groups `meta` (one process's latest metadata) says are a `tp` mesh dimension's.
+/// The meta key prefix the hook gives a group DTensor's functional collectives ran on when no
+/// DeviceMesh dimension names it: `group_role.<g>=tp`.
+pub const GROUP_ROLE_PREFIX: &str = "group_role.";
+
+/// The groups `meta` (one process's latest metadata) says are tensor parallel: a `tp` mesh
+/// dimension's, or one DTensor's collectives ran on (`group_role.<g>=tp`).
 pub fn tensor_parallel_groups(meta: &BTreeMap<String, String>) -> Vec<u32> {
     meta.iter()
         .filter_map(|(k, v)| {
-            let g = k.strip_prefix(GROUP_DIM_PREFIX)?;
+            let g = k
+                .strip_prefix(GROUP_DIM_PREFIX)
+                .or_else(|| k.strip_prefix(GROUP_ROLE_PREFIX))?;
             (v == TENSOR_PARALLEL_DIM).then(|| g.parse().ok()).flatten()
         })
         .collect()
@@ -225,13 +232,9 @@ pub fn render_line(rank: u32, ops: &[Collective]) -> Option<String> {
         .iter()
         .take(SHOWN_PER_RANK)
         .map(|c| {
-            let role = match c.role {
-                Some(Role::Pipeline) => " (pipeline)",
-                Some(Role::Fsdp) => " (fsdp)",
-                Some(Role::DataParallel) => " (ddp)",
-                Some(Role::TensorParallel) => " (tp)",
-                None => "",
-            };
+            let role = c
+                .role
+                .map_or(String::new(), |r| format!(" ({})", r.short()));
             format!(
                 "{}{role} {:.1} × {} {:.1} ms ({:.1} ms waiting)",
                 c.op,
@@ -254,8 +257,20 @@ pub fn render_line(rank: u32, ops: &[Collective]) -> Option<String> {
     ))
 }
 
+impl Role {
+    /// Its short name in text: `pipeline`, `fsdp`, `ddp`, `tp`.
+    pub fn short(self) -> &'static str {
+        match self {
+            Role::Pipeline => "pipeline",
+            Role::Fsdp => "fsdp",
+            Role::DataParallel => "ddp",
+            Role::TensorParallel => "tp",
+        }
+    }
+}
+
 /// `bytes` in B, kB, MB or GB (powers of 1000).
-fn bytes_text(bytes: f64) -> String {
+pub fn bytes_text(bytes: f64) -> String {
     match bytes {
         b if b >= 1e9 => format!("{:.1} GB", b / 1e9),
         b if b >= 1e6 => format!("{:.1} MB", b / 1e6),
@@ -349,12 +364,14 @@ mod tests {
             ("group.2", "2/0:1"),
             ("group_dim.1", "dp"),
             ("group_dim.2", "tp"),
+            ("group_role.3", "tp"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+        // The mesh's `tp` dimension, and the group DTensor's collectives ran on unnamed.
         let tp = tensor_parallel_groups(&meta);
-        assert_eq!(tp, [2]);
+        assert_eq!(tp, [2, 3]);
         let mut t = CommTotals::default();
         for g in [1, 2] {
             t.add(&OpTime {

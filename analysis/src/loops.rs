@@ -16,6 +16,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::marker::{phase, CommOp, Direction, Marker, MarkerEvent};
+
+/// The operation name of a batch of point-to-point operations.
+pub const BATCH_P2P: &str = "batch_isend_irecv";
 use crate::Nanos;
 
 /// A closed phase of one process.
@@ -239,6 +242,9 @@ pub struct ProcessMarks {
     /// Point-to-point operations it marked, by (peer's global rank, direction), counted
     /// since it started (never pruned: a few entries per peer).
     pub p2p: BTreeMap<(u32, Direction), u64>,
+    /// Batched point-to-point operations it marked (`batch_isend_irecv`, which
+    /// `torch.distributed.pipelining` sends and receives with), counted since it started.
+    pub batch_p2p: u64,
 }
 
 impl ProcessMarks {
@@ -381,7 +387,7 @@ pub struct MarkerLog {
 
 /// What forgotten processes said that the summary still reads: a node's agent serves job
 /// after job, so their marks go once attributed, and these few figures stay.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Forgotten {
     /// Datagrams known lost.
     dropped: u64,
@@ -389,6 +395,30 @@ struct Forgotten {
     workers: Option<u32>,
     /// The largest batch (samples per rank) a forgotten loop said it took.
     batch_size: Option<u64>,
+    /// The process groups forgotten loops said were tensor parallel, sorted.
+    tensor_parallel_groups: Vec<u32>,
+    /// Some forgotten loop used DDP (it sent `comm_buckets`).
+    ddp: bool,
+    /// The forgotten loops that exchanged point-to-point operations (pipeline stages), the
+    /// latest [`MAX_FORGOTTEN_STAGES`].
+    stages: Vec<P2pLoop>,
+}
+
+/// Forgotten pipeline stages kept: a node's agent serves job after job.
+const MAX_FORGOTTEN_STAGES: usize = 1024;
+
+/// What a loop that exchanged point-to-point operations said of them: what tells a pipeline's
+/// stages and micro-batches (`crate::parallelism`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct P2pLoop {
+    /// Its rank, as [`MarkerLog::ranks`] gives it.
+    pub rank: u32,
+    /// Its point-to-point operations by (peer's global rank, direction).
+    pub p2p: BTreeMap<(u32, Direction), u64>,
+    /// Its batches of point-to-point operations.
+    pub batch_p2p: u64,
+    /// Iterations it ended (its last step's number + 1).
+    pub iterations: Option<u64>,
 }
 
 impl MarkerLog {
@@ -424,6 +454,9 @@ impl MarkerLog {
             MarkerEvent::BeginOp(name, op) => {
                 if let (Some(peer), Some(direction)) = (op.peer, op.direction()) {
                     *p.p2p.entry((peer, direction)).or_default() += 1;
+                }
+                if op.op == BATCH_P2P {
+                    p.batch_p2p += 1;
                 }
                 p.open.insert(name.clone(), (m.t_ns, Some(op.clone())));
             }
@@ -480,15 +513,68 @@ impl MarkerLog {
 
     /// Removes process `pid`'s marks, keeping what the summary reads of them.
     pub fn forget(&mut self, pid: u32) {
+        let stage = self.p2p_loops().into_iter().find(|(p, _)| *p == pid);
         let Some(p) = self.procs.remove(&pid) else {
             return;
         };
         let f = &mut self.forgotten;
+        if let Some((_, stage)) = stage {
+            if f.stages.len() >= MAX_FORGOTTEN_STAGES {
+                f.stages.remove(0);
+            }
+            f.stages.push(stage);
+        }
+        f.ddp |= p.meta.contains_key("comm_buckets");
         f.dropped += p.dropped;
         if p.is_loop() {
             f.workers = f.workers.max(p.info.workers);
             f.batch_size = f.batch_size.max(p.info.batch_size);
+            f.tensor_parallel_groups
+                .extend(crate::collectives::tensor_parallel_groups(&p.meta));
+            f.tensor_parallel_groups.sort_unstable();
+            f.tensor_parallel_groups.dedup();
         }
+    }
+
+    /// Whether any loop, forgotten ones included, used DDP (it sent `comm_buckets`).
+    pub fn ddp(&self) -> bool {
+        self.forgotten.ddp || self.loops().any(|p| p.meta.contains_key("comm_buckets"))
+    }
+
+    /// The live loops that exchanged point-to-point operations, by pid, with their rank.
+    fn p2p_loops(&self) -> Vec<(u32, P2pLoop)> {
+        let ranks = self.ranks();
+        self.loops()
+            .filter(|p| !p.p2p.is_empty() || p.batch_p2p > 0)
+            .filter_map(|p| {
+                let stage = P2pLoop {
+                    rank: *ranks.get(&p.pid)?,
+                    p2p: p.p2p.clone(),
+                    batch_p2p: p.batch_p2p,
+                    iterations: p.steps.keys().next_back().map(|s| s + 1),
+                };
+                Some((p.pid, stage))
+            })
+            .collect()
+    }
+
+    /// The loops that exchanged point-to-point operations, forgotten ones included.
+    pub fn pipeline_stages(&self) -> Vec<P2pLoop> {
+        let mut out = self.forgotten.stages.clone();
+        out.extend(self.p2p_loops().into_iter().map(|(_, s)| s));
+        out
+    }
+
+    /// The process groups any loop said were tensor parallel (a DeviceMesh's `tp` dimension,
+    /// or DTensor's collectives' group), forgotten ones included; sorted.
+    pub fn tensor_parallel_groups(&self) -> Vec<u32> {
+        let mut out = self.forgotten.tensor_parallel_groups.clone();
+        for p in self.loops() {
+            out.extend(crate::collectives::tensor_parallel_groups(&p.meta));
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// The rank each loop process stands for: its reported rank, or, for loops that never

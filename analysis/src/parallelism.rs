@@ -2,8 +2,9 @@
 //!
 //! DDP's facts (`comm_buckets`) come from the PyTorch hook's DDP path only, so a job that sent
 //! none is not told to tune DDP. A job whose ranks sent to and received from each other with
-//! point-to-point operations (`dist.send`/`recv`, marked with `p=`) pipelines its model
-//! across them: a rank blocked in `recv` waits for the previous stage, and the advice is to
+//! point-to-point operations (`dist.send`/`recv`, marked with `p=`, or batches of them:
+//! `batch_isend_irecv`, which `torch.distributed.pipelining` uses) pipelines its model across
+//! them: a rank blocked in `recv` waits for the previous stage, and the advice is to
 //! balance the stages.
 
 use crate::loops::MarkerLog;
@@ -36,15 +37,11 @@ impl Pipeline {
     }
 }
 
-/// What `log`'s loops said of the job's parallelism.
+/// What `log`'s loops said of the job's parallelism, those it forgot (they ended) included.
 pub fn of_markers(log: &MarkerLog) -> Parallelism {
-    let ranks = log.ranks();
-    let ddp = log.loops().any(|p| p.meta.contains_key("comm_buckets"));
-    let mut stages: Vec<u32> = log
-        .loops()
-        .filter(|p| !p.p2p.is_empty())
-        .filter_map(|p| ranks.get(&p.pid).copied())
-        .collect();
+    let ddp = log.ddp();
+    let loops = log.pipeline_stages();
+    let mut stages: Vec<u32> = loops.iter().map(|l| l.rank).collect();
     stages.sort_unstable();
     stages.dedup();
     if stages.len() < 2 {
@@ -53,11 +50,10 @@ pub fn of_markers(log: &MarkerLog) -> Parallelism {
             pipeline: None,
         };
     }
-    let first = log.loops().find(|p| ranks.get(&p.pid) == Some(&stages[0]));
-    let micro_batches = first.and_then(|p| {
-        let sends = *p.p2p.get(&(stages[1], Direction::Send))?;
-        let iterations = p.steps.keys().next_back()? + 1;
-        Some(sends as f64 / iterations as f64)
+    let first = loops.iter().rev().find(|l| l.rank == stages[0]);
+    let micro_batches = first.and_then(|l| {
+        let sends = *l.p2p.get(&(stages[1], Direction::Send))?;
+        Some(sends as f64 / l.iterations? as f64)
     });
     Parallelism {
         ddp,
@@ -65,5 +61,78 @@ pub fn of_markers(log: &MarkerLog) -> Parallelism {
             stages,
             micro_batches,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::marker::{CommOp, Marker, MarkerEvent};
+
+    /// Rank `rank` (process `pid`) marks 2 iterations, each with `ops` communication
+    /// operations named `op` (a send or receive to rank `peer` when `peer` is given).
+    fn rank(log: &mut MarkerLog, pid: u32, rank: u32, op: &str, peer: Option<u32>) {
+        let mut seq = 0;
+        let mut mark = |t, iter, event| {
+            log.ingest(&Marker {
+                seq,
+                t_ns: t,
+                pid,
+                rank: Some(rank),
+                iter,
+                event,
+            });
+            seq += 1;
+        };
+        for iter in 0..2 {
+            let t = iter * 1_000;
+            for n in 0..4 {
+                let op = CommOp {
+                    op: op.into(),
+                    group: 0,
+                    seq: iter * 4 + n,
+                    bytes: 16_384,
+                    peer,
+                };
+                mark(t + n * 100, iter, MarkerEvent::BeginOp("comm".into(), op));
+                mark(t + n * 100 + 50, iter, MarkerEvent::End("comm".into()));
+            }
+            mark(t + 900, iter, MarkerEvent::Step);
+        }
+    }
+
+    #[test]
+    fn ranks_that_send_point_to_point_or_in_batches_are_pipeline_stages() {
+        let mut log = MarkerLog::default();
+        rank(&mut log, 10, 0, "send", Some(1));
+        rank(&mut log, 11, 1, "recv", Some(0));
+        let p = of_markers(&log)
+            .pipeline
+            .expect("send and recv make a pipeline");
+        assert_eq!(p.stages, [0, 1]);
+        assert_eq!(p.micro_batches, Some(4.0));
+
+        // torch.distributed.pipelining's schedules post each micro-batch's sends and
+        // receives as one batch, which names no peer.
+        let mut log = MarkerLog::default();
+        rank(&mut log, 10, 0, "batch_isend_irecv", None);
+        rank(&mut log, 11, 1, "batch_isend_irecv", None);
+        let p = of_markers(&log).pipeline.expect("batches make a pipeline");
+        assert_eq!((&p.stages, p.micro_batches), (&vec![0, 1], None));
+
+        // Ranks that ended are forgotten (a node's agent serves job after job): what they
+        // said of their sends and receives stays.
+        log.forget(10);
+        log.forget(11);
+        assert_eq!(of_markers(&log).pipeline, Some(p));
+
+        let mut log = MarkerLog::default();
+        rank(&mut log, 10, 0, "all_reduce", None);
+        rank(&mut log, 11, 1, "all_reduce", None);
+        assert_eq!(
+            of_markers(&log).pipeline,
+            None,
+            "collectives are no pipeline"
+        );
     }
 }

@@ -17,7 +17,7 @@ use crate::figures::figures;
 pub use crate::figures::{Categories, CoverageShare, Figures, RankSummary, Share};
 
 use crate::category::Category;
-use crate::collectives::{collectives, tensor_parallel_groups, Collective, JobComm};
+use crate::collectives::{collectives, Collective, JobComm};
 use crate::crossnode::StragglerWindow;
 use crate::finding::{find, Finding, FindingInput};
 use crate::gpu_usage::{render_line, GpuUsage, UNMEASURED_PREFIX};
@@ -240,14 +240,7 @@ fn rank_collectives(
         return Vec::new();
     };
     let meta = job.node.markers.procs.get(&pid).map(|m| m.info());
-    let mut tp: Vec<u32> = job
-        .node
-        .markers
-        .loops()
-        .flat_map(|p| tensor_parallel_groups(&p.meta))
-        .collect();
-    tp.sort_unstable();
-    tp.dedup();
+    let tp = job.node.markers.tensor_parallel_groups();
     let context = JobComm {
         ddp: parallelism.ddp,
         ddp_bytes_per_iteration: meta.and_then(|m| m.comm_bytes),

@@ -19,6 +19,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use stallscope_analysis::category::Category;
+use stallscope_analysis::collectives::Collective;
 use stallscope_analysis::view::{NodeView, RankView};
 
 use crate::{MetricsState, NodeTotals, BUCKETS};
@@ -94,6 +95,7 @@ pub fn render_with(state: &MetricsState, own_cpu_seconds: Option<f64>) -> String
         state.resyncs as f64,
     );
     ranks(&mut out, state);
+    collectives(&mut out, state);
     gpus(&mut out, state);
     stragglers(&mut out, state);
     hang(&mut out, state);
@@ -169,6 +171,63 @@ fn ranks(out: &mut Out, state: &MetricsState) {
                 buckets,
             },
         );
+    }
+}
+
+/// A collective's figure: family name, help, and its value per iteration.
+type CollectiveFigure = (&'static str, &'static str, fn(&Collective) -> f64);
+
+/// Each rank's collective and point-to-point operations over its counted iterations, as the
+/// summary lists them (`ranks[].collectives`), labelled by operation, process group and role;
+/// no family at all for a job that had none.
+fn collectives(out: &mut Out, state: &MetricsState) {
+    let job = state.view.name.as_str();
+    let rows: Vec<_> = state
+        .view
+        .summary
+        .ranks
+        .iter()
+        .flat_map(|r| r.collectives.iter().map(move |c| (r, c)))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let families: [CollectiveFigure; 4] = [
+        (
+            "stallscope_collective_seconds_total",
+            "Time the loop was held in the operation over the counted iterations, s.",
+            |c| c.seconds_per_iteration,
+        ),
+        (
+            "stallscope_collective_waited_seconds_total",
+            "Of that time, s waiting for the last peer to arrive (the rest moved data).",
+            |c| c.waited_seconds_per_iteration,
+        ),
+        (
+            "stallscope_collective_bytes_total",
+            "Bytes of the operation's tensors on this rank over the counted iterations.",
+            |c| c.bytes_per_iteration,
+        ),
+        (
+            "stallscope_collective_operations_total",
+            "Operations over the counted iterations.",
+            |c| c.count_per_iteration,
+        ),
+    ];
+    for (name, help, per_iteration) in families {
+        out.family(name, "counter", help);
+        for (r, c) in &rows {
+            let labels = vec![
+                ("job", job.to_string()),
+                ("node", r.node.clone().unwrap_or_default()),
+                ("rank", r.rank.to_string()),
+                ("op", c.op.clone()),
+                ("group", c.group.clone().unwrap_or_default()),
+                ("role", c.role.map_or("", |x| x.short()).to_string()),
+            ];
+            let total = per_iteration(c) * r.figures.iterations as f64;
+            out.sample_owned(name, &labels, total);
+        }
     }
 }
 

@@ -543,3 +543,48 @@ fn a_rank_that_turned_slow_is_a_gauge_of_its_factor_until_it_recovers() {
         "stallscope_slowdown{job=\"train\",rank=\"1\",node=\"n1\",category=\"data_prep\"} 0"
     ));
 }
+
+#[test]
+fn each_ranks_collectives_are_counters_by_operation_group_and_role() {
+    use stallscope_analysis::collectives::{Collective, Role};
+    use stallscope_analysis::summary::RankSummary;
+    let mut view = model();
+    view.summary.ranks = vec![RankSummary {
+        rank: 0,
+        node: Some("n1".into()),
+        figures: Figures {
+            iterations: 10,
+            ..Figures::default()
+        },
+        collectives: vec![Collective {
+            op: "all_gather_into_tensor".into(),
+            group: Some("0".into()),
+            role: Some(Role::Fsdp),
+            count_per_iteration: 8.0,
+            bytes_per_iteration: 2_105_344.0,
+            seconds_per_iteration: 0.012,
+            waited_seconds_per_iteration: 0.003,
+        }],
+        ..RankSummary::default()
+    }];
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(view)));
+    let text = expose::render(&state);
+    let labels = "{job=\"train\",node=\"n1\",rank=\"0\",op=\"all_gather_into_tensor\",group=\"0\",role=\"fsdp\"}";
+    for (name, value) in [
+        ("stallscope_collective_seconds_total", "0.12"),
+        ("stallscope_collective_waited_seconds_total", "0.03"),
+        ("stallscope_collective_bytes_total", "21053440"),
+        ("stallscope_collective_operations_total", "80"),
+    ] {
+        let line = format!("{name}{labels} {value}");
+        assert!(
+            text.lines().any(|l| l.starts_with(&line)),
+            "{line} in\n{text}"
+        );
+    }
+    // A job without any has no such family.
+    let mut state = MetricsState::default();
+    state.fold(FeedMessage::Snapshot(Arc::new(model())));
+    assert!(!expose::render(&state).contains("stallscope_collective_"));
+}

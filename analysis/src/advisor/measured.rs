@@ -168,6 +168,20 @@ pub struct Measured {
     /// What bounds the job's GPU work, as its GPU figures say (`None` without them).
     #[serde(default)]
     pub gpu_bound: Option<GpuBound>,
+    /// bytes per iteration per rank FSDP all-gathered and reduce-scattered (the whole
+    /// tensors), the mean over the ranks; `None` in a DDP job or without them.
+    #[serde(default)]
+    pub sharded_bytes_per_iteration: Option<f64>,
+    /// FSDP's all-gathers and reduce-scatters per iteration per rank.
+    #[serde(default)]
+    pub sharded_collectives_per_iteration: Option<f64>,
+    /// bytes per iteration the busiest rank sent and received point to point (a pipeline's
+    /// activations and their gradients).
+    #[serde(default)]
+    pub p2p_bytes_per_iteration: Option<f64>,
+    /// Its point-to-point operations (or batches of them) per iteration.
+    #[serde(default)]
+    pub p2p_ops_per_iteration: Option<f64>,
 }
 
 /// What bounds a job's GPU work: which of the GPU's peaks its kernels run closest to.
@@ -291,6 +305,7 @@ pub struct Measuring {
     meta: MetaRead,
     rank_cpu: RankCpu,
     gpu: GpuFigures,
+    ops: super::sharded::OpsRead,
 }
 
 impl Measuring {
@@ -303,6 +318,7 @@ impl Measuring {
             meta: MetaRead::default(),
             rank_cpu: RankCpu::default(),
             gpu: GpuFigures::default(),
+            ops: super::sharded::OpsRead::new(warmup),
         }
     }
 
@@ -320,11 +336,13 @@ impl Measuring {
         if let (true, Frame::Header(h)) = (self.warmup_from_header, frame) {
             self.warmup = h.warmup_iters;
             self.facts.set_warmup(h.warmup_iters);
+            self.ops.set_warmup(h.warmup_iters);
         }
         self.facts.ingest(frame);
         self.meta.ingest(frame);
         self.rank_cpu.ingest(frame, self.warmup);
         self.gpu.ingest(frame);
+        self.ops.ingest(frame);
     }
 
     /// The measured job.
@@ -364,6 +382,8 @@ impl Measuring {
             }
         }
         let source = self.meta.finish(&mut m);
+        let ddp = m.collectives_per_iteration.is_some();
+        self.ops.finish(&mut m, ddp);
         shape::settle(&mut m, source);
         m.rank_cpu_seconds_per_iteration = self.rank_cpu.finish();
         if m.on_gpu {

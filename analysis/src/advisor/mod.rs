@@ -20,6 +20,7 @@ mod notes;
 mod render;
 mod self_check;
 pub mod shape;
+pub mod sharded;
 #[cfg(test)]
 mod tests;
 

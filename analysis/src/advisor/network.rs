@@ -217,6 +217,9 @@ pub(super) fn network(
                 None => measured,
             };
         }
+        if let Some(t) = sharded_and_p2p(m, new_gbps, ranks, notes) {
+            return t;
+        }
         notes.extrapolate(
             "gradient bytes per iteration not measured: network time unknown, taken as 0",
         );
@@ -282,6 +285,41 @@ pub(super) fn network(
         share * 100.0
     ));
     buckets.exposed(ranks, share * new_rate, compute_ratio)
+}
+
+/// s per iteration over the network of a job without DDP measured on one node, on `ranks`
+/// ranks over nodes at `gbps`: FSDP's all-gathers and reduce-scatters over every rank, and a
+/// pipeline's activations across the boundary between two nodes' stages (`super::sharded`),
+/// at [`DEFAULT_LINK_EFFICIENCY`] of the nominal rate; `None` when the job had neither.
+fn sharded_and_p2p(m: &Measured, gbps: f64, ranks: u32, notes: &mut Notes) -> Option<f64> {
+    if m.sharded_bytes_per_iteration.is_none() && m.p2p_bytes_per_iteration.is_none() {
+        return None;
+    }
+    let rate = DEFAULT_LINK_EFFICIENCY * gbps * 1e9 / 8.0;
+    notes.extrapolate(format!(
+        "measured on one node: the link's share of its nominal {gbps} Gbit/s taken as {:.0}%",
+        DEFAULT_LINK_EFFICIENCY * 100.0
+    ));
+    let mut t = 0.0;
+    if let (Some(bytes), Some(ops)) = (
+        m.sharded_bytes_per_iteration,
+        m.sharded_collectives_per_iteration,
+    ) {
+        t += super::sharded::sharded_seconds(m, ranks, rate);
+        notes.assume(format!(
+            "network: FSDP's {ops:.0} all-gathers and reduce-scatters of {:.1} MB per iteration as rings over all {ranks} ranks, α = {:.0} µs, all exposed (an upper bound: prefetching hides part)",
+            bytes / 1e6,
+            ALPHA_SECONDS * 1e6
+        ));
+    }
+    if let (Some(bytes), Some(ops)) = (m.p2p_bytes_per_iteration, m.p2p_ops_per_iteration) {
+        t += super::sharded::p2p_seconds(m, rate);
+        notes.assume(format!(
+            "network: the pipeline's stages span the nodes; the stage at a node boundary sends and receives {:.1} kB of activations and gradients per iteration in {ops:.0} operations across it, on the critical path",
+            bytes / 1e3
+        ));
+    }
+    Some(t)
 }
 
 #[cfg(test)]
@@ -407,6 +445,51 @@ mod tests {
         .unwrap();
         assert_eq!(even.bytes, vec![2.45e6, 2.45e6]);
         assert_eq!(even.ready, vec![0.0, 0.03]);
+    }
+
+    #[test]
+    fn an_fsdp_job_measured_on_one_node_pays_its_gathers_and_scatters_on_two() {
+        // 2 ranks on one node, per iteration 8 all-gathers and 4 reduce-scatters, 3 MB in all.
+        let m = Measured {
+            nodes: 1,
+            ranks: 2,
+            sharded_bytes_per_iteration: Some(3e6),
+            sharded_collectives_per_iteration: Some(12.0),
+            ..Measured::default()
+        };
+        let mut notes = Notes::default();
+        // 2 nodes of 2 ranks (CPU instances keep the measured ranks per node): 4 ranks.
+        let t = network(&m, &link(400.0), &link(100.0), 2, 1.0, &mut notes);
+        let rate = DEFAULT_LINK_EFFICIENCY * 100.0 * MBIT;
+        let expect = 3.0 * ALPHA_SECONDS * 12.0 + 0.75 * 3e6 / rate;
+        assert!((t - expect).abs() < 1e-9, "{t} against {expect}");
+        assert!(
+            notes.assumptions.join(" ").contains("FSDP's 12"),
+            "{:?}",
+            notes.assumptions
+        );
+        let one = network(&m, &link(400.0), &link(100.0), 1, 1.0, &mut notes);
+        assert_eq!(one, 0.0, "one node has no network");
+    }
+
+    #[test]
+    fn a_pipeline_measured_on_one_node_sends_its_activations_across_the_boundary() {
+        let m = Measured {
+            nodes: 1,
+            ranks: 2,
+            p2p_bytes_per_iteration: Some(131_072.0),
+            p2p_ops_per_iteration: Some(8.0),
+            ..Measured::default()
+        };
+        let mut notes = Notes::default();
+        let t = network(&m, &link(400.0), &link(100.0), 2, 1.0, &mut notes);
+        let expect = ALPHA_SECONDS * 8.0 + 131_072.0 / (DEFAULT_LINK_EFFICIENCY * 100.0 * MBIT);
+        assert!((t - expect).abs() < 1e-9, "{t} against {expect}");
+        assert!(
+            notes.assumptions.join(" ").contains("node boundary"),
+            "{:?}",
+            notes.assumptions
+        );
     }
 
     #[test]

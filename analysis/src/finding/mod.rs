@@ -9,7 +9,10 @@
 //! wait for a heavier one is told so in stages (`finding/pipeline.rs`): the cure is to balance the
 //! stages, which no per-category advice would say. A fully sharded job (FSDP's all-gathers and
 //! reduce-scatters, no DDP) whose exposed operations are its largest stall is told FSDP's
-//! knobs (`finding/fsdp.rs`). Advice naming DDP's knobs is given only to a job that uses DDP.
+//! knobs (`finding/fsdp.rs`). A tensor-parallel job (DTensor's collectives, or a DeviceMesh `tp`
+//! dimension's) whose exposed TP communication is its largest stall is told to keep TP on fast
+//! links (`finding/tensor_parallel.rs`). Advice naming DDP's knobs is given only to a job that
+//! uses DDP.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +22,7 @@ use crate::parallelism::Parallelism;
 
 mod fsdp;
 mod pipeline;
+mod tensor_parallel;
 
 /// A stall share below which no change is suggested, 0–1.
 pub const MINOR_STALL: f64 = 0.05;
@@ -129,6 +133,9 @@ pub fn find(input: &FindingInput) -> Finding {
         return f;
     }
     if let Some(f) = fsdp::exposed(input) {
+        return f;
+    }
+    if let Some(f) = tensor_parallel::exposed(input) {
         return f;
     }
     let stall = largest_stall(job);

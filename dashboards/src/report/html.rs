@@ -9,6 +9,7 @@ use stallscope_analysis::report::{Activity, AdviceSection, Comparison, Report, S
 
 use super::{category_label, charts, duration, escape, opt, percent, shares};
 use crate::palette;
+use stallscope_analysis::collectives::bytes_text;
 
 const STYLE: &str = include_str!("report.css");
 
@@ -366,6 +367,38 @@ fn slowdowns(r: &Report, out: &mut String) {
     out.push_str("</table>\n</section>\n");
 }
 
+/// Each rank's collective and point-to-point operations, per counted iteration.
+fn collectives(r: &Report, out: &mut String) {
+    let ranks: Vec<_> = r
+        .summary
+        .ranks
+        .iter()
+        .filter(|x| !x.collectives.is_empty())
+        .collect();
+    if ranks.is_empty() {
+        return;
+    }
+    out.push_str("<section id=\"collectives\">\n<h2>Communication operations per iteration</h2>\n<p>Each rank's collectives and point-to-point operations, most exposed first: the time the loop was held in them, and how much of it was waiting for the last peer to arrive (the rest moved data).</p>\n<table>\n<tr><th>Rank</th><th>Operation</th><th>Group</th><th>Role</th><th>Count</th><th>Bytes</th><th>Time</th><th>Waited</th></tr>\n");
+    for x in ranks {
+        for c in &x.collectives {
+            let _ = writeln!(
+                out,
+                "<tr data-rank=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1} ms</td><td>{:.1} ms</td></tr>",
+                x.rank,
+                x.rank,
+                escape(&c.op),
+                escape(c.group.as_deref().unwrap_or("—")),
+                c.role.map_or("—", |r| r.short()),
+                c.count_per_iteration,
+                bytes_text(c.bytes_per_iteration),
+                c.seconds_per_iteration * 1e3,
+                c.waited_seconds_per_iteration * 1e3,
+            );
+        }
+    }
+    out.push_str("</table>\n</section>\n");
+}
+
 fn resources(r: &Report, out: &mut String) {
     out.push_str("<section id=\"resources\">\n<h2>Resources beside the stalls</h2>\n");
     let _ = write!(out, "<table>\n<tr><th>Node</th><th>Ranks</th><th>GPUs</th><th>Clock offset</th><th>Records dropped</th><th>Markers lost</th><th>Sources down</th></tr>\n");
@@ -632,6 +665,7 @@ pub fn html(r: &Report) -> String {
     outside(r, &mut body);
     stragglers(r, &mut body);
     slowdowns(r, &mut body);
+    collectives(r, &mut body);
     resources(r, &mut body);
     flows(r, &mut body);
     experiment(r, &mut body);

@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use stallscope_analysis::category::Category;
+use stallscope_analysis::collectives::bytes_text;
 use stallscope_analysis::report::{AdviceSection, Comparison, Report};
 
 use super::{category_label, charts, duration, opt, percent, shares};
@@ -84,6 +85,7 @@ pub fn markdown(r: &Report, stem: &str) -> Rendered {
     outside(r, &mut out);
     stragglers(r, &mut out);
     slowdowns(r, &mut out);
+    collectives(r, &mut out);
     resources(r, &mut out, stem, &mut files);
     experiment(r, &mut out, stem, &mut files);
     advice(r, &mut out);
@@ -273,6 +275,47 @@ fn outside(r: &Report, out: &mut String) {
             }),
         );
     }
+}
+
+/// Each rank's collective and point-to-point operations, per counted iteration.
+fn collectives(r: &Report, out: &mut String) {
+    let rows: Vec<Vec<String>> = r
+        .summary
+        .ranks
+        .iter()
+        .flat_map(|x| {
+            x.collectives.iter().map(move |c| {
+                vec![
+                    x.rank.to_string(),
+                    c.op.clone(),
+                    c.group.clone().unwrap_or_else(|| "—".into()),
+                    c.role.map_or("—", |r| r.short()).to_string(),
+                    format!("{:.1}", c.count_per_iteration),
+                    bytes_text(c.bytes_per_iteration),
+                    format!("{:.1} ms", c.seconds_per_iteration * 1e3),
+                    format!("{:.1} ms", c.waited_seconds_per_iteration * 1e3),
+                ]
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    out.push_str("## Communication operations per iteration\n\n");
+    table(
+        out,
+        &[
+            "rank",
+            "operation",
+            "group",
+            "role",
+            "count",
+            "bytes",
+            "time",
+            "waited",
+        ],
+        rows,
+    );
 }
 
 /// The straggler windows: the verdict, the ranks, a few windows or all of them.

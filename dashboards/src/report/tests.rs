@@ -360,3 +360,32 @@ fn a_hang_has_a_section_with_the_missing_rank_and_its_stacks() {
         "{md}"
     );
 }
+
+#[test]
+fn each_ranks_collectives_are_a_table_in_html_and_markdown() {
+    use stallscope_analysis::collectives::{Collective, Role};
+    let mut r = report(false);
+    for x in &mut r.summary.ranks {
+        x.collectives.clear();
+    }
+    assert!(!html(&r).contains("id=\"collectives\""), "none: no section");
+    r.summary.ranks[1].collectives = vec![Collective {
+        op: "batch_isend_irecv".into(),
+        group: Some("0".into()),
+        role: Some(Role::Pipeline),
+        count_per_iteration: 8.0,
+        bytes_per_iteration: 131_072.0,
+        seconds_per_iteration: 0.5933,
+        waited_seconds_per_iteration: 0.5919,
+    }];
+    let rank = r.summary.ranks[1].rank;
+    let page = html(&r);
+    let row = format!("<tr data-rank=\"{rank}\"><td>{rank}</td><td>batch_isend_irecv</td><td>0</td><td>pipeline</td><td>8.0</td><td>131.1 kB</td><td>593.3 ms</td><td>591.9 ms</td></tr>");
+    assert!(page.contains("id=\"collectives\""), "{page}");
+    assert!(page.contains(&row), "{row}");
+    let md = markdown(&r, "report").text;
+    let row = format!(
+        "| {rank} | batch_isend_irecv | 0 | pipeline | 8.0 | 131.1 kB | 593.3 ms | 591.9 ms |"
+    );
+    assert!(md.contains(&row), "{row} in\n{md}");
+}

@@ -1,5 +1,5 @@
 //! A rank's detail (Enter on the Ranks screen): its figures per category, its GPU, its loader
-//! workers and its own timeline.
+//! workers, its most exposed communication operations and its own timeline.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Stylize;
@@ -35,6 +35,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView, rank: u32)
         .as_ref()
         .and_then(|g| view.nodes.get(&r.node)?.gpu_model(&g.gpu));
     lines.extend(gpu_and_loader_lines(r, model));
+    lines.extend(collective_lines(view, rank));
     let [facts, chart] =
         Layout::vertical([Constraint::Length(lines.len() as u16), Constraint::Min(4)]).areas(area);
     frame.render_widget(Paragraph::new(lines), facts);
@@ -102,4 +103,32 @@ fn gpu_and_loader_lines(r: &RankView, model: Option<&str>) -> Vec<Line<'static>>
     };
     lines.push(Line::raw(workers));
     lines
+}
+
+/// Operations a rank's detail shows, the most exposed first (the summary JSON lists all).
+const SHOWN_OPERATIONS: usize = 3;
+
+/// The rank's most exposed collective and point-to-point operations per iteration, as the
+/// summary lists them: operation, role, count, bytes, time held and of it waiting.
+fn collective_lines(view: &JobView, rank: u32) -> Vec<Line<'static>> {
+    let Some(r) = view.summary.ranks.iter().find(|r| r.rank == rank) else {
+        return Vec::new();
+    };
+    r.collectives
+        .iter()
+        .take(SHOWN_OPERATIONS)
+        .map(|c| {
+            let role = c
+                .role
+                .map_or(String::new(), |x| format!(" ({})", x.short()));
+            Line::raw(format!(
+                " {}{role} {:.1} × {} per it · {} ({} waiting)",
+                c.op,
+                c.count_per_iteration,
+                bytes(c.bytes_per_iteration),
+                duration(c.seconds_per_iteration),
+                duration(c.waited_seconds_per_iteration),
+            ))
+        })
+        .collect()
 }

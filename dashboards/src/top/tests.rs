@@ -639,3 +639,36 @@ fn nodes_screen_shows_the_jobs_share_of_its_nic() {
         .to_string();
     assert!(text.contains("job 40% of NIC flow bytes"), "{text}");
 }
+
+#[test]
+fn rank_detail_names_its_most_exposed_operations() {
+    use stallscope_analysis::collectives::{Collective, Role};
+    use stallscope_analysis::summary::RankSummary;
+    let mut v = gpu_job();
+    v.summary.ranks = vec![RankSummary {
+        rank: 0,
+        collectives: vec![Collective {
+            op: "all_gather_into_tensor".into(),
+            group: Some("0".into()),
+            role: Some(Role::Fsdp),
+            count_per_iteration: 8.0,
+            bytes_per_iteration: 2_105_344.0,
+            seconds_per_iteration: 0.0123,
+            waited_seconds_per_iteration: 0.0031,
+        }],
+        ..RankSummary::default()
+    }];
+    let mut app = on(Screen::Ranks);
+    assert_eq!(key(&mut app, &v, KeyCode::Enter), Outcome::Continue);
+    let t = screen(&app, &v, 100, 30);
+    let buf = t.backend().buffer();
+    let text: String = (0..30)
+        .map(|y| (0..100).map(|x| buf[(x, y)].symbol()).collect::<String>() + "\n")
+        .collect();
+    assert!(
+        text.contains(
+            " all_gather_into_tensor (fsdp) 8.0 × 2.1 MB per it · 12.3 ms (3.1 ms waiting)"
+        ),
+        "{text}"
+    );
+}

@@ -13,13 +13,23 @@ rank for a send or receive. Each group's size and global ranks go once as meta
 one, as ``group_dim.<id>=<name>`` (``tp``, ``dp``, as the mesh's ``mesh_dim_names`` say). The analysis matches the operation across ranks by that
 identity.
 
+DTensor (tensor parallel) does not call these functions: it issues functional collectives
+(``torch.distributed._functional_collectives``: ``all_reduce``, ``all_gather_tensor``,
+``reduce_scatter_tensor``, ``all_to_all_single``, ``broadcast``), which return at once and are
+waited for when their result is first used (``wait_tensor``). Those are wrapped too
+(``install_functional``), and marked as asynchronous operations are: the
+wait. A group they run on that no DeviceMesh dimension names is sent as
+``group_role.<id>=tp``: DTensor's collectives are tensor parallelism's.
+
 A blocking call sends its ``B`` event as it is entered and its ``E`` as it returns (or
 raises: the time until the failure was spent in it, and its number is taken), so a rank stuck
 inside a collective is seen to be in it while it blocks: the hang report reads that open span.
 An asynchronous one (``isend``, ``async_op=True``, ``batch_isend_irecv``) sends both events
-when its ``Work.wait()`` returns, with the time it was called as the begin (one never waited
-for is never marked), and so does a receive from any source, to name the sender it got. So
-overlapping operations of one thread never interleave their events.
+when its ``Work.wait()`` returns, with the time its first wait began as the begin: what it
+holds the loop up is the wait, not the compute a pipeline schedule runs between posting a
+send or receive and waiting for it (one never waited for is never marked). A receive from any
+source sends both as it returns, to name the sender it got. So overlapping operations of one
+thread never interleave their events.
 
 Transparent: the wrapper returns what the function returned and lets its exceptions through
 (an asynchronous operation that fails is not marked); calls made inside another marked
@@ -99,6 +109,134 @@ def install(torch):
         _wrap_wait(c10d)
     except Exception:
         pass
+    install_functional(torch)
+
+
+FUNCTIONAL = (
+    "all_reduce",
+    "all_gather_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "broadcast",
+)
+# Functional collectives issued and not yet waited for: the address of their result's memory
+# -> record.
+_pending_functional = {}
+
+
+def install_functional(torch):
+    """Wraps DTensor's functional collectives (torch 2.x; nothing on 1.x); idempotent, never
+    raises. Imports their module (3 ms), which DTensor reads its functions from at each call."""
+    try:
+        from torch.distributed import _functional_collectives as funcol
+    except Exception:
+        return
+    c10d = torch.distributed.distributed_c10d
+    for name in FUNCTIONAL:
+        try:
+            _wrap_functional(torch, funcol, c10d, name)
+        except Exception:
+            pass
+    try:
+        _wrap_wait_tensor(funcol)
+    except Exception:
+        pass
+
+
+def _wrap_functional(torch, funcol, c10d, name):
+    original = getattr(funcol, name, None)
+    if original is None or getattr(original, "_stallscope", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if getattr(_local, "depth", 0):
+            return original(*args, **kwargs)
+        start = _monotonic_ns()
+        _local.depth = 1
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            _local.depth = 0
+        try:
+            _issued(torch, funcol, c10d, name, signature, args, kwargs, start, result)
+        except Exception:
+            pass
+        return result
+
+    wrapper._stallscope = True
+    setattr(funcol, name, wrapper)
+
+
+def _issued(torch, funcol, c10d, name, signature, args, kwargs, start, result):
+    """Marks a functional collective now when it already completed, or keeps it until its
+    result is waited for."""
+    if funcol._are_we_tracing():
+        return  # torch.compile traces it: the compiled graph runs it, not this call
+    bound = signature.bind_partial(*args, **kwargs).arguments
+    group = c10d._resolve_process_group(funcol._resolve_group_name(bound["group"], bound.get("tag", "")))
+    gid = _group_id(c10d, group)
+    if gid is None:
+        return
+    if gid not in _tensor_parallel_sent:
+        _tensor_parallel_sent.add(gid)
+        desc = str(getattr(group, "group_desc", "") or "")
+        if not (desc.startswith("mesh_") and not desc.startswith("mesh_dim_")):
+            stallscope.meta(**{"group_role.%d" % gid: "tp"})
+    key = (gid, "functional." + name)
+    with _lock:
+        seq = _numbers.get(key, 0)
+        _numbers[key] = seq + 1
+    # An all-gather's bytes are the whole tensor gathered; the others', the tensor given.
+    nbytes = _bytes(torch, bound.get("self"))
+    if name == "all_gather_tensor":
+        nbytes *= group.size()
+    record = [start, name, gid, seq, nbytes, None]
+    elem = getattr(result, "elem", None)
+    if not isinstance(elem, torch.Tensor):
+        _send(record, _monotonic_ns())  # waited for already (a gather on another dim)
+        return
+    with _lock:
+        while len(_pending_functional) >= _MAX_PENDING:
+            _pending_functional.pop(next(iter(_pending_functional)))
+        _pending_functional[_storage(elem)] = record
+
+
+def _storage(tensor):
+    """The address of the memory a tensor views: a view of a pending collective's result (DTensor
+    reshapes it before waiting) is waited for in its stead. No tensor is kept alive."""
+    return tensor.untyped_storage().data_ptr()
+
+
+# Groups whose DTensor role was sent.
+_tensor_parallel_sent = set()
+
+
+def _wrap_wait_tensor(funcol):
+    """Wraps ``wait_tensor``, which an AsyncCollectiveTensor calls (through the module) when its
+    value is first needed: waiting for a pending functional collective ends it."""
+    wait = getattr(funcol, "wait_tensor", None)
+    if wait is None or getattr(wait, "_stallscope", False):
+        return
+
+    @functools.wraps(wait)
+    def wrapper(tensor, *args, **kwargs):
+        entered = _monotonic_ns()
+        result = wait(tensor, *args, **kwargs)
+        if _pending_functional:
+            try:
+                with _lock:
+                    record = _pending_functional.pop(_storage(tensor), None)
+                if record is not None:
+                    record[0] = max(record[0], entered)
+                    _send(record, _monotonic_ns())
+            except Exception:
+                pass
+        return result
+
+    wrapper._stallscope = True
+    funcol.wait_tensor = wrapper
 
 
 def _wrap(torch, dist, c10d, name):
@@ -286,10 +424,11 @@ def _wrap_wait(c10d):
 
     @functools.wraps(wait)
     def wrapper(self, *args, **kwargs):
+        entered = _monotonic_ns()
         result = wait(self, *args, **kwargs)
         if _pending:
             try:
-                _waited(self)
+                _waited(self, entered)
             except Exception:
                 pass
         return result
@@ -298,7 +437,9 @@ def _wrap_wait(c10d):
     work_cls.wait = wrapper
 
 
-def _waited(work):
+def _waited(work, entered):
+    """Work ``work``, waited for from ``entered`` (ns), has returned: the operation's span
+    begins at its first wait and ends with its last."""
     with _lock:
         entry = _pending.pop(id(work), None)
         if entry is None:
@@ -307,6 +448,9 @@ def _waited(work):
             _pending[id(work)] = entry
             return
         record = entry[1]
+        if len(record) == 7:
+            record[0] = max(record[0], entered)
+            record.append(True)  # its first wait's entry is the begin
         record[6] -= 1
         done = record[6] == 0
     if done:

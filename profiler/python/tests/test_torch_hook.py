@@ -203,6 +203,38 @@ SKIPPED_BY_SCALER = """
     print("iterations", 6)
 """
 
+# torch.amp.GradScaler on the CPU (torch 2.3+), scaling for real under bfloat16 autocast: the
+# third batch holds an inf, so the scaler skips that optimizer step and lowers its scale.
+SCALED_ON_CPU = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    try:
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    except (AttributeError, TypeError):
+        print("no torch.amp.GradScaler for the CPU")
+        raise SystemExit(0)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(48, 8)
+    x[16, 0] = float("inf")  # in the third batch of 8
+    data = TensorDataset(x, torch.randint(0, 2, (48,)))
+    stepped = []
+    for x, y in DataLoader(data, batch_size=8):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        before = model[0].weight.detach().clone()
+        scaler.step(opt)
+        scaler.update()
+        stepped.append(not torch.equal(before, model[0].weight))
+    assert stepped == [True, True, False, True, True, True], stepped
+    assert scaler.get_scale() < 2.0 ** 16, scaler.get_scale()
+    print("iterations", 6)
+"""
+
 ACCUMULATION = """
     import torch
     import torch.distributed as dist
@@ -636,10 +668,13 @@ class TorchHookTest(unittest.TestCase):
             ("two optimizers", TWO_OPTIMIZERS),
             ("GAN", GAN),
             ("GradScaler skips", SKIPPED_BY_SCALER),
+            ("torch.amp.GradScaler on the CPU", SCALED_ON_CPU),
             ("accumulation", ACCUMULATION),
         ):
             with self.subTest(name):
                 stdout, stderr, markers = self.run_script(script)
+                if "no torch.amp.GradScaler" in stdout:
+                    continue  # torch 1.x: its GradScaler is CUDA's only
                 want = int(stdout.split("iterations ")[1].split()[0])
                 steps = [m for m in markers if m.event == "S"]
                 self.assertEqual([m.iter for m in steps], list(range(want)), stderr)

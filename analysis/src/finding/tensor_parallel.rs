@@ -1,0 +1,200 @@
+//! The finding for a tensor-parallel job held up by its own tensor-parallel communication.
+//!
+//! Tensor parallelism (Megatron-style, DTensor's `ColwiseParallel`/`RowwiseParallel`) splits
+//! each layer's matrices over the ranks of its group and joins their partial results with an
+//! all-reduce (or all-gather and reduce-scatter under sequence parallelism) inside every layer,
+//! in forward and in backward. Those sit on the critical path of each layer: the compute
+//! cannot go on until they return, so they overlap little, and their number grows with the
+//! layers. They are only cheap over the fastest links, which is why TP is kept inside a
+//! fast-link domain (the GPUs of one node joined by NVLink or NVSwitch) and the slower links
+//! carry data or pipeline parallelism. The gain is at most the exposed time the ranks spent in
+//! the tensor-parallel group's operations.
+
+use super::{pct, Finding, FindingInput, MAX_SPEEDUP, MINOR_STALL};
+use crate::category::Category;
+use crate::collectives::Role;
+
+/// Categories an exposed operation's time goes to.
+const COMM: [Category; 3] = [
+    Category::PeerWait,
+    Category::Interconnect,
+    Category::Network,
+];
+
+/// The tensor-parallel operations per iteration, averaged over the ranks that counted
+/// iterations.
+#[derive(Default)]
+struct Exposed {
+    /// s in them.
+    seconds: f64,
+    /// s of those waiting for a peer.
+    waited: f64,
+    /// Operations.
+    count: f64,
+    /// bytes.
+    bytes: f64,
+}
+
+fn exposed_per_iteration(input: &FindingInput) -> Exposed {
+    let mut e = Exposed::default();
+    let mut ranks = 0;
+    for r in input.ranks.iter().filter(|r| r.figures.iterations > 0) {
+        ranks += 1;
+        for c in r
+            .collectives
+            .iter()
+            .filter(|c| c.role == Some(Role::TensorParallel))
+        {
+            e.seconds += c.seconds_per_iteration;
+            e.waited += c.waited_seconds_per_iteration;
+            e.count += c.count_per_iteration;
+            e.bytes += c.bytes_per_iteration;
+        }
+    }
+    let n = f64::from(ranks.max(1));
+    Exposed {
+        seconds: e.seconds / n,
+        waited: e.waited / n,
+        count: e.count / n,
+        bytes: e.bytes / n,
+    }
+}
+
+/// The advice: where TP belongs, and what to do when it already is there.
+const SUGGESTION: &str = "keep tensor parallelism inside a fast-link domain: a TP group no larger than the GPUs of one node joined by NVLink or NVSwitch, with data or pipeline parallelism across the slower links (a 2-D DeviceMesh: tp inside the node, dp across nodes); if it already is, use a smaller TP degree (more data parallelism), or sequence parallelism and async TP to overlap its collectives with compute";
+
+/// The tensor-parallel finding, when the tensor-parallel group's exposed operations take at
+/// least [`MINOR_STALL`] of the iteration and more than any stall outside communication.
+pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
+    let e = exposed_per_iteration(input);
+    let t = input.job.median_iteration_seconds;
+    let mean = input.job.wall_seconds / input.job.iterations.max(1) as f64;
+    if e.seconds <= 0.0 || mean <= 0.0 {
+        return None;
+    }
+    let f = (e.seconds / mean).min(1.0);
+    let categories = &input.job.categories;
+    let other_stall = [Category::DataFetch, Category::DataPrep, Category::Other]
+        .into_iter()
+        .map(|c| categories.get(c).fraction)
+        .fold(0.0, f64::max);
+    if f < MINOR_STALL || f < other_stall {
+        return None;
+    }
+    let category = COMM.into_iter().max_by(|a, b| {
+        categories
+            .get(*a)
+            .seconds
+            .total_cmp(&categories.get(*b).seconds)
+    })?;
+    let speedup = (1.0 / (1.0 - f).max(1e-9)).min(MAX_SPEEDUP);
+    let gain = e.seconds.min(t);
+    Some(Finding {
+        category: Some(category),
+        fraction: f,
+        rank: None,
+        sentence: format!(
+            "{} of the iteration time is tensor parallelism's exposed communication: {:.1} ms per iteration in {:.1} operations of {:.1} kB on the tensor-parallel group ({:.1} ms of it waiting for the slowest rank); hiding it would save up to {:.1} ms, the median iteration from {t:.3} s to about {:.3} s ({speedup:.2}× faster)",
+            pct(f),
+            e.seconds * 1e3,
+            e.count,
+            e.bytes / 1e3,
+            e.waited * 1e3,
+            gain * 1e3,
+            t - gain,
+        ),
+        suggestion: SUGGESTION.into(),
+        max_speedup: speedup,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::find;
+    use super::*;
+    use crate::collectives::Collective;
+    use crate::figures::{Categories, Figures, RankSummary, Share};
+    use crate::parallelism::Parallelism;
+
+    /// A rank's 10 iterations of 100 ms: `comm` ms of interconnect per iteration, the rest
+    /// compute; `tp` ms of it in 4 all-reduces on a tensor-parallel group.
+    fn rank(rank: u32, comm: f64, tp: f64, role: Option<Role>) -> RankSummary {
+        let share = |ms: f64| Share {
+            seconds: ms / 100.0,
+            fraction: ms / 100.0,
+        };
+        RankSummary {
+            rank,
+            figures: Figures {
+                iterations: 10,
+                median_iteration_seconds: 0.1,
+                wall_seconds: 1.0,
+                categories: Categories {
+                    compute: share(100.0 - comm),
+                    interconnect: share(comm),
+                    ..Categories::default()
+                },
+                ..Figures::default()
+            },
+            collectives: vec![Collective {
+                op: "all_reduce".into(),
+                group: Some("0".into()),
+                role,
+                count_per_iteration: 4.0,
+                bytes_per_iteration: 4.0 * 8192.0,
+                seconds_per_iteration: tp / 1e3,
+                waited_seconds_per_iteration: tp / 4e3,
+            }],
+            ..RankSummary::default()
+        }
+    }
+
+    fn finding(ranks: &[RankSummary]) -> Finding {
+        let mut job = ranks[0].figures.clone();
+        let n = ranks.len() as f64;
+        job.wall_seconds *= n;
+        job.iterations *= ranks.len() as u64;
+        job.categories.interconnect.seconds *= n;
+        job.categories.compute.seconds *= n;
+        find(&FindingInput {
+            job: &job,
+            ranks,
+            loader_workers: None,
+            cpus: 2,
+            parallelism: &Parallelism::default(),
+        })
+    }
+
+    #[test]
+    fn exposed_tensor_parallel_communication_is_told_to_stay_on_fast_links() {
+        let role = Some(Role::TensorParallel);
+        let f = finding(&[rank(0, 30.0, 30.0, role), rank(1, 30.0, 30.0, role)]);
+        assert_eq!(f.category, Some(Category::Interconnect));
+        assert!((f.fraction - 0.3).abs() < 1e-9, "{}", f.fraction);
+        for part in [
+            "30% of the iteration time is tensor parallelism's exposed communication",
+            "30.0 ms per iteration in 4.0 operations of 32.8 kB",
+            "7.5 ms of it waiting",
+            "save up to 30.0 ms, the median iteration from 0.100 s to about 0.070 s (1.43× faster)",
+        ] {
+            assert!(f.sentence.contains(part), "{part}: {}", f.sentence);
+        }
+        assert!(
+            f.suggestion.contains("inside a fast-link domain"),
+            "{}",
+            f.suggestion
+        );
+        for text in [&f.sentence, &f.suggestion] {
+            assert!(!text.contains("no_sync") && !text.contains("DDP"), "{text}");
+        }
+    }
+
+    #[test]
+    fn minor_or_other_roles_communication_gets_no_tensor_parallel_advice() {
+        let role = Some(Role::TensorParallel);
+        let f = finding(&[rank(0, 2.0, 2.0, role), rank(1, 2.0, 2.0, role)]);
+        assert_eq!(f.category, Some(Category::Compute), "{}", f.sentence);
+        let f = finding(&[rank(0, 30.0, 30.0, None), rank(1, 30.0, 30.0, None)]);
+        assert!(!f.sentence.contains("tensor parallel"), "{}", f.sentence);
+    }
+}
