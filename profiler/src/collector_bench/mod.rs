@@ -57,7 +57,9 @@ pub struct Row {
     pub agents: usize,
     /// Agents welcomed.
     pub connected: usize,
-    /// Frames per second offered (welcomed agents × rate).
+    /// Ranks per agent.
+    pub ranks_per_agent: usize,
+    /// Frames (rank-iterations) per second offered (welcomed agents × ranks × rate).
     pub offered_fps: f64,
     /// Frames per second that reached the live feed in the window.
     pub frames_per_s: f64,
@@ -200,7 +202,8 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
     let sent: u64 = outcomes.iter().map(|o| o.sent).sum();
     let acked: u64 = outcomes.iter().map(|o| o.acked).sum();
     let error = outcomes.iter().find_map(|o| o.error.clone());
-    let offered_fps = connected as f64 * args.rate;
+    let ranks = args.ranks_per_agent.max(1);
+    let offered_fps = (connected * ranks) as f64 * args.rate;
     let frames_per_s = window.frames as f64 / window.wall_s.max(1e-9);
     let values = agents::values_per_frame(&agents::report(0, n, 0, 1, 1)) as f64;
     // Each agent's first record is its health report, not an iteration.
@@ -215,6 +218,7 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
     Row {
         agents: n,
         connected,
+        ranks_per_agent: ranks,
         offered_fps,
         frames_per_s,
         values_per_s: frames_per_s * values,
@@ -243,6 +247,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         addr,
         token: side::TOKEN.into(),
         agents: n,
+        ranks: args.ranks_per_agent.max(1),
         rate_hz: args.rate,
         connect_within: CONNECT_WITHIN,
         drain_within: DRAIN_WITHIN,
@@ -312,8 +317,9 @@ fn ms(v: Option<f64>) -> String {
 
 fn print_row(r: &Row) {
     println!(
-        "{:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8}  {}",
+        "{:>6} {:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8}  {}",
         r.agents,
+        r.agents * r.ranks_per_agent,
         r.offered_fps,
         r.frames_per_s,
         r.values_per_s,
@@ -371,13 +377,17 @@ pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
         "stallscope-collector-bench-{}.log",
         std::process::id()
     ));
+    if !(1..=1024).contains(&args.ranks_per_agent) {
+        bail!("--ranks-per-agent must be between 1 and 1024");
+    }
     println!(
-        "collector-bench: {} Hz per agent, {} s warm-up, {} s measured per step, p99 goal {} ms",
-        args.rate, args.warmup, args.seconds, args.p99_goal_ms
+        "collector-bench: {} rank(s) per agent at {} Hz each, {} s warm-up, {} s measured per step, p99 goal {} ms",
+        args.ranks_per_agent, args.rate, args.warmup, args.seconds, args.p99_goal_ms
     );
     println!(
-        "{:>6} {:>10} {:>11} {:>11} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8}  sustained",
+        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8}  sustained",
         "agents",
+        "ranks",
         "offered/s",
         "frames/s",
         "values/s",
