@@ -149,6 +149,32 @@ impl FeedClient {
         timeout: Duration,
         tls: Option<&TlsClient>,
     ) -> Result<FeedClient, FeedError> {
+        Self::connect_tcp_as(addr, token, timeout, tls, false)
+    }
+
+    /// [`FeedClient::connect_tcp`] asking for the binary form ([`AgentMsg::WatchBinary`]); a
+    /// collector that predates it refuses the request, and the viewer asks again for JSON.
+    pub fn connect_tcp_binary(
+        addr: &str,
+        token: &str,
+        timeout: Duration,
+        tls: Option<&TlsClient>,
+    ) -> Result<FeedClient, FeedError> {
+        match Self::connect_tcp_as(addr, token, timeout, tls, true) {
+            Err(FeedError::Refused { .. }) => {
+                Self::connect_tcp_as(addr, token, timeout, tls, false)
+            }
+            other => other,
+        }
+    }
+
+    fn connect_tcp_as(
+        addr: &str,
+        token: &str,
+        timeout: Duration,
+        tls: Option<&TlsClient>,
+        binary: bool,
+    ) -> Result<FeedClient, FeedError> {
         let at = addr.to_string();
         let io = |source| FeedError::Io {
             at: at.clone(),
@@ -188,12 +214,17 @@ impl FeedClient {
                 })
             }
         };
-        let watch = AgentMsg::Watch(Hello {
+        let hello = Hello {
             protocol: PROTOCOL_VERSION,
             proof: wire::prove(token, wire::Role::Viewer, &nonce),
             node: "viewer".into(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
-        });
+        };
+        let watch = if binary {
+            AgentMsg::WatchBinary(hello)
+        } else {
+            AgentMsg::Watch(hello)
+        };
         let w = reader.get_mut();
         w.write_all(&wire::encode(&watch))
             .and_then(|_| w.flush())
@@ -210,7 +241,7 @@ impl FeedClient {
         }
         Ok(FeedClient {
             source: Source::Tcp(reader),
-            form: Form::Json,
+            form: if binary { Form::Binary } else { Form::Json },
             view: None,
             folds: true,
             at,
@@ -233,38 +264,46 @@ impl FeedClient {
                     source,
                 })),
             },
-            Source::Tcp(reader) => {
-                let mut line = Vec::new();
-                loop {
-                    match read_msg(reader, &self.at) {
-                        Ok(CollectorMsg::Feed { part, last }) => {
-                            if line.len() + part.len() > self.max_line {
-                                return Some(Err(self.too_long()));
-                            }
-                            line.extend_from_slice(&part);
-                            if last {
-                                break;
-                            }
-                        }
-                        Ok(CollectorMsg::Refused { reason }) => {
-                            return Some(Err(FeedError::Refused {
-                                at: self.at.clone(),
-                                reason,
-                            }))
-                        }
-                        Ok(_) => {}
-                        Err(FeedError::Io { source, .. })
-                            if source.kind() == std::io::ErrorKind::UnexpectedEof =>
-                        {
-                            return None
-                        }
-                        Err(e) => return Some(Err(e)),
-                    }
-                }
-                Some(String::from_utf8(line).map_err(|e| FeedError::Malformed {
+            Source::Tcp(_) => Some(self.next_parts()?.and_then(|line| {
+                String::from_utf8(line).map_err(|e| FeedError::Malformed {
                     at: self.at.clone(),
                     what: e.to_string(),
-                }))
+                })
+            })),
+        }
+    }
+
+    /// The bytes of the collector's next [`CollectorMsg::Feed`] parts, up to the `last`;
+    /// `None` at the end of the stream.
+    fn next_parts(&mut self) -> Option<Result<Vec<u8>, FeedError>> {
+        let Source::Tcp(reader) = &mut self.source else {
+            return None;
+        };
+        let mut line = Vec::new();
+        loop {
+            match read_msg(reader, &self.at) {
+                Ok(CollectorMsg::Feed { part, last }) => {
+                    if line.len() + part.len() > self.max_line {
+                        return Some(Err(self.too_long()));
+                    }
+                    line.extend_from_slice(&part);
+                    if last {
+                        return Some(Ok(line));
+                    }
+                }
+                Ok(CollectorMsg::Refused { reason }) => {
+                    return Some(Err(FeedError::Refused {
+                        at: self.at.clone(),
+                        reason,
+                    }))
+                }
+                Ok(_) => {}
+                Err(FeedError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+                {
+                    return None
+                }
+                Err(e) => return Some(Err(e)),
             }
         }
     }
@@ -298,12 +337,21 @@ impl FeedClient {
 
     /// The next binary frame's message; `None` at the end of the stream.
     fn next_frame(&mut self) -> Option<Result<FeedMessage, FeedError>> {
-        let Source::Unix(reader) = &mut self.source else {
-            return None;
-        };
+        if let Source::Tcp(_) = self.source {
+            let at = self.at.clone();
+            return Some(self.next_parts()?.and_then(|payload| {
+                binary::decode_payload(&payload).map_err(|e| FeedError::Malformed {
+                    at,
+                    what: e.to_string(),
+                })
+            }));
+        }
         let malformed = |e: binary::BinaryError| FeedError::Malformed {
             at: self.at.clone(),
             what: e.to_string(),
+        };
+        let Source::Unix(reader) = &mut self.source else {
+            return None;
         };
         let mut prefix = [0u8; 4];
         match reader.read_exact(&mut prefix) {
@@ -374,6 +422,13 @@ impl FeedClient {
     /// `None`), so a large model is not held twice.
     pub fn without_model(mut self) -> FeedClient {
         self.folds = false;
+        self
+    }
+
+    /// Takes lines (and binary frames) of up to `bytes` instead of [`MAX_FEED_LINE`]: for a
+    /// benchmark whose JSON snapshot is larger.
+    pub fn with_line_limit(mut self, bytes: usize) -> FeedClient {
+        self.max_line = bytes;
         self
     }
 

@@ -9,8 +9,9 @@
 //! The model's types are written for JSON (optional fields left out, RDMA figures carried in
 //! JSON only), which postcard cannot read back, so the frames carry mirrors of the parts that
 //! change every round — ranks' figures, iterations' parts, nodes and their readings — field
-//! for field. The rare and large rest travels as its JSON inside the frame: the snapshot (once
-//! per viewer) and the summary (refreshed at most once a second).
+//! for field, and so does the snapshot (at 1,024 ranks with their 512 recent iterations its
+//! JSON passed 64 MiB). The summary, refreshed at most once a second and of many optional
+//! fields, travels as its JSON inside the frame.
 //!
 //! A frame on a byte stream: a 4-byte little-endian length, then that many bytes of postcard
 //! ([`BinaryFeed`]), at most [`MAX_FRAME`].
@@ -51,8 +52,8 @@ pub enum BinaryError {
 /// One message of the binary feed.
 #[derive(Debug, Serialize, Deserialize)]
 enum BinaryFeed {
-    /// The whole model, as its JSON (`stallscope.view/1`).
-    Snapshot(String),
+    /// The whole model.
+    Snapshot(Box<BinarySnapshot>),
     /// What changed.
     Update(Box<BinaryUpdate>),
     /// The run ended.
@@ -75,6 +76,90 @@ struct BinaryUpdate {
     stragglers: Vec<StragglerWindow>,
     readings: Vec<(String, BinaryResources)>,
     removed_ranks: Vec<u32>,
+}
+
+/// [`JobView`], field for field.
+#[derive(Debug, Serialize, Deserialize)]
+struct BinarySnapshot {
+    schema: String,
+    name: String,
+    /// The summary's JSON.
+    summary: String,
+    now_ns: Nanos,
+    attributed: u64,
+    samples_per_second: Option<f64>,
+    batch_size: Option<u64>,
+    /// Each rank and its recent iterations.
+    ranks: Vec<(BinaryRank, Vec<IterationParts>)>,
+    /// Each node and its history.
+    nodes: Vec<(BinaryNode, Vec<BinaryResources>)>,
+    stragglers: Vec<StragglerWindow>,
+    records_dropped: u64,
+}
+
+fn snapshot_to_binary(v: &JobView) -> BinarySnapshot {
+    BinarySnapshot {
+        schema: v.schema.clone(),
+        name: v.name.clone(),
+        summary: serde_json::to_string(&v.summary).unwrap_or_default(),
+        now_ns: v.now_ns,
+        attributed: v.attributed,
+        samples_per_second: v.samples_per_second,
+        batch_size: v.batch_size,
+        ranks: v
+            .ranks
+            .values()
+            .map(|r| (BinaryRank::from(r), r.recent.iter().copied().collect()))
+            .collect(),
+        nodes: v
+            .nodes
+            .values()
+            .map(|n| {
+                let history = n.history.iter().map(BinaryResources::from).collect();
+                (BinaryNode::from(n), history)
+            })
+            .collect(),
+        stragglers: v.stragglers.iter().cloned().collect(),
+        records_dropped: v.records_dropped,
+    }
+}
+
+fn snapshot_from_binary(b: BinarySnapshot) -> Result<JobView, BinaryError> {
+    let summary = serde_json::from_str(&b.summary)
+        .map_err(|e| BinaryError::Malformed(format!("the summary inside a snapshot: {e}")))?;
+    Ok(JobView {
+        schema: b.schema,
+        name: b.name,
+        summary,
+        now_ns: b.now_ns,
+        attributed: b.attributed,
+        samples_per_second: b.samples_per_second,
+        batch_size: b.batch_size,
+        ranks: b
+            .ranks
+            .into_iter()
+            .map(|(r, recent)| {
+                let r = RankView {
+                    recent: recent.into(),
+                    ..RankView::from(r)
+                };
+                (r.rank, r)
+            })
+            .collect(),
+        nodes: b
+            .nodes
+            .into_iter()
+            .map(|(n, history)| {
+                let n = NodeView {
+                    history: history.into_iter().map(NodeResources::from).collect(),
+                    ..NodeView::from(n)
+                };
+                (n.node.clone(), n)
+            })
+            .collect(),
+        stragglers: b.stragglers.into(),
+        records_dropped: b.records_dropped,
+    })
 }
 
 /// [`RankView`] as an update sends it (no `recent`).
@@ -278,9 +363,7 @@ fn from_binary(b: BinaryUpdate) -> Result<ViewUpdate, BinaryError> {
 /// The frame of a message: its 4-byte little-endian length, then the postcard bytes.
 pub fn encode_frame(msg: &FeedMessage) -> Vec<u8> {
     let bin = match msg {
-        FeedMessage::Snapshot(v) => {
-            BinaryFeed::Snapshot(serde_json::to_string(&**v).unwrap_or_default())
-        }
+        FeedMessage::Snapshot(v) => BinaryFeed::Snapshot(Box::new(snapshot_to_binary(v))),
         FeedMessage::Update(u) => BinaryFeed::Update(Box::new(to_binary(u))),
         FeedMessage::End => BinaryFeed::End,
     };
@@ -311,11 +394,8 @@ pub fn decode_payload(payload: &[u8]) -> Result<FeedMessage, BinaryError> {
     let bin: BinaryFeed =
         postcard::from_bytes(payload).map_err(|e| BinaryError::Malformed(e.to_string()))?;
     Ok(match bin {
-        BinaryFeed::Snapshot(json) => {
-            let view: JobView = serde_json::from_str(&json).map_err(|e| {
-                BinaryError::Malformed(format!("the snapshot's model does not read: {e}"))
-            })?;
-            FeedMessage::Snapshot(std::sync::Arc::new(view))
+        BinaryFeed::Snapshot(v) => {
+            FeedMessage::Snapshot(std::sync::Arc::new(snapshot_from_binary(*v)?))
         }
         BinaryFeed::Update(u) => FeedMessage::Update(std::sync::Arc::new(from_binary(*u)?)),
         BinaryFeed::End => FeedMessage::End,

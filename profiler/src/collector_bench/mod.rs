@@ -17,6 +17,7 @@
 pub(crate) mod agents;
 mod histogram;
 pub mod side;
+mod viewer;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -31,6 +32,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 
 use self::agents::{AgentPlan, Control, Go, Outcome};
 use self::side::{cpu_seconds, Totals, WindowReport};
+use self::viewer::{Viewer, ViewerReport};
 use crate::cli::CollectorBenchArgs;
 use crate::collector_cmd::raise_nofile_limit;
 
@@ -79,6 +81,8 @@ pub struct Row {
     pub drain_s: f64,
     /// What the live-feed subscriber saw in all.
     pub totals: Totals,
+    /// What a viewer of the whole job (over the collector's port) saw in the window.
+    pub viewer: ViewerReport,
     /// The first error an agent met, if any did.
     pub error: Option<String>,
     /// Whether the step met every criterion.
@@ -187,6 +191,7 @@ struct Measured {
     outcomes: Vec<Outcome>,
     drain_s: f64,
     totals: Totals,
+    viewer: ViewerReport,
 }
 
 /// The row of `n` agents: rates, CPU, and whether the collector kept up.
@@ -198,6 +203,7 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
         outcomes,
         drain_s,
         totals,
+        viewer,
     } = m;
     let sent: u64 = outcomes.iter().map(|o| o.sent).sum();
     let acked: u64 = outcomes.iter().map(|o| o.acked).sum();
@@ -214,7 +220,9 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
         && acked == sent
         && totals.frames == iterations_sent
         && totals.lagged == 0
-        && window.p99_ms.is_some_and(|p| p < args.p99_goal_ms);
+        && window.p99_ms.is_some_and(|p| p < args.p99_goal_ms)
+        && viewer.error.is_none()
+        && viewer.updates > 0;
     Row {
         agents: n,
         connected,
@@ -229,6 +237,7 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
         acked,
         drain_s,
         totals,
+        viewer,
         error,
         sustained,
     }
@@ -267,6 +276,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
             .map(|i| tokio::spawn(agents::agent(i, plan.clone(), control.clone())))
             .collect();
         let connected = all_answered(&control, n).await;
+        let viewer = Viewer::start(addr)?;
         let start = tokio::time::Instant::now() + Duration::from_millis(50);
         let start_mono = stallscope_agent::clock::monotonic_ns() + 50_000_000;
         let _ = go_tx.send(Some(Go {
@@ -276,8 +286,10 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         tokio::time::sleep_until(start + Duration::from_secs_f64(args.warmup)).await;
         let agents_cpu = cpu_seconds();
         ask::<String>(&side, "mark").await?;
+        viewer.mark();
         tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
         let window: WindowReport = ask(&side, "end").await?;
+        let viewer_report = viewer.end();
         let agents_cpu = cpu_seconds() - agents_cpu;
         let drain_from = Instant::now();
         let _ = stop_tx.send(true);
@@ -287,6 +299,8 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         }
         let drain_s = drain_from.elapsed().as_secs_f64();
         let totals: Totals = ask(&side, "finish").await?;
+        // The collector ended the feed: the viewer's thread sees its end.
+        tokio::task::spawn_blocking(move || viewer.finish()).await?;
         anyhow::Ok(row_of(
             n,
             args,
@@ -297,6 +311,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
                 outcomes,
                 drain_s,
                 totals,
+                viewer: viewer_report,
             },
         ))
     });
@@ -317,7 +332,7 @@ fn ms(v: Option<f64>) -> String {
 
 fn print_row(r: &Row) {
     println!(
-        "{:>6} {:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8}  {}",
+        "{:>6} {:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8} {:>9}  {}",
         r.agents,
         r.agents * r.ranks_per_agent,
         r.offered_fps,
@@ -330,17 +345,24 @@ fn print_row(r: &Row) {
         ms(r.window.p50_ms),
         ms(r.window.p99_ms),
         ms(r.window.max_ms),
+        ms(r.viewer.lag_p99_ms),
         if r.sustained {
             "yes".to_string()
         } else {
             format!(
-                "NO (connected {}/{}, acked {}/{}, feed {} lagged {}{})",
+                "NO (connected {}/{}, acked {}/{}, feed {} lagged {}, viewer {} updates{}{})",
                 r.connected,
                 r.agents,
                 r.acked,
                 r.sent,
                 r.totals.frames,
                 r.totals.lagged,
+                r.viewer.updates,
+                r.viewer
+                    .error
+                    .as_deref()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default(),
                 r.error
                     .as_deref()
                     .map(|e| format!(", {e}"))
@@ -385,7 +407,7 @@ pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
         args.ranks_per_agent, args.rate, args.warmup, args.seconds, args.p99_goal_ms
     );
     println!(
-        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8}  sustained",
+        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9}  sustained",
         "agents",
         "ranks",
         "offered/s",
@@ -397,7 +419,8 @@ pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
         "+MiB",
         "p50 ms",
         "p99 ms",
-        "max ms"
+        "max ms",
+        "view p99"
     );
     let mut rows = Vec::new();
     for &n in &args.agents {

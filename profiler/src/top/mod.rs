@@ -66,9 +66,10 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         args.token_file.as_deref(),
         &args.tls,
         Duration::from_secs(3600),
+        // The binary form: at 1,024 ranks parsing JSON cost as much as drawing (issue 31).
+        true,
     )?;
-    // The binary form: at 1,024 ranks parsing JSON cost as much as drawing (issue 31).
-    let model = FollowedModel::follow_client(client.binary())?;
+    let model = FollowedModel::follow_client(client)?;
     let mut app = App::new(Mode::Live(at.clone()));
     let mut opts = Options {
         fps: args.fps,
