@@ -93,6 +93,12 @@ pub enum AgentMsg {
     /// Instead of a Hello: a viewer (`stallscope feed HOST:PORT`, `stallscope top`) asks for
     /// the job's live model; after the Welcome it is sent [`CollectorMsg::Feed`] parts.
     Watch(Hello),
+    /// Instead of a Hello: a viewer that reads the feed's binary form
+    /// (`crate::view::binary`, what `stallscope top` asks for): the [`CollectorMsg::Feed`] parts
+    /// then make up binary frames' payloads instead of JSON lines. The proof is a viewer's.
+    /// Last, so that the other variants keep their tags; a collector that predates it refuses
+    /// it, and the viewer asks again with a [`AgentMsg::Watch`].
+    WatchBinary(Hello),
 }
 
 /// What the collector sends.
@@ -237,11 +243,11 @@ pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, WireError> {
     Ok(postcard::from_bytes(payload)?)
 }
 
-/// The protocol version a first message announces, if it is a Hello or a Watch at all (its
-/// variant tag and version decode), whatever follows.
+/// The protocol version a first message announces, if it is a Hello, a Watch or a
+/// WatchBinary at all (its variant tag and version decode), whatever follows.
 pub fn hello_version(payload: &[u8]) -> Option<u16> {
     let (tag, rest) = postcard::take_from_bytes::<u32>(payload).ok()?;
-    if tag != 0 && tag != 4 {
+    if tag != 0 && tag != 4 && tag != 5 {
         return None;
     }
     postcard::take_from_bytes::<u16>(rest).ok().map(|(v, _)| v)

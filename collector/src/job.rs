@@ -28,6 +28,9 @@ use crate::server::Ingest;
 /// Between two joins, flushes and acknowledgements.
 pub const TICK: Duration = Duration::from_millis(100);
 
+/// Messages taken from the queue per wake-up of the job task, beyond the first.
+const DRAIN_AT_ONCE: usize = 256;
+
 /// The job task's state.
 pub struct JobTask {
     journal: Journal,
@@ -104,56 +107,71 @@ impl JobTask {
             Ingest::Clock(c) => {
                 self.emit(Frame::NodeClock(c));
             }
-            Ingest::Record { seq, frame, ack } => {
-                let now = monotonic_ns();
-                if let Some(it) = frame.node_iteration() {
-                    let b = &it.breakdown;
-                    let duration = b.end_ns.saturating_sub(b.start_ns);
-                    self.hangs
-                        .on_iteration(&it.node, b.rank, b.iter, duration, now);
-                }
-                if let Frame::NodeHang(h) = &frame {
-                    self.hangs.on_answer((**h).clone(), now);
-                }
-                let update = if let Some(it) = frame.node_iteration() {
-                    let end_ns = self
-                        .journal
-                        .timeline()
-                        .nodes
-                        .clocks
-                        .get(&it.node)
-                        .map_or(it.breakdown.end_ns, |c| c.to_collector(it.breakdown.end_ns));
-                    Some(JobEvent::Iteration {
-                        node: it.node.clone(),
-                        rank: it.breakdown.rank,
-                        iter: it.breakdown.iter,
-                        end_ns,
-                        split: it.breakdown.split,
-                        gpu_busy_ppm: match &frame {
-                            Frame::NodeReport(r) => r.gpu.as_ref().and_then(|g| g.busy_ppm),
-                            _ => None,
-                        },
-                    })
-                } else if let Frame::NodeHealth(h) = &frame {
-                    let before = self.dropped.insert(h.node.clone(), h.records_dropped);
-                    (before.unwrap_or(0) != h.records_dropped).then(|| JobEvent::Dropped {
-                        node: h.node.clone(),
-                        records: h.records_dropped,
-                    })
-                } else {
-                    None
+            Ingest::Records { records, ack } => {
+                let Some(last) = records.last().map(|r| r.0) else {
+                    return;
                 };
-                self.emit(frame);
-                // Keyed by the connection's ack cell: one entry per connection, found without
-                // a scan over every connection (1,000 agents would make that the hot spot).
-                self.unflushed
-                    .entry(Arc::as_ptr(&ack) as usize)
-                    .and_modify(|entry| entry.1 = entry.1.max(seq))
-                    .or_insert((ack, seq));
-                if let Some(u) = update {
-                    self.publish(u);
+                for (_, frame) in records {
+                    self.on_record(frame);
                 }
+                self.unflushed_upto(ack, last);
             }
+        }
+    }
+
+    /// Notes that the connection of `ack` has records up to `seq` waiting for the flush.
+    fn unflushed_upto(&mut self, ack: Arc<AtomicU64>, seq: u64) {
+        // Keyed by the connection's ack cell: one entry per connection, found without a scan
+        // over every connection (1,000 agents would make that the hot spot).
+        self.unflushed
+            .entry(Arc::as_ptr(&ack) as usize)
+            .and_modify(|entry| entry.1 = entry.1.max(seq))
+            .or_insert((ack, seq));
+    }
+
+    /// Takes one frame from a node: the profile and the timeline, and the live feed.
+    fn on_record(&mut self, frame: Frame) {
+        let now = monotonic_ns();
+        if let Some(it) = frame.node_iteration() {
+            let b = &it.breakdown;
+            let duration = b.end_ns.saturating_sub(b.start_ns);
+            self.hangs
+                .on_iteration(&it.node, b.rank, b.iter, duration, now);
+        }
+        if let Frame::NodeHang(h) = &frame {
+            self.hangs.on_answer((**h).clone(), now);
+        }
+        let update = if let Some(it) = frame.node_iteration() {
+            let end_ns = self
+                .journal
+                .timeline()
+                .nodes
+                .clocks
+                .get(&it.node)
+                .map_or(it.breakdown.end_ns, |c| c.to_collector(it.breakdown.end_ns));
+            Some(JobEvent::Iteration {
+                node: it.node.clone(),
+                rank: it.breakdown.rank,
+                iter: it.breakdown.iter,
+                end_ns,
+                split: it.breakdown.split,
+                gpu_busy_ppm: match &frame {
+                    Frame::NodeReport(r) => r.gpu.as_ref().and_then(|g| g.busy_ppm),
+                    _ => None,
+                },
+            })
+        } else if let Frame::NodeHealth(h) = &frame {
+            let before = self.dropped.insert(h.node.clone(), h.records_dropped);
+            (before.unwrap_or(0) != h.records_dropped).then(|| JobEvent::Dropped {
+                node: h.node.clone(),
+                records: h.records_dropped,
+            })
+        } else {
+            None
+        };
+        self.emit(frame);
+        if let Some(u) = update {
+            self.publish(u);
         }
     }
 
@@ -237,15 +255,32 @@ pub async fn run(
     mut rx: mpsc::Receiver<Ingest>,
     mut shutdown: watch::Receiver<bool>,
 ) -> (Summary, Option<String>) {
-    let mut tick = tokio::time::interval(TICK);
+    // The tick is kept by the clock, not only by a timer: while records keep arriving the task
+    // never waits, and a runtime of its own advances its timers only when it does.
+    let mut next_tick = tokio::time::Instant::now() + TICK;
     loop {
         tokio::select! {
             msg = rx.recv() => match msg {
-                Some(m) => task.on_ingest(m),
+                Some(m) => {
+                    task.on_ingest(m);
+                    // What else is queued, up to a bound so the tick is never starved.
+                    for _ in 0..DRAIN_AT_ONCE {
+                        match rx.try_recv() {
+                            Ok(m) => task.on_ingest(m),
+                            Err(_) => break,
+                        }
+                    }
+                }
                 None => break,
             },
-            _ = tick.tick() => task.tick(false),
+            _ = tokio::time::sleep_until(next_tick) => {}
             _ = shutdown.changed() => break,
+        }
+        let now = tokio::time::Instant::now();
+        if now >= next_tick {
+            task.tick(false);
+            // A late tick is not made up for with a burst of them.
+            next_tick = (next_tick + TICK).max(now + TICK / 2);
         }
     }
     while let Ok(m) = rx.try_recv() {

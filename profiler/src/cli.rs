@@ -146,9 +146,13 @@ pub struct CollectorBenchArgs {
     /// Agent counts, one step each, in order.
     #[arg(long, value_delimiter = ',', default_value = "100,250,500,1000,2000")]
     pub agents: Vec<usize>,
-    /// Iterations (frames) each agent ships per second, Hz.
+    /// Iterations each rank ships per second, Hz.
     #[arg(long, default_value_t = 100.0)]
     pub rate: f64,
+    /// Ranks on each simulated node: its agent ships one frame per rank-iteration, all its
+    /// ranks' frames of one step in one write, as `stallscope agent` sends what it has queued.
+    #[arg(long, default_value_t = 1)]
+    pub ranks_per_agent: usize,
     /// Measured window per step, s.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,

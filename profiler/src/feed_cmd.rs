@@ -14,14 +14,17 @@ use crate::cli::{FeedArgs, TlsClientArgs};
 
 /// Attaches to `socket` (a feed socket, or a collector's HOST:PORT with the token in
 /// `token_file`, over TLS with `tls`; none: the newest feed socket of this user); a read that
-/// waits longer than `timeout` fails. Returns the client and what it is attached to.
+/// waits longer than `timeout` fails. With `binary`, asks for the feed's binary form (what a
+/// dashboard reads; `feed` prints the JSON lines). Returns the client and what it is attached
+/// to.
 pub fn attach(
     socket: Option<&Path>,
     token_file: Option<&Path>,
     tls: &TlsClientArgs,
     timeout: Duration,
+    binary: bool,
 ) -> anyhow::Result<(FeedClient, String)> {
-    Ok(match socket {
+    let (client, at) = match socket {
         // HOST:PORT that is no file here: a collector's TCP port.
         Some(p) if !p.exists() && p.to_string_lossy().contains(':') => {
             let addr = p.to_string_lossy().to_string();
@@ -30,10 +33,12 @@ pub fn attach(
                 None => String::new(),
             };
             let tls = tls.client(&addr)?;
-            (
-                FeedClient::connect_tcp(&addr, &token, timeout, tls.as_ref())?,
-                addr,
-            )
+            let client = if binary {
+                FeedClient::connect_tcp_binary(&addr, &token, timeout, tls.as_ref())?
+            } else {
+                FeedClient::connect_tcp(&addr, &token, timeout, tls.as_ref())?
+            };
+            (client, addr)
         }
         Some(_) | None if tls.tls_ca.is_some() => {
             anyhow::bail!("--tls-ca is for a collector's HOST:PORT, not a feed socket")
@@ -43,7 +48,9 @@ pub fn attach(
             let p = newest_feed()?;
             (FeedClient::connect(&p, timeout)?, p.display().to_string())
         }
-    })
+    };
+    // A feed socket is asked once attached (a collector's port was asked in its Watch).
+    Ok((if binary { client.binary() } else { client }, at))
 }
 
 /// Prints the feed; exit code 0 when it ended or `--count` messages were printed.
@@ -54,6 +61,7 @@ pub fn feed(args: FeedArgs) -> anyhow::Result<i32> {
         args.token_file.as_deref(),
         &args.tls,
         timeout,
+        false,
     )?;
     let mut out = std::io::stdout().lock();
     let mut printed = 0u64;

@@ -334,3 +334,78 @@ fn a_hang_shows_as_a_banner_with_the_missing_rank_and_its_stack_until_it_resumes
     let (ended, screen) = pane.wait_for(90, &["EXIT=0"]);
     assert!(ended, "the job did not end by itself:\n{screen}");
 }
+
+/// Issue 31: `top` attached to a run's feed socket reads the binary form and draws the live
+/// model; `stallscope feed --json` on the same socket still prints JSON lines.
+#[test]
+fn top_attached_to_a_runs_feed_draws_it_and_feed_json_still_prints_lines() {
+    if !have_torch() {
+        return;
+    }
+    generate_images();
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = stallscope()
+        .args(["run", "-q", "--job", "train", "-o"])
+        .arg(dir.path().join("p.stallscope"))
+        .args([
+            "--",
+            &python(),
+            &example(),
+            "--iters",
+            "150",
+            "--workers",
+            "1",
+        ])
+        .args(["--data-dir", &data_dir()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run starts");
+    // The run's socket: run-PID.feed in root's feed directory (README, "The live feed").
+    let socket = Path::new("/run/stallscope").join(format!("run-{}.feed", run.id()));
+    let appeared = wait_for(Duration::from_secs(60), || socket.exists());
+    let top = format!(
+        "{} top --attach {}",
+        env!("CARGO_BIN_EXE_stallscope"),
+        socket.display()
+    );
+    let pane = appeared.then(|| Pane::start("attach", &top)).flatten();
+    let drawn = pane
+        .as_ref()
+        .map(|p| p.wait_for(60, &["live ·", "counted"]));
+    let json = stallscope()
+        .args(["feed", "--json", "--count", "2", "--timeout", "30"])
+        .arg(&socket)
+        .output()
+        .expect("feed runs");
+    let _ = run.kill();
+    let _ = run.wait();
+    if !appeared {
+        if is_root() {
+            panic!("no feed socket at {}", socket.display());
+        }
+        return; // not root: the socket is elsewhere
+    }
+    let Some((drawn, screen)) = drawn else {
+        return; // no tmux
+    };
+    assert!(
+        drawn,
+        "top over the binary feed drew no live model:\n{screen}"
+    );
+    let lines = String::from_utf8_lossy(&json.stdout);
+    let mut lines = lines.lines();
+    assert!(
+        lines
+            .next()
+            .is_some_and(|l| l.starts_with("{\"snapshot\":")),
+        "feed --json: {:?}",
+        String::from_utf8_lossy(&json.stderr)
+    );
+    assert!(lines.next().is_some_and(|l| l.starts_with("{\"update\":")));
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -7,7 +7,13 @@
 //! slows the recorder, and nothing is serialised while nobody listens.
 //!
 //! [`serve`] puts the hub on a Unix stream socket, owner-only (0600, in an owner-only
-//! directory): one JSON object per line, documented in the README ("The live feed").
+//! directory): one JSON object per line, documented in the README ("The live feed"). A client
+//! that writes the line [`binary_request`] gets, from the next message on, the line
+//! [`binary_request`] back and then the binary form
+//! ([`stallscope_analysis::view::binary`]): what `stallscope top` reads, since at 1,024 ranks
+//! parsing the JSON cost it as much as drawing. A client that asks nothing (`stallscope feed`,
+//! older viewers) keeps the JSON lines; an older server never answers, so a client that asked
+//! keeps reading them too.
 
 use std::io::{BufWriter, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -17,6 +23,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use stallscope_analysis::view::binary::BINARY_SCHEMA;
 pub use stallscope_analysis::view::hub::{
     json_line, parse_line, FeedHub, FeedMessage, SUBSCRIBER_QUEUE,
 };
@@ -26,6 +33,58 @@ pub const FEED_SCHEMA: &str = "stallscope.feed/1";
 
 /// How long one write to a socket client may block before the client is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// bytes, the most a client may write before its request line ends (it has nothing else to
+/// say): more is not a request, and the client stays on JSON lines.
+const MAX_REQUEST: usize = 256;
+
+/// The line (without its newline) by which a client asks for the binary form, and by which
+/// the server says that it follows: `{"encoding":"stallscope.feed-bin/1"}`.
+pub fn binary_request() -> String {
+    format!("{{\"encoding\":\"{BINARY_SCHEMA}\"}}")
+}
+
+/// What a client asked for so far, read without blocking.
+#[derive(Default)]
+struct Request {
+    bytes: Vec<u8>,
+    /// The client said all it will (a line, too much, or it shut its side).
+    done: bool,
+}
+
+impl Request {
+    /// Reads what the client wrote since the last look, never waiting; whether its request
+    /// line is complete and asks for the binary form.
+    fn asks_binary(&mut self, stream: &UnixStream) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut buf = [0u8; MAX_REQUEST];
+        while !self.done {
+            // SAFETY: recv writes at most `buf.len()` bytes into the buffer we own; MSG_DONTWAIT
+            // makes this one call non-blocking without touching the socket's (shared) flags.
+            let n = unsafe {
+                libc::recv(
+                    stream.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n <= 0 {
+                // 0: the client shut its side; < 0: nothing yet (or an error the write sees).
+                self.done = n == 0;
+                break;
+            }
+            self.bytes.extend_from_slice(&buf[..n as usize]);
+            self.done = self.bytes.contains(&b'\n') || self.bytes.len() > MAX_REQUEST;
+        }
+        self.done
+            && self
+                .bytes
+                .split(|&b| b == b'\n')
+                .next()
+                .is_some_and(|line| line == binary_request().as_bytes())
+    }
+}
 
 /// A socket serving the feed; removed when dropped.
 pub struct FeedSocket {
@@ -143,16 +202,23 @@ fn write_client(stream: UnixStream, rx: Receiver<FeedMessage>) {
     {
         return;
     }
+    let mut request = Request::default();
+    let mut binary = false;
     while let Ok(msg) = rx.recv() {
         let end = matches!(msg, FeedMessage::End);
-        let mut line = json_line(&msg);
-        line.push('\n');
-        if out
-            .write_all(line.as_bytes())
-            .and_then(|_| out.flush())
-            .is_err()
-            || end
-        {
+        let bytes = if binary {
+            stallscope_analysis::view::binary::encode_frame(&msg)
+        } else if request.asks_binary(out.get_ref()) {
+            binary = true;
+            let mut bytes = format!("{}\n", binary_request()).into_bytes();
+            bytes.extend(stallscope_analysis::view::binary::encode_frame(&msg));
+            bytes
+        } else {
+            let mut line = json_line(&msg);
+            line.push('\n');
+            line.into_bytes()
+        };
+        if out.write_all(&bytes).and_then(|_| out.flush()).is_err() || end {
             return;
         }
     }

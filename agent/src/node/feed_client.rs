@@ -3,6 +3,9 @@
 //! lines arrive in parts), over TLS when the collector uses it ([`crate::tls`]). It keeps the
 //! model the messages make.
 //!
+//! A viewer that draws (`stallscope top`) asks a feed socket for the binary form
+//! ([`FeedClient::binary`], see [`super::feed`]); `stallscope feed` keeps the JSON lines.
+//!
 //! A line is bounded ([`MAX_FEED_LINE`]) on both transports: a server that never ends a line
 //! (a Unix socket that sends no newline, a collector whose `Feed` parts never say `last`)
 //! ends the feed with [`FeedError::TooLong`] instead of growing the client without bound.
@@ -13,11 +16,12 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
+use stallscope_analysis::view::binary;
 use stallscope_analysis::view::hub::{parse_line, FeedMessage};
 use stallscope_analysis::view::JobView;
 use stallscope_analysis::wire::{self, AgentMsg, CollectorMsg, Hello, PROTOCOL_VERSION};
 
-use super::feed::FEED_SCHEMA;
+use super::feed::{binary_request, FEED_SCHEMA};
 use crate::tls::{SyncStream, TlsClient};
 
 /// bytes, the longest feed line (one message) a client assembles: a snapshot of a job of
@@ -83,9 +87,21 @@ enum Source {
     Tcp(BufReader<Box<dyn SyncStream>>),
 }
 
+/// Which form the feed's messages come in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    /// JSON lines, not asked otherwise.
+    Json,
+    /// JSON lines until the server's switch line: the binary form was asked for.
+    Asked,
+    /// Binary frames ([`binary`]).
+    Binary,
+}
+
 /// A feed being read, and the model its messages make.
 pub struct FeedClient {
     source: Source,
+    form: Form,
     view: Option<JobView>,
     /// Whether messages are folded into `view` (a caller that keeps its own model says no).
     folds: bool,
@@ -117,6 +133,7 @@ impl FeedClient {
         }
         Ok(FeedClient {
             source: Source::Unix(reader),
+            form: Form::Json,
             view: None,
             folds: true,
             at,
@@ -131,6 +148,32 @@ impl FeedClient {
         token: &str,
         timeout: Duration,
         tls: Option<&TlsClient>,
+    ) -> Result<FeedClient, FeedError> {
+        Self::connect_tcp_as(addr, token, timeout, tls, false)
+    }
+
+    /// [`FeedClient::connect_tcp`] asking for the binary form ([`AgentMsg::WatchBinary`]); a
+    /// collector that predates it refuses the request, and the viewer asks again for JSON.
+    pub fn connect_tcp_binary(
+        addr: &str,
+        token: &str,
+        timeout: Duration,
+        tls: Option<&TlsClient>,
+    ) -> Result<FeedClient, FeedError> {
+        match Self::connect_tcp_as(addr, token, timeout, tls, true) {
+            Err(FeedError::Refused { .. }) => {
+                Self::connect_tcp_as(addr, token, timeout, tls, false)
+            }
+            other => other,
+        }
+    }
+
+    fn connect_tcp_as(
+        addr: &str,
+        token: &str,
+        timeout: Duration,
+        tls: Option<&TlsClient>,
+        binary: bool,
     ) -> Result<FeedClient, FeedError> {
         let at = addr.to_string();
         let io = |source| FeedError::Io {
@@ -171,12 +214,17 @@ impl FeedClient {
                 })
             }
         };
-        let watch = AgentMsg::Watch(Hello {
+        let hello = Hello {
             protocol: PROTOCOL_VERSION,
             proof: wire::prove(token, wire::Role::Viewer, &nonce),
             node: "viewer".into(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
-        });
+        };
+        let watch = if binary {
+            AgentMsg::WatchBinary(hello)
+        } else {
+            AgentMsg::Watch(hello)
+        };
         let w = reader.get_mut();
         w.write_all(&wire::encode(&watch))
             .and_then(|_| w.flush())
@@ -193,6 +241,7 @@ impl FeedClient {
         }
         Ok(FeedClient {
             source: Source::Tcp(reader),
+            form: if binary { Form::Binary } else { Form::Json },
             view: None,
             folds: true,
             at,
@@ -215,38 +264,46 @@ impl FeedClient {
                     source,
                 })),
             },
-            Source::Tcp(reader) => {
-                let mut line = Vec::new();
-                loop {
-                    match read_msg(reader, &self.at) {
-                        Ok(CollectorMsg::Feed { part, last }) => {
-                            if line.len() + part.len() > self.max_line {
-                                return Some(Err(self.too_long()));
-                            }
-                            line.extend_from_slice(&part);
-                            if last {
-                                break;
-                            }
-                        }
-                        Ok(CollectorMsg::Refused { reason }) => {
-                            return Some(Err(FeedError::Refused {
-                                at: self.at.clone(),
-                                reason,
-                            }))
-                        }
-                        Ok(_) => {}
-                        Err(FeedError::Io { source, .. })
-                            if source.kind() == std::io::ErrorKind::UnexpectedEof =>
-                        {
-                            return None
-                        }
-                        Err(e) => return Some(Err(e)),
-                    }
-                }
-                Some(String::from_utf8(line).map_err(|e| FeedError::Malformed {
+            Source::Tcp(_) => Some(self.next_parts()?.and_then(|line| {
+                String::from_utf8(line).map_err(|e| FeedError::Malformed {
                     at: self.at.clone(),
                     what: e.to_string(),
-                }))
+                })
+            })),
+        }
+    }
+
+    /// The bytes of the collector's next [`CollectorMsg::Feed`] parts, up to the `last`;
+    /// `None` at the end of the stream.
+    fn next_parts(&mut self) -> Option<Result<Vec<u8>, FeedError>> {
+        let Source::Tcp(reader) = &mut self.source else {
+            return None;
+        };
+        let mut line = Vec::new();
+        loop {
+            match read_msg(reader, &self.at) {
+                Ok(CollectorMsg::Feed { part, last }) => {
+                    if line.len() + part.len() > self.max_line {
+                        return Some(Err(self.too_long()));
+                    }
+                    line.extend_from_slice(&part);
+                    if last {
+                        return Some(Ok(line));
+                    }
+                }
+                Ok(CollectorMsg::Refused { reason }) => {
+                    return Some(Err(FeedError::Refused {
+                        at: self.at.clone(),
+                        reason,
+                    }))
+                }
+                Ok(_) => {}
+                Err(FeedError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+                {
+                    return None
+                }
+                Err(e) => return Some(Err(e)),
             }
         }
     }
@@ -258,18 +315,95 @@ impl FeedClient {
         }
     }
 
-    /// The next message, as its JSON line and as folded into the model; `None` at the end
-    /// of the feed.
-    pub fn next_message(&mut self) -> Option<Result<(String, FeedMessage), FeedError>> {
-        let line = match self.next_line()? {
-            Ok(l) => l,
-            Err(e) => return Some(Err(e)),
-        };
-        let Some(msg) = parse_line(&line) else {
-            return Some(Err(FeedError::Malformed {
-                at: self.at.clone(),
-                what: line.chars().take(80).collect(),
+    /// Asks a feed socket for the binary form: the messages then come as postcard frames,
+    /// cheaper to read than JSON, and [`FeedClient::next_message`] gives no JSON line. A server
+    /// that predates it keeps sending JSON lines, which are read as before. A collector's port
+    /// sends JSON whatever is asked.
+    pub fn binary(mut self) -> FeedClient {
+        if let Source::Unix(reader) = &mut self.source {
+            let request = format!("{}\n", binary_request());
+            let w = reader.get_mut();
+            // A server that already closed its side is seen by the next read, with what it
+            // sent before: the request failing to go out changes nothing else.
+            if w.write_all(request.as_bytes())
+                .and_then(|_| w.flush())
+                .is_ok()
+            {
+                self.form = Form::Asked;
+            }
+        }
+        self
+    }
+
+    /// The next binary frame's message; `None` at the end of the stream.
+    fn next_frame(&mut self) -> Option<Result<FeedMessage, FeedError>> {
+        if let Source::Tcp(_) = self.source {
+            let at = self.at.clone();
+            return Some(self.next_parts()?.and_then(|payload| {
+                binary::decode_payload(&payload).map_err(|e| FeedError::Malformed {
+                    at,
+                    what: e.to_string(),
+                })
             }));
+        }
+        let malformed = |e: binary::BinaryError| FeedError::Malformed {
+            at: self.at.clone(),
+            what: e.to_string(),
+        };
+        let Source::Unix(reader) = &mut self.source else {
+            return None;
+        };
+        let mut prefix = [0u8; 4];
+        match reader.read_exact(&mut prefix) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
+            Err(source) => {
+                return Some(Err(FeedError::Io {
+                    at: self.at.clone(),
+                    source,
+                }))
+            }
+        }
+        let len = match binary::frame_len(prefix) {
+            Ok(len) if len <= self.max_line => len,
+            Ok(_) => return Some(Err(self.too_long())),
+            Err(e) => return Some(Err(malformed(e))),
+        };
+        let mut payload = vec![0u8; len];
+        if let Err(source) = reader.read_exact(&mut payload) {
+            return Some(Err(FeedError::Io {
+                at: self.at.clone(),
+                source,
+            }));
+        }
+        Some(binary::decode_payload(&payload).map_err(malformed))
+    }
+
+    /// The next message, as its JSON line (empty in the binary form) and as folded into the
+    /// model; `None` at the end of the feed.
+    pub fn next_message(&mut self) -> Option<Result<(String, FeedMessage), FeedError>> {
+        let (line, msg) = loop {
+            if self.form == Form::Binary {
+                match self.next_frame()? {
+                    Ok(msg) => break (String::new(), msg),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            let line = match self.next_line()? {
+                Ok(l) => l,
+                Err(e) => return Some(Err(e)),
+            };
+            if self.form == Form::Asked && line == binary_request() {
+                self.form = Form::Binary;
+                continue;
+            }
+            let Some(msg) = parse_line(&line) else {
+                return Some(Err(FeedError::Malformed {
+                    at: self.at.clone(),
+                    what: line.chars().take(80).collect(),
+                }));
+            };
+            break (line, msg);
         };
         match &msg {
             _ if !self.folds => {}
@@ -289,6 +423,18 @@ impl FeedClient {
     pub fn without_model(mut self) -> FeedClient {
         self.folds = false;
         self
+    }
+
+    /// Takes lines (and binary frames) of up to `bytes` instead of [`MAX_FEED_LINE`]: for a
+    /// benchmark whose JSON snapshot is larger.
+    pub fn with_line_limit(mut self, bytes: usize) -> FeedClient {
+        self.max_line = bytes;
+        self
+    }
+
+    /// Whether the messages now come in the binary form (the server switched).
+    pub fn is_binary(&self) -> bool {
+        self.form == Form::Binary
     }
 
     /// Where it is attached (the socket or HOST:PORT).

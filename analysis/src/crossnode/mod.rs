@@ -107,6 +107,10 @@ pub struct CrossNode {
     world_size: Option<u32>,
     /// Reports waiting for the other ranks, by iteration, then rank.
     pending: BTreeMap<u64, BTreeMap<u32, NodeIteration>>,
+    /// ns, collector clock: per waiting iteration, the earliest end of its reports (as the
+    /// node's clock estimate mapped it on arrival), so that the join's patience is one look
+    /// per iteration, not a clock look-up per report every round (10,000 ranks).
+    first_end: BTreeMap<u64, Nanos>,
     /// Iterations already joined, by rank: a report sent again after a reconnect is dropped.
     joined: HashMap<u32, JoinedIters>,
     /// The newest iteration joined.
@@ -182,11 +186,16 @@ impl CrossNode {
         if let Some(w) = it.world_size {
             self.world_size = Some(self.world_size.map_or(w, |o| o.max(w)));
         }
+        let end = self.to_collector(&it.node, it.breakdown.end_ns);
         let reports = self.pending.entry(iter).or_default();
         if reports.contains_key(&rank) {
             return false;
         }
         reports.insert(rank, it.clone());
+        self.first_end
+            .entry(iter)
+            .and_modify(|e| *e = (*e).min(end))
+            .or_insert(end);
         true
     }
 
@@ -226,18 +235,19 @@ impl CrossNode {
         let ready: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, reports)| {
+            .filter(|(iter, reports)| {
                 finishing
                     || reports.len() >= expected
-                    || reports.values().any(|r| {
-                        let end = self.to_collector(&r.node, r.breakdown.end_ns);
-                        now.saturating_sub(end) > JOIN_PATIENCE_NS
-                    })
+                    || self
+                        .first_end
+                        .get(iter)
+                        .is_some_and(|end| now.saturating_sub(*end) > JOIN_PATIENCE_NS)
             })
             .map(|(iter, _)| *iter)
             .collect();
         let mut out = Vec::new();
         for iter in ready {
+            self.first_end.remove(&iter);
             let Some(reports) = self.pending.remove(&iter) else {
                 continue;
             };

@@ -12,6 +12,7 @@
 //! A [`JobView`] is plain data (serde): the feed sends a snapshot of it, then
 //! [`ViewUpdate`]s that [`JobView::apply`] folds in, so a client's copy equals the server's.
 
+pub mod binary;
 pub mod hub;
 mod live;
 mod meter;

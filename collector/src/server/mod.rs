@@ -97,12 +97,11 @@ pub enum Ingest {
     },
     /// A new clock estimate.
     Clock(NodeClock),
-    /// A frame from a node; `ack` is raised to `seq` once it is in the profile.
-    Record {
-        /// Agent's sequence number.
-        seq: u64,
-        /// The frame, its node set from the handshake.
-        frame: Frame,
+    /// Frames from a node, in order, as one read took them; `ack` is raised to the last
+    /// one's sequence number once they are in the profile.
+    Records {
+        /// (agent's sequence number, the frame with its node set from the handshake).
+        records: Vec<(u64, Frame)>,
         /// The connection's acknowledged sequence number.
         ack: Arc<AtomicU64>,
     },
@@ -132,7 +131,9 @@ impl From<WireError> for ConnError {
     }
 }
 
-/// Reads one message's payload.
+/// Reads one message's payload (the tests' side of a conversation; the server's agents are
+/// read in chunks by [`spawn_reader`]).
+#[cfg(test)]
 async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Result<(), ConnError> {
     read_payload_within(r, buf, wire::MAX_MESSAGE).await
 }
@@ -191,8 +192,11 @@ async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &CollectorMsg) -> std::io::
 enum Peer {
     /// An agent: it sends records.
     Agent,
-    /// A viewer: it is sent the live model.
-    Viewer,
+    /// A viewer: it is sent the live model, as JSON lines or (`binary`) binary frames.
+    Viewer {
+        /// Whether it asked for the binary form ([`AgentMsg::WatchBinary`]).
+        binary: bool,
+    },
 }
 
 /// Checks an agent's (or a viewer's) first message, the answer to the challenge `nonce`.
@@ -203,7 +207,8 @@ fn check_hello(
 ) -> Result<(Hello, Peer), ConnError> {
     let (hello, peer) = match wire::decode::<AgentMsg>(payload) {
         Ok(AgentMsg::Hello(h)) => (h, Peer::Agent),
-        Ok(AgentMsg::Watch(h)) => (h, Peer::Viewer),
+        Ok(AgentMsg::Watch(h)) => (h, Peer::Viewer { binary: false }),
+        Ok(AgentMsg::WatchBinary(h)) => (h, Peer::Viewer { binary: true }),
         Ok(_) | Err(_) => {
             return Err(ConnError::Refused(match wire::hello_version(payload) {
                 Some(v) if v != PROTOCOL_VERSION => format!(
@@ -227,7 +232,7 @@ fn check_hello(
         }
         let role = match peer {
             Peer::Agent => Role::Agent,
-            Peer::Viewer => Role::Viewer,
+            Peer::Viewer { .. } => Role::Viewer,
         };
         if !wire::verify(expected, role, nonce, &hello.proof) {
             return Err(ConnError::Refused(
@@ -370,8 +375,8 @@ async fn converse<R, W>(
             },
         )
         .await?;
-        if let (Peer::Viewer, Some(hub)) = (who, &config.feed) {
-            let watched = watch(&mut w, hub, shutdown.clone()).await;
+        if let (Peer::Viewer { binary }, Some(hub)) = (who, &config.feed) {
+            let watched = watch(&mut w, hub, shutdown.clone(), binary).await;
             // TLS says goodbye (close_notify) before the socket closes.
             let _ = w.shutdown().await;
             return watched;
@@ -421,7 +426,7 @@ where
         Err(e) => Err(e),
     };
     let (hello, peer) = match hello {
-        Ok((_, Peer::Viewer)) if config.feed.is_none() => {
+        Ok((_, Peer::Viewer { .. })) if config.feed.is_none() => {
             let reason = "this collector serves no live feed".to_string();
             let _ = send(
                 w,
@@ -448,7 +453,7 @@ where
     let mut clock = ClockEstimator::default();
     let exchanges = match peer {
         Peer::Agent => config.sync_exchanges,
-        Peer::Viewer => 0,
+        Peer::Viewer { .. } => 0,
     };
     for _ in 0..exchanges {
         let t1 = monotonic_ns();
@@ -467,48 +472,129 @@ where
     Ok((hello, peer, clock))
 }
 
-/// An agent's messages after the Welcome, read on a task of their own (reading is not
-/// cancel-safe), each with the time it arrived.
+/// bytes, what the reader asks of the socket at least per read: every whole message that
+/// arrived is taken in one go (an agent writes all it has queued at once).
+const READ_CHUNK: usize = 16 * 1024;
+
+/// An agent's messages after the Welcome other than records, with the time each arrived; or
+/// why reading stopped.
 type Received = Result<(AgentMsg, u64), ConnError>;
 
-fn spawn_reader<R>(mut r: R) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Received>)
+/// Reads an agent's messages on a task of its own (reading is not cancel-safe). Records go
+/// straight to the job task, tagged with the connection's node and in one [`Ingest::Records`]
+/// per read, so a record costs one channel hop, and the job task's queue takes a node's
+/// records of one write as one item; the rest (pongs, goodbye, errors) goes to the connection
+/// task, in order after the records before it. The channel of the rest closes without an
+/// error when the job task is gone.
+fn spawn_reader<R>(
+    mut r: R,
+    node: String,
+    ack: Arc<AtomicU64>,
+    job: mpsc::Sender<Ingest>,
+) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<Received>)
 where
     R: AsyncRead + Unpin + Send + 'static,
 {
-    let (msg_tx, msgs) = mpsc::channel::<Received>(1024);
+    let (msg_tx, msgs) = mpsc::channel::<Received>(64);
     let reader = tokio::spawn(async move {
-        let mut buf = Vec::with_capacity(4096);
+        let mut inbox: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         loop {
-            let item = match read_payload(&mut r, &mut buf).await {
-                Ok(()) => wire::decode::<AgentMsg>(&buf)
-                    .map(|m| (m, monotonic_ns()))
-                    .map_err(ConnError::from),
-                Err(e) => Err(e),
-            };
-            let stop = item.is_err();
-            if msg_tx.send(item).await.is_err() || stop {
-                break;
+            let mut records = Vec::new();
+            let mut taken = 0;
+            let mut failed = None;
+            while inbox.len() - taken >= 4 {
+                let prefix: [u8; 4] = inbox[taken..taken + 4].try_into().expect("4 bytes");
+                let len = match wire::payload_len(prefix) {
+                    Ok(len) => len,
+                    Err(e) => {
+                        failed = Some(ConnError::from(e));
+                        break;
+                    }
+                };
+                if inbox.len() - taken - 4 < len {
+                    break;
+                }
+                let decoded = wire::decode::<AgentMsg>(&inbox[taken + 4..taken + 4 + len]);
+                taken += 4 + len;
+                match decoded {
+                    Ok(AgentMsg::Record { seq, frame }) => match tag(frame, &node) {
+                        Ok(frame) => records.push((seq, frame)),
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    },
+                    Ok(other) => {
+                        if !send_records(&job, &mut records, &ack).await {
+                            return;
+                        }
+                        if msg_tx.send(Ok((other, monotonic_ns()))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        failed = Some(e.into());
+                        break;
+                    }
+                }
+            }
+            inbox.drain(..taken);
+            if !send_records(&job, &mut records, &ack).await {
+                return;
+            }
+            if let Some(e) = failed {
+                let _ = msg_tx.send(Err(e)).await;
+                return;
+            }
+            if inbox.capacity() - inbox.len() < READ_CHUNK / 4 {
+                inbox.reserve(READ_CHUNK);
+            }
+            match r.read_buf(&mut inbox).await {
+                Ok(0) => {
+                    let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                    let _ = msg_tx.send(Err(eof.into())).await;
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = msg_tx.send(Err(e.into())).await;
+                    return;
+                }
             }
         }
     });
     (reader, msgs)
 }
 
-/// Takes one message of a welcomed agent: a record to the job task, a pong to the clock.
-/// `Ok(false)`: the connection ends cleanly (a goodbye, or the job task is gone).
+/// Hands `records` (taken) to the job task; `false` when the job task is gone.
+async fn send_records(
+    job: &mpsc::Sender<Ingest>,
+    records: &mut Vec<(u64, Frame)>,
+    ack: &Arc<AtomicU64>,
+) -> bool {
+    if records.is_empty() {
+        return true;
+    }
+    let records = std::mem::take(records);
+    job.send(Ingest::Records {
+        records,
+        ack: ack.clone(),
+    })
+    .await
+    .is_ok()
+}
+
+/// Takes one message of a welcomed agent other than a record: a pong to the clock.
+/// `Ok(false)`: the connection ends cleanly (a goodbye).
 async fn on_message(
     item: Received,
     node: &str,
     clock: &mut ClockEstimator,
     tx: &mpsc::Sender<Ingest>,
-    ack: &Arc<AtomicU64>,
 ) -> Result<bool, ConnError> {
     match item? {
-        (AgentMsg::Record { seq, frame }, _) => {
-            let frame = tag(frame, node)?;
-            let ack = ack.clone();
-            Ok(tx.send(Ingest::Record { seq, frame, ack }).await.is_ok())
-        }
+        // The reader sends records to the job task itself.
+        (AgentMsg::Record { .. }, _) => Ok(true),
         (AgentMsg::Pong { t1, t2, t3 }, t4) => {
             clock.add(t1, t2, t3, t4);
             if clock.exchanges() % BUCKET as u32 == 0 {
@@ -519,9 +605,9 @@ async fn on_message(
             Ok(true)
         }
         (AgentMsg::Bye, _) => Ok(false),
-        (AgentMsg::Hello(_), _) | (AgentMsg::Watch(_), _) => Err(ConnError::Refused(
-            "a second Hello on one connection".into(),
-        )),
+        (AgentMsg::Hello(_) | AgentMsg::Watch(_) | AgentMsg::WatchBinary(_), _) => Err(
+            ConnError::Refused("a second Hello on one connection".into()),
+        ),
     }
 }
 
@@ -540,7 +626,7 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let ack = Arc::new(AtomicU64::new(u64::MAX));
-    let (reader, mut msgs) = spawn_reader(r);
+    let (reader, mut msgs) = spawn_reader(r, node.to_string(), ack.clone(), tx.clone());
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut last_ping = tokio::time::Instant::now();
     let mut acked = u64::MAX;
@@ -561,7 +647,7 @@ where
             }
             item = msgs.recv() => {
                 let Some(item) = item else { break Ok(()) };
-                match on_message(item, node, &mut clock, tx, &ack).await {
+                match on_message(item, node, &mut clock, tx).await {
                     Ok(true) => {}
                     Ok(false) => break Ok(()),
                     Err(e) => break Err(e),
@@ -790,12 +876,11 @@ mod tests {
             frame: Frame::NodeHang(Box::new(answer)),
         };
         aw.write_all(&wire::encode(&record)).await.unwrap();
-        let Some(Ingest::Record {
-            frame: Frame::NodeHang(h),
-            ..
-        }) = rx.recv().await
-        else {
+        let Some(Ingest::Records { records, .. }) = rx.recv().await else {
             panic!("the answer reaches the job task");
+        };
+        let [(_, Frame::NodeHang(h))] = &records[..] else {
+            panic!("the answer alone: {records:?}");
         };
         assert_eq!(h.node, "node-a");
         assert_eq!(h.ranks[0].node.as_deref(), Some("node-a"));
@@ -861,7 +946,15 @@ mod tests {
             "{relayed:?}"
         );
         let viewer = check(AgentMsg::Watch(hello(PROTOCOL_VERSION, Role::Viewer)));
-        assert!(matches!(viewer, Ok(Peer::Viewer)), "{viewer:?}");
+        assert!(
+            matches!(viewer, Ok(Peer::Viewer { binary: false })),
+            "{viewer:?}"
+        );
+        let viewer = check(AgentMsg::WatchBinary(hello(PROTOCOL_VERSION, Role::Viewer)));
+        assert!(
+            matches!(viewer, Ok(Peer::Viewer { binary: true })),
+            "{viewer:?}"
+        );
         let old = check(AgentMsg::Hello(hello(8, Role::Agent)));
         assert!(
             matches!(&old, Err(ConnError::Refused(r)) if r.contains(&format!("protocol version 8, this collector speaks {PROTOCOL_VERSION}: run the same stallscope version"))),
@@ -1128,8 +1221,9 @@ mod tests {
                 .unwrap();
             match msg {
                 Ingest::NodeUp { node, .. } => up = node == "node-a",
-                Ingest::Record { seq: 0, frame, .. } => {
-                    recorded = matches!(frame, Frame::NodeHealth(h) if h.node == "node-a")
+                Ingest::Records { records, .. } => {
+                    recorded =
+                        matches!(&records[..], [(0, Frame::NodeHealth(h))] if h.node == "node-a")
                 }
                 Ingest::NodeDown {
                     node: None,
@@ -1162,7 +1256,7 @@ mod tests {
         let (_stop, shutdown) = watch::channel(false);
         let serving = {
             let hub = hub.clone();
-            tokio::spawn(async move { watch(sw, &hub, shutdown).await })
+            tokio::spawn(async move { watch(sw, &hub, shutdown, false).await })
         };
         while hub.subscribers() == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -1188,7 +1282,7 @@ mod tests {
         let (_stop, shutdown) = watch::channel(false);
         let serving = {
             let hub = hub.clone();
-            tokio::spawn(async move { watch(sw, &hub, shutdown).await })
+            tokio::spawn(async move { watch(sw, &hub, shutdown, false).await })
         };
         // A model whose snapshot is larger than one part.
         let mut view = JobView::new(&"x".repeat(600 * 1024));
@@ -1212,6 +1306,42 @@ mod tests {
         }
         assert_eq!(lines[0], json_line(&FeedMessage::Snapshot(Arc::new(view))));
         assert_eq!(lines[1], "{\"end\":true}");
+        serving.await.unwrap().expect("the job ended cleanly");
+    }
+
+    /// A viewer that opened with WatchBinary gets binary frames' payloads in the same parts.
+    #[tokio::test]
+    async fn a_binary_viewer_is_sent_frames_in_parts() {
+        use stallscope_analysis::view::binary;
+        let hub = Arc::new(FeedHub::default());
+        let (server, viewer) = duplex(1024 * 1024);
+        let (_, sw) = split(server);
+        let (mut vr, _) = split(viewer);
+        let (_stop, shutdown) = watch::channel(false);
+        let serving = {
+            let hub = hub.clone();
+            tokio::spawn(async move { watch(sw, &hub, shutdown, true).await })
+        };
+        let mut view = JobView::new(&"x".repeat(600 * 1024));
+        view.attributed = 7;
+        while hub.subscribers() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        hub.publish(&view, ViewUpdate::default());
+        hub.end();
+        let mut messages = Vec::new();
+        let mut payload = Vec::new();
+        while messages.len() < 2 {
+            let CollectorMsg::Feed { part, last } = read_msg(&mut vr).await else {
+                panic!("feed parts")
+            };
+            payload.extend(part);
+            if last {
+                messages.push(binary::decode_payload(&std::mem::take(&mut payload)).unwrap());
+            }
+        }
+        assert!(matches!(&messages[0], FeedMessage::Snapshot(v) if **v == view));
+        assert!(matches!(messages[1], FeedMessage::End));
         serving.await.unwrap().expect("the job ended cleanly");
     }
 }

@@ -1,5 +1,6 @@
 //! A viewer's connection: after its Watch and the Welcome, the job's live model as the feed
-//! socket's JSON lines, each in parts small enough for one message.
+//! socket's JSON lines, each in parts small enough for one message; after a WatchBinary, as
+//! binary frames' payloads ([`stallscope_analysis::view::binary`]) in the same parts.
 //!
 //! A viewer that stops reading (a stopped `stallscope feed | less`, a dead host without a
 //! reset) must not hold its task, its socket and its subscription for ever: a part not written
@@ -20,13 +21,20 @@ pub(super) async fn watch<W: AsyncWrite + Unpin>(
     mut w: W,
     hub: &FeedHub,
     mut shutdown: watch::Receiver<bool>,
+    binary: bool,
 ) -> Result<(), ConnError> {
     let feed = hub.subscribe(SUBSCRIBER_QUEUE);
     loop {
         match feed.try_recv() {
             Ok(msg) => {
-                let line = json_line(&msg);
-                let parts: Vec<&[u8]> = line.as_bytes().chunks(wire::FEED_PART).collect();
+                let bytes = if binary {
+                    let mut frame = stallscope_analysis::view::binary::encode_frame(&msg);
+                    frame.drain(..4); // the parts carry the length
+                    frame
+                } else {
+                    json_line(&msg).into_bytes()
+                };
+                let parts: Vec<&[u8]> = bytes.chunks(wire::FEED_PART).collect();
                 for (i, part) in parts.iter().enumerate() {
                     let last = i + 1 == parts.len();
                     let msg = CollectorMsg::Feed {

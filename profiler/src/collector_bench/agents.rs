@@ -6,8 +6,10 @@
 //! What one agent ships is what `stallscope agent` ships: one [`Frame::NodeHealth`] first,
 //! then one [`Frame::NodeReport`] per attributed iteration, with the readings of the rank's
 //! GPU (every field NVML can give, as on an H100). A simulated agent is a node with
-//! one rank whose iterations end at `rate` Hz, so one frame is one rank's iteration, the unit
-//! the collector joins. Iteration `k` of every agent ends at `go + phase + k / rate`, the
+//! `ranks` ranks whose iterations end together at `rate` Hz (a synchronous step), so one frame
+//! is one rank's iteration, the unit the collector joins; the frames of one step leave in one
+//! write, as the agent's shipper writes what it has queued. Iteration `k` of every agent ends
+//! at `go + phase + k / rate`, the
 //! phases spread evenly over one period so that the load is as smooth as unsynchronised nodes
 //! make it. Each record carries that scheduled end as its `end_ns` (`CLOCK_MONOTONIC`, the
 //! collector's clock too on this one machine), so an agent that falls behind its schedule
@@ -38,9 +40,11 @@ pub struct AgentPlan {
     pub addr: SocketAddr,
     /// The shared token.
     pub token: String,
-    /// Agents in the job (the world size each rank announces).
+    /// Agents in the job.
     pub agents: usize,
-    /// Hz, iterations (frames) per agent per second.
+    /// Ranks per agent (the world size each rank announces is `agents × ranks`).
+    pub ranks: usize,
+    /// Hz, iterations per rank per second.
     pub rate_hz: f64,
     /// How long an agent may take to be welcomed.
     pub connect_within: Duration,
@@ -115,15 +119,16 @@ fn gpu_reading(wall_ns: u64) -> NvmlReading {
 }
 
 /// [`iteration`] with its GPU's readings, as a GPU node's agent ships it.
-pub fn report(index: usize, agents: usize, iter: u64, end_ns: Nanos, wall_ns: u64) -> NodeReport {
+pub fn report(rank: usize, world: usize, iter: u64, end_ns: Nanos, wall_ns: u64) -> NodeReport {
     NodeReport {
-        iteration: iteration(index, agents, iter, end_ns, wall_ns),
+        iteration: iteration(rank, world, iter, end_ns, wall_ns),
         gpu: Some(gpu_reading(wall_ns)),
     }
 }
 
-/// Iteration `iter` of agent `index`, ending at `end_ns` after `wall_ns`: 60% compute, 10%
-/// data prep, then one collective of 30% (20% network, 10% peer wait), as a DDP step would.
+/// Iteration `iter` of rank `index` of `agents`, ending at `end_ns` after `wall_ns`: 60%
+/// compute, 10% data prep, then one collective of 30% (20% network, 10% peer wait), as a DDP
+/// step would.
 pub fn iteration(
     index: usize,
     agents: usize,
@@ -193,9 +198,23 @@ impl Conn {
     }
 
     async fn record(&mut self, frame: Frame) -> Result<(), String> {
+        let mut out = Vec::new();
+        self.queue(frame, &mut out);
+        self.write(&out).await
+    }
+
+    /// Appends `frame` to `out` as the next numbered record.
+    fn queue(&mut self, frame: Frame, out: &mut Vec<u8>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.send(&AgentMsg::Record { seq, frame }).await
+        out.extend_from_slice(&wire::encode(&AgentMsg::Record { seq, frame }));
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.stream
+            .write_all(bytes)
+            .await
+            .map_err(|e| format!("send: {e}"))
     }
 
     /// Takes the messages that have arrived whole, answering pings; returns whether the
@@ -346,16 +365,26 @@ async fn ship(
         .await?;
     let mut iter = 0u64;
     let mut stop = control.stop.clone();
+    let world = plan.agents * plan.ranks.max(1);
+    let mut out = Vec::with_capacity(plan.ranks.max(1) * 256);
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                // Every iteration whose end is due, stamped with its scheduled end.
+                // Every iteration whose end is due, each rank's, stamped with its scheduled
+                // end, in one write.
                 let now = monotonic_ns();
+                out.clear();
                 while first_end + iter * period_ns <= now {
                     let end = first_end + iter * period_ns;
-                    let it = report(index, plan.agents, iter, end, period_ns);
-                    conn.record(Frame::NodeReport(Box::new(it))).await?;
+                    for r in 0..plan.ranks.max(1) {
+                        let rank = index * plan.ranks.max(1) + r;
+                        let it = report(rank, world, iter, end, period_ns);
+                        conn.queue(Frame::NodeReport(Box::new(it)), &mut out);
+                    }
                     iter += 1;
+                }
+                if !out.is_empty() {
+                    conn.write(&out).await?;
                 }
             }
             r = conn.read() => { r?; conn.handle().await?; }

@@ -17,6 +17,7 @@
 pub(crate) mod agents;
 mod histogram;
 pub mod side;
+mod viewer;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -31,6 +32,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 
 use self::agents::{AgentPlan, Control, Go, Outcome};
 use self::side::{cpu_seconds, Totals, WindowReport};
+use self::viewer::{Viewer, ViewerReport};
 use crate::cli::CollectorBenchArgs;
 use crate::collector_cmd::raise_nofile_limit;
 
@@ -57,7 +59,9 @@ pub struct Row {
     pub agents: usize,
     /// Agents welcomed.
     pub connected: usize,
-    /// Frames per second offered (welcomed agents × rate).
+    /// Ranks per agent.
+    pub ranks_per_agent: usize,
+    /// Frames (rank-iterations) per second offered (welcomed agents × ranks × rate).
     pub offered_fps: f64,
     /// Frames per second that reached the live feed in the window.
     pub frames_per_s: f64,
@@ -77,6 +81,8 @@ pub struct Row {
     pub drain_s: f64,
     /// What the live-feed subscriber saw in all.
     pub totals: Totals,
+    /// What a viewer of the whole job (over the collector's port) saw in the window.
+    pub viewer: ViewerReport,
     /// The first error an agent met, if any did.
     pub error: Option<String>,
     /// Whether the step met every criterion.
@@ -185,6 +191,7 @@ struct Measured {
     outcomes: Vec<Outcome>,
     drain_s: f64,
     totals: Totals,
+    viewer: ViewerReport,
 }
 
 /// The row of `n` agents: rates, CPU, and whether the collector kept up.
@@ -196,11 +203,13 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
         outcomes,
         drain_s,
         totals,
+        viewer,
     } = m;
     let sent: u64 = outcomes.iter().map(|o| o.sent).sum();
     let acked: u64 = outcomes.iter().map(|o| o.acked).sum();
     let error = outcomes.iter().find_map(|o| o.error.clone());
-    let offered_fps = connected as f64 * args.rate;
+    let ranks = args.ranks_per_agent.max(1);
+    let offered_fps = (connected * ranks) as f64 * args.rate;
     let frames_per_s = window.frames as f64 / window.wall_s.max(1e-9);
     let values = agents::values_per_frame(&agents::report(0, n, 0, 1, 1)) as f64;
     // Each agent's first record is its health report, not an iteration.
@@ -211,10 +220,13 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
         && acked == sent
         && totals.frames == iterations_sent
         && totals.lagged == 0
-        && window.p99_ms.is_some_and(|p| p < args.p99_goal_ms);
+        && window.p99_ms.is_some_and(|p| p < args.p99_goal_ms)
+        && viewer.error.is_none()
+        && viewer.updates > 0;
     Row {
         agents: n,
         connected,
+        ranks_per_agent: ranks,
         offered_fps,
         frames_per_s,
         values_per_s: frames_per_s * values,
@@ -225,6 +237,7 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
         acked,
         drain_s,
         totals,
+        viewer,
         error,
         sustained,
     }
@@ -243,6 +256,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         addr,
         token: side::TOKEN.into(),
         agents: n,
+        ranks: args.ranks_per_agent.max(1),
         rate_hz: args.rate,
         connect_within: CONNECT_WITHIN,
         drain_within: DRAIN_WITHIN,
@@ -262,6 +276,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
             .map(|i| tokio::spawn(agents::agent(i, plan.clone(), control.clone())))
             .collect();
         let connected = all_answered(&control, n).await;
+        let viewer = Viewer::start(addr)?;
         let start = tokio::time::Instant::now() + Duration::from_millis(50);
         let start_mono = stallscope_agent::clock::monotonic_ns() + 50_000_000;
         let _ = go_tx.send(Some(Go {
@@ -271,8 +286,10 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         tokio::time::sleep_until(start + Duration::from_secs_f64(args.warmup)).await;
         let agents_cpu = cpu_seconds();
         ask::<String>(&side, "mark").await?;
+        viewer.mark();
         tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
         let window: WindowReport = ask(&side, "end").await?;
+        let viewer_report = viewer.end();
         let agents_cpu = cpu_seconds() - agents_cpu;
         let drain_from = Instant::now();
         let _ = stop_tx.send(true);
@@ -282,6 +299,8 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         }
         let drain_s = drain_from.elapsed().as_secs_f64();
         let totals: Totals = ask(&side, "finish").await?;
+        // The collector ended the feed: the viewer's thread sees its end.
+        tokio::task::spawn_blocking(move || viewer.finish()).await?;
         anyhow::Ok(row_of(
             n,
             args,
@@ -292,6 +311,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
                 outcomes,
                 drain_s,
                 totals,
+                viewer: viewer_report,
             },
         ))
     });
@@ -312,8 +332,9 @@ fn ms(v: Option<f64>) -> String {
 
 fn print_row(r: &Row) {
     println!(
-        "{:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8}  {}",
+        "{:>6} {:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8} {:>9}  {}",
         r.agents,
+        r.agents * r.ranks_per_agent,
         r.offered_fps,
         r.frames_per_s,
         r.values_per_s,
@@ -324,17 +345,24 @@ fn print_row(r: &Row) {
         ms(r.window.p50_ms),
         ms(r.window.p99_ms),
         ms(r.window.max_ms),
+        ms(r.viewer.lag_p99_ms),
         if r.sustained {
             "yes".to_string()
         } else {
             format!(
-                "NO (connected {}/{}, acked {}/{}, feed {} lagged {}{})",
+                "NO (connected {}/{}, acked {}/{}, feed {} lagged {}, viewer {} updates{}{})",
                 r.connected,
                 r.agents,
                 r.acked,
                 r.sent,
                 r.totals.frames,
                 r.totals.lagged,
+                r.viewer.updates,
+                r.viewer
+                    .error
+                    .as_deref()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default(),
                 r.error
                     .as_deref()
                     .map(|e| format!(", {e}"))
@@ -371,13 +399,17 @@ pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
         "stallscope-collector-bench-{}.log",
         std::process::id()
     ));
+    if !(1..=1024).contains(&args.ranks_per_agent) {
+        bail!("--ranks-per-agent must be between 1 and 1024");
+    }
     println!(
-        "collector-bench: {} Hz per agent, {} s warm-up, {} s measured per step, p99 goal {} ms",
-        args.rate, args.warmup, args.seconds, args.p99_goal_ms
+        "collector-bench: {} rank(s) per agent at {} Hz each, {} s warm-up, {} s measured per step, p99 goal {} ms",
+        args.ranks_per_agent, args.rate, args.warmup, args.seconds, args.p99_goal_ms
     );
     println!(
-        "{:>6} {:>10} {:>11} {:>11} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8}  sustained",
+        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9}  sustained",
         "agents",
+        "ranks",
         "offered/s",
         "frames/s",
         "values/s",
@@ -387,7 +419,8 @@ pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
         "+MiB",
         "p50 ms",
         "p99 ms",
-        "max ms"
+        "max ms",
+        "view p99"
     );
     let mut rows = Vec::new();
     for &n in &args.agents {

@@ -199,11 +199,13 @@ pub fn run() -> anyhow::Result<i32> {
             .await
             .context("cannot listen on loopback")?;
         let addr = listener.local_addr()?;
+        let hub = std::sync::Arc::new(stallscope_analysis::view::hub::FeedHub::default());
+        // Viewers on the port too, as `stallscope collector` serves them.
         let config = ServerConfig {
             token: Some(TOKEN.into()),
+            feed: Some(hub.clone()),
             ..ServerConfig::default()
         };
-        let hub = std::sync::Arc::new(stallscope_analysis::view::hub::FeedHub::default());
         let collector = Collector::start(
             listener,
             config,

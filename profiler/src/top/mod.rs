@@ -66,6 +66,8 @@ pub fn top(args: TopArgs) -> anyhow::Result<i32> {
         args.token_file.as_deref(),
         &args.tls,
         Duration::from_secs(3600),
+        // The binary form: at 1,024 ranks parsing JSON cost as much as drawing (issue 31).
+        true,
     )?;
     let model = FollowedModel::follow_client(client)?;
     let mut app = App::new(Mode::Live(at.clone()));

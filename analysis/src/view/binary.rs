@@ -1,0 +1,547 @@
+//! The feed's binary form (`stallscope.feed-bin/1`): each message one postcard frame, for
+//! viewers that ask for it (`stallscope top`). The JSON lines stay the feed's default and what
+//! `stallscope feed --json` prints.
+//!
+//! Why: at 1,024 ranks an update is ~190 kB of JSON, 10 a second, and parsing it cost the
+//! dashboard as much CPU as drawing (issue 31). The same update in postcard is a fraction of
+//! the bytes and has no text to parse.
+//!
+//! The model's types are written for JSON (optional fields left out, RDMA figures carried in
+//! JSON only), which postcard cannot read back, so the frames carry mirrors of the parts that
+//! change every round — ranks' figures, iterations' parts, nodes and their readings — field
+//! for field, and so does the snapshot (at 1,024 ranks with their 512 recent iterations its
+//! JSON passed 64 MiB). The summary, refreshed at most once a second and of many optional
+//! fields, travels as its JSON inside the frame.
+//!
+//! A frame on a byte stream: a 4-byte little-endian length, then that many bytes of postcard
+//! ([`BinaryFeed`]), at most [`MAX_FRAME`].
+
+use serde::{Deserialize, Serialize};
+
+use super::hub::FeedMessage;
+use super::{IterationParts, JobView, NodeReading, NodeView, RankView, ViewUpdate};
+use crate::crossnode::StragglerWindow;
+use crate::frame::{GpuIdentity, NicBytes, RdmaCount};
+use crate::gpu_usage::RankGpu;
+use crate::resources::{NodeCounters, NodeResources};
+use crate::summary::Figures;
+use crate::Nanos;
+
+/// The binary form's name, as the feed socket's switch line and the README give it.
+pub const BINARY_SCHEMA: &str = "stallscope.feed-bin/1";
+
+/// bytes, the largest frame a reader takes: a snapshot of thousands of ranks is tens of MiB.
+pub const MAX_FRAME: usize = 64 << 20;
+
+/// Why a binary frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BinaryError {
+    /// The length prefix is over [`MAX_FRAME`].
+    #[error("a binary feed frame of {len} bytes, over the {limit_mib} MiB limit")]
+    TooLong {
+        /// bytes, as the prefix announced.
+        len: usize,
+        /// MiB, [`MAX_FRAME`].
+        limit_mib: usize,
+    },
+    /// The bytes are not a frame of this form.
+    #[error("a malformed binary feed frame ({0})")]
+    Malformed(String),
+}
+
+/// One message of the binary feed.
+#[derive(Debug, Serialize, Deserialize)]
+enum BinaryFeed {
+    /// The whole model.
+    Snapshot(Box<BinarySnapshot>),
+    /// What changed.
+    Update(Box<BinaryUpdate>),
+    /// The run ended.
+    End,
+}
+
+/// [`ViewUpdate`], field for field, in a form postcard reads back.
+#[derive(Debug, Serialize, Deserialize)]
+struct BinaryUpdate {
+    now_ns: Nanos,
+    attributed: u64,
+    samples_per_second: Option<f64>,
+    batch_size: Option<u64>,
+    records_dropped: u64,
+    /// The summary's JSON, when refreshed.
+    summary: Option<String>,
+    ranks: Vec<BinaryRank>,
+    parts: Vec<(u32, IterationParts)>,
+    nodes: Vec<BinaryNode>,
+    stragglers: Vec<StragglerWindow>,
+    readings: Vec<(String, BinaryResources)>,
+    removed_ranks: Vec<u32>,
+    /// The hang events' JSON, when there are any (their optional fields are JSON's).
+    hangs: Option<String>,
+}
+
+/// [`JobView`], field for field.
+#[derive(Debug, Serialize, Deserialize)]
+struct BinarySnapshot {
+    schema: String,
+    name: String,
+    /// The summary's JSON.
+    summary: String,
+    now_ns: Nanos,
+    attributed: u64,
+    samples_per_second: Option<f64>,
+    batch_size: Option<u64>,
+    /// Each rank and its recent iterations.
+    ranks: Vec<(BinaryRank, Vec<IterationParts>)>,
+    /// Each node and its history.
+    nodes: Vec<(BinaryNode, Vec<BinaryResources>)>,
+    stragglers: Vec<StragglerWindow>,
+    records_dropped: u64,
+}
+
+fn snapshot_to_binary(v: &JobView) -> BinarySnapshot {
+    BinarySnapshot {
+        schema: v.schema.clone(),
+        name: v.name.clone(),
+        summary: serde_json::to_string(&v.summary).unwrap_or_default(),
+        now_ns: v.now_ns,
+        attributed: v.attributed,
+        samples_per_second: v.samples_per_second,
+        batch_size: v.batch_size,
+        ranks: v
+            .ranks
+            .values()
+            .map(|r| (BinaryRank::from(r), r.recent.iter().copied().collect()))
+            .collect(),
+        nodes: v
+            .nodes
+            .values()
+            .map(|n| {
+                let history = n.history.iter().map(BinaryResources::from).collect();
+                (BinaryNode::from(n), history)
+            })
+            .collect(),
+        stragglers: v.stragglers.iter().cloned().collect(),
+        records_dropped: v.records_dropped,
+    }
+}
+
+fn snapshot_from_binary(b: BinarySnapshot) -> Result<JobView, BinaryError> {
+    let summary = serde_json::from_str(&b.summary)
+        .map_err(|e| BinaryError::Malformed(format!("the summary inside a snapshot: {e}")))?;
+    Ok(JobView {
+        schema: b.schema,
+        name: b.name,
+        summary,
+        now_ns: b.now_ns,
+        attributed: b.attributed,
+        samples_per_second: b.samples_per_second,
+        batch_size: b.batch_size,
+        ranks: b
+            .ranks
+            .into_iter()
+            .map(|(r, recent)| {
+                let r = RankView {
+                    recent: recent.into(),
+                    ..RankView::from(r)
+                };
+                (r.rank, r)
+            })
+            .collect(),
+        nodes: b
+            .nodes
+            .into_iter()
+            .map(|(n, history)| {
+                let n = NodeView {
+                    history: history.into_iter().map(NodeResources::from).collect(),
+                    ..NodeView::from(n)
+                };
+                (n.node.clone(), n)
+            })
+            .collect(),
+        stragglers: b.stragglers.into(),
+        records_dropped: b.records_dropped,
+    })
+}
+
+/// [`RankView`] as an update sends it (no `recent`).
+#[derive(Debug, Serialize, Deserialize)]
+struct BinaryRank {
+    rank: u32,
+    node: String,
+    pid: u32,
+    figures: Figures,
+    p95_iteration_seconds: f64,
+    gpu: Option<RankGpu>,
+    loader_workers: Option<u32>,
+    loader_pids: Vec<u32>,
+}
+
+/// [`NodeView`] as an update sends it (no `history`).
+#[derive(Debug, Serialize, Deserialize)]
+struct BinaryNode {
+    node: String,
+    ranks: Vec<u32>,
+    resources: Option<BinaryResources>,
+    clock_offset_ns: Option<i64>,
+    clock_uncertainty_ns: Option<u64>,
+    records_dropped: u64,
+    markers_dropped: u64,
+    sources_down: Vec<String>,
+    gpus: Vec<GpuIdentity>,
+    nics: Vec<NicBytes>,
+    counters: Option<BinaryCounters>,
+    rdma_counters: Vec<RdmaCount>,
+    flow_classes: Vec<crate::flows::FlowClassTotals>,
+}
+
+/// [`NodeResources`] with the RDMA rates its postcard form leaves out.
+#[derive(Debug, Serialize, Deserialize)]
+struct BinaryResources {
+    resources: NodeResources,
+    rdma_rx_bytes_per_s: Option<f64>,
+    rdma_tx_bytes_per_s: Option<f64>,
+}
+
+/// [`NodeCounters`] with the RDMA bytes its postcard form leaves out.
+#[derive(Debug, Serialize, Deserialize)]
+struct BinaryCounters {
+    counters: NodeCounters,
+    rdma_rx_bytes: Option<f64>,
+    rdma_tx_bytes: Option<f64>,
+}
+
+impl From<&NodeResources> for BinaryResources {
+    fn from(r: &NodeResources) -> Self {
+        BinaryResources {
+            resources: r.clone(),
+            rdma_rx_bytes_per_s: r.rdma_rx_bytes_per_s,
+            rdma_tx_bytes_per_s: r.rdma_tx_bytes_per_s,
+        }
+    }
+}
+
+impl From<BinaryResources> for NodeResources {
+    fn from(b: BinaryResources) -> Self {
+        NodeResources {
+            rdma_rx_bytes_per_s: b.rdma_rx_bytes_per_s,
+            rdma_tx_bytes_per_s: b.rdma_tx_bytes_per_s,
+            ..b.resources
+        }
+    }
+}
+
+impl From<&RankView> for BinaryRank {
+    fn from(r: &RankView) -> Self {
+        BinaryRank {
+            rank: r.rank,
+            node: r.node.clone(),
+            pid: r.pid,
+            figures: r.figures.clone(),
+            p95_iteration_seconds: r.p95_iteration_seconds,
+            gpu: r.gpu.clone(),
+            loader_workers: r.loader_workers,
+            loader_pids: r.loader_pids.clone(),
+        }
+    }
+}
+
+impl From<BinaryRank> for RankView {
+    fn from(b: BinaryRank) -> Self {
+        RankView {
+            rank: b.rank,
+            node: b.node,
+            pid: b.pid,
+            figures: b.figures,
+            p95_iteration_seconds: b.p95_iteration_seconds,
+            gpu: b.gpu,
+            loader_workers: b.loader_workers,
+            loader_pids: b.loader_pids,
+            recent: Default::default(),
+        }
+    }
+}
+
+impl From<&NodeView> for BinaryNode {
+    fn from(n: &NodeView) -> Self {
+        BinaryNode {
+            node: n.node.clone(),
+            ranks: n.ranks.clone(),
+            resources: n.resources.as_ref().map(BinaryResources::from),
+            clock_offset_ns: n.clock_offset_ns,
+            clock_uncertainty_ns: n.clock_uncertainty_ns,
+            records_dropped: n.records_dropped,
+            markers_dropped: n.markers_dropped,
+            sources_down: n.sources_down.clone(),
+            gpus: n.gpus.clone(),
+            nics: n.nics.clone(),
+            counters: n.counters.as_ref().map(|c| BinaryCounters {
+                counters: c.clone(),
+                rdma_rx_bytes: c.rdma_rx_bytes,
+                rdma_tx_bytes: c.rdma_tx_bytes,
+            }),
+            rdma_counters: n.rdma_counters.clone(),
+            flow_classes: n.flow_classes.clone(),
+        }
+    }
+}
+
+impl From<BinaryNode> for NodeView {
+    fn from(b: BinaryNode) -> Self {
+        NodeView {
+            node: b.node,
+            ranks: b.ranks,
+            resources: b.resources.map(NodeResources::from),
+            history: Default::default(),
+            clock_offset_ns: b.clock_offset_ns,
+            clock_uncertainty_ns: b.clock_uncertainty_ns,
+            records_dropped: b.records_dropped,
+            markers_dropped: b.markers_dropped,
+            sources_down: b.sources_down,
+            gpus: b.gpus,
+            nics: b.nics,
+            counters: b.counters.map(|c| NodeCounters {
+                rdma_rx_bytes: c.rdma_rx_bytes,
+                rdma_tx_bytes: c.rdma_tx_bytes,
+                ..c.counters
+            }),
+            rdma_counters: b.rdma_counters,
+            flow_classes: b.flow_classes,
+        }
+    }
+}
+
+fn to_binary(u: &ViewUpdate) -> BinaryUpdate {
+    BinaryUpdate {
+        now_ns: u.now_ns,
+        attributed: u.attributed,
+        samples_per_second: u.samples_per_second,
+        batch_size: u.batch_size,
+        records_dropped: u.records_dropped,
+        summary: u
+            .summary
+            .as_ref()
+            .and_then(|s| serde_json::to_string(s).ok()),
+        ranks: u.ranks.iter().map(BinaryRank::from).collect(),
+        parts: u.parts.clone(),
+        nodes: u.nodes.iter().map(BinaryNode::from).collect(),
+        stragglers: u.stragglers.clone(),
+        readings: u
+            .readings
+            .iter()
+            .map(|r| (r.node.clone(), BinaryResources::from(&r.resources)))
+            .collect(),
+        removed_ranks: u.removed_ranks.clone(),
+        hangs: (!u.hangs.is_empty())
+            .then(|| serde_json::to_string(&u.hangs).ok())
+            .flatten(),
+    }
+}
+
+fn from_binary(b: BinaryUpdate) -> Result<ViewUpdate, BinaryError> {
+    let summary = match b.summary {
+        Some(json) => Some(Box::new(serde_json::from_str(&json).map_err(|e| {
+            BinaryError::Malformed(format!("the summary inside an update: {e}"))
+        })?)),
+        None => None,
+    };
+    let hangs = match b.hangs {
+        Some(json) => serde_json::from_str(&json)
+            .map_err(|e| BinaryError::Malformed(format!("the hangs inside an update: {e}")))?,
+        None => Vec::new(),
+    };
+    Ok(ViewUpdate {
+        now_ns: b.now_ns,
+        attributed: b.attributed,
+        samples_per_second: b.samples_per_second,
+        batch_size: b.batch_size,
+        records_dropped: b.records_dropped,
+        summary,
+        ranks: b.ranks.into_iter().map(RankView::from).collect(),
+        parts: b.parts,
+        nodes: b.nodes.into_iter().map(NodeView::from).collect(),
+        stragglers: b.stragglers,
+        readings: b
+            .readings
+            .into_iter()
+            .map(|(node, r)| NodeReading {
+                node,
+                resources: r.into(),
+            })
+            .collect(),
+        removed_ranks: b.removed_ranks,
+        hangs,
+    })
+}
+
+/// The frame of a message: its 4-byte little-endian length, then the postcard bytes.
+pub fn encode_frame(msg: &FeedMessage) -> Vec<u8> {
+    let bin = match msg {
+        FeedMessage::Snapshot(v) => BinaryFeed::Snapshot(Box::new(snapshot_to_binary(v))),
+        FeedMessage::Update(u) => BinaryFeed::Update(Box::new(to_binary(u))),
+        FeedMessage::End => BinaryFeed::End,
+    };
+    let mut out = vec![0u8; 4];
+    // Serialising plain data into a Vec cannot fail.
+    out = postcard::to_extend(&bin, out).unwrap_or_default();
+    let len = (out.len().saturating_sub(4)) as u32;
+    if out.len() >= 4 {
+        out[..4].copy_from_slice(&len.to_le_bytes());
+    }
+    out
+}
+
+/// The payload length a frame's prefix announces, refused when over [`MAX_FRAME`].
+pub fn frame_len(prefix: [u8; 4]) -> Result<usize, BinaryError> {
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len > MAX_FRAME {
+        return Err(BinaryError::TooLong {
+            len,
+            limit_mib: MAX_FRAME >> 20,
+        });
+    }
+    Ok(len)
+}
+
+/// The message a frame's payload (after its prefix) holds.
+pub fn decode_payload(payload: &[u8]) -> Result<FeedMessage, BinaryError> {
+    let bin: BinaryFeed =
+        postcard::from_bytes(payload).map_err(|e| BinaryError::Malformed(e.to_string()))?;
+    Ok(match bin {
+        BinaryFeed::Snapshot(v) => {
+            FeedMessage::Snapshot(std::sync::Arc::new(snapshot_from_binary(*v)?))
+        }
+        BinaryFeed::Update(u) => FeedMessage::Update(std::sync::Arc::new(from_binary(*u)?)),
+        BinaryFeed::End => FeedMessage::End,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::category::{Category, Split};
+    use std::sync::Arc;
+
+    fn full_update() -> ViewUpdate {
+        let mut split = Split::default();
+        split.add(Category::Compute, 80_000_000);
+        split.add(Category::PeerWait, 5_000_000);
+        let resources = NodeResources {
+            t_ns: 1_000,
+            dur_ns: 1_000_000_000,
+            cpu_busy_cores: Some(3.5),
+            rdma_rx_bytes_per_s: Some(12e9),
+            rdma_tx_bytes_per_s: Some(11e9),
+            ..NodeResources::default()
+        };
+        ViewUpdate {
+            now_ns: 42,
+            attributed: 7,
+            samples_per_second: Some(1234.5),
+            batch_size: Some(64),
+            records_dropped: 3,
+            summary: Some(Box::default()),
+            ranks: vec![RankView {
+                rank: 5,
+                node: "n1".into(),
+                pid: 99,
+                p95_iteration_seconds: 0.12,
+                loader_workers: Some(2),
+                loader_pids: vec![100, 101],
+                ..RankView::default()
+            }],
+            parts: vec![(
+                5,
+                IterationParts {
+                    iter: 10,
+                    end_ns: 1_000_000,
+                    split,
+                    gpu_busy_ppm: Some(870_000),
+                },
+            )],
+            nodes: vec![NodeView {
+                node: "n1".into(),
+                ranks: vec![5],
+                resources: Some(resources.clone()),
+                counters: Some(NodeCounters {
+                    cpu_seconds: Some(1.5),
+                    rdma_rx_bytes: Some(9e9),
+                    rdma_tx_bytes: Some(8e9),
+                    ..NodeCounters::default()
+                }),
+                sources_down: vec!["nvml: no driver".into()],
+                clock_offset_ns: Some(-50),
+                flow_classes: vec![crate::flows::FlowClassTotals {
+                    class: Some(crate::flows::FlowClass::Collective),
+                    bytes_in: 9_000,
+                    bytes_out: 8_000,
+                    retransmits: 12,
+                }],
+                ..NodeView::default()
+            }],
+            stragglers: vec![],
+            readings: vec![NodeReading {
+                node: "n1".into(),
+                resources,
+            }],
+            removed_ranks: vec![2],
+            hangs: vec![crate::hang::HangReport {
+                at_seconds: 70.0,
+                missing_ranks: vec![1],
+                missing_at: vec!["1@n2".into()],
+                ..Default::default()
+            }],
+        }
+    }
+
+    fn round_trip(msg: &FeedMessage) -> FeedMessage {
+        let frame = encode_frame(msg);
+        let len = frame_len(frame[..4].try_into().unwrap()).unwrap();
+        assert_eq!(len, frame.len() - 4);
+        decode_payload(&frame[4..]).unwrap()
+    }
+
+    #[test]
+    fn an_update_reads_back_whole_rdma_figures_included() {
+        let u = full_update();
+        let FeedMessage::Update(back) = round_trip(&FeedMessage::Update(Arc::new(u.clone())))
+        else {
+            panic!("not an update");
+        };
+        assert_eq!(*back, u);
+    }
+
+    #[test]
+    fn a_snapshot_and_the_end_read_back() {
+        let mut view = JobView::new("train");
+        view.apply(full_update());
+        let FeedMessage::Snapshot(back) =
+            round_trip(&FeedMessage::Snapshot(Arc::new(view.clone())))
+        else {
+            panic!("not a snapshot");
+        };
+        assert_eq!(*back, view);
+        assert!(matches!(round_trip(&FeedMessage::End), FeedMessage::End));
+    }
+
+    #[test]
+    fn an_update_is_a_fraction_of_its_json() {
+        let msg = FeedMessage::Update(Arc::new(full_update()));
+        let json = super::super::hub::json_line(&msg);
+        assert!(encode_frame(&msg).len() * 2 < json.len());
+    }
+
+    #[test]
+    fn malformed_frames_are_errors_that_say_so() {
+        let frame = encode_frame(&FeedMessage::Update(Arc::new(full_update())));
+        let err = decode_payload(&frame[4..frame.len() / 2]).unwrap_err();
+        assert!(
+            err.to_string().contains("malformed binary feed frame"),
+            "{err}"
+        );
+        let err = decode_payload(&[9, 1, 2]).unwrap_err();
+        assert!(err.to_string().contains("malformed"), "{err}");
+        let err = frame_len((MAX_FRAME as u32 + 1).to_le_bytes()).unwrap_err();
+        assert!(err.to_string().contains("over the 64 MiB limit"), "{err}");
+    }
+}
