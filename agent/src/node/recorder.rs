@@ -201,7 +201,8 @@ impl Recorder {
     /// part: `hang-37s`, `slowdown-rank1-iter30`) at `now` (ns, the profile's clock).
     pub fn record_flight(&mut self, what: &str, now: u64) {
         if let Some(hook) = self.flight_recorder.as_mut() {
-            self.journal.flush();
+            // Frames held back to be deflated together too: the trace reads the file now.
+            self.journal.flush_all();
             hook(what, now);
         }
     }

@@ -36,6 +36,12 @@ pub trait FrameSink: Send {
     fn write(&mut self, frame: &Frame) -> Result<(), String>;
     /// Makes what was written durable enough to acknowledge.
     fn flush(&mut self) -> Result<(), String>;
+    /// Puts every frame written so far in the file now, frames a sink holds back to pack
+    /// together included, for a reader of the file while it is written (the flight
+    /// recorder's trace). By default, [`FrameSink::flush`].
+    fn flush_all(&mut self) -> Result<(), String> {
+        self.flush()
+    }
     /// Writes what is left and closes.
     fn finish(self: Box<Self>) -> Result<(), String>;
 }
@@ -205,6 +211,16 @@ impl Journal {
     pub fn flush(&mut self) {
         if let Some(s) = self.sink.as_mut() {
             if let Err(e) = s.flush() {
+                self.fail(e);
+            }
+        }
+    }
+
+    /// Puts every frame written so far in the file, those held back to be packed together
+    /// included ([`FrameSink::flush_all`]): for a reader of the profile while it is written.
+    pub fn flush_all(&mut self) {
+        if let Some(s) = self.sink.as_mut() {
+            if let Err(e) = s.flush_all() {
                 self.fail(e);
             }
         }

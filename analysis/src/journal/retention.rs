@@ -323,6 +323,10 @@ impl FrameSink for Retention {
         self.inner.flush()
     }
 
+    fn flush_all(&mut self) -> Result<(), String> {
+        self.inner.flush_all()
+    }
+
     fn finish(mut self: Box<Self>) -> Result<(), String> {
         self.write_ring()?;
         self.inner.finish()

@@ -243,6 +243,14 @@ impl ProfileWriter {
         self.out.flush().map_err(|e| self.io(e))
     }
 
+    /// Writes every frame so far to the file, the ones waiting to be deflated included (no
+    /// sync): for a reader of the file while it is written, such as the flight recorder.
+    pub fn flush_all(&mut self) -> Result<(), ProfileError> {
+        self.write_run()?;
+        self.write_pending()?;
+        self.out.flush().map_err(|e| self.io(e))
+    }
+
     /// Flushes everything, then asks the OS to put the file's data on disk.
     pub fn sync(&mut self) -> Result<(), ProfileError> {
         self.write_run()?;
@@ -272,6 +280,10 @@ impl stallscope_analysis::journal::FrameSink for ProfileWriter {
 
     fn flush(&mut self) -> Result<(), String> {
         ProfileWriter::flush(self).map_err(|e| e.to_string())
+    }
+
+    fn flush_all(&mut self) -> Result<(), String> {
+        ProfileWriter::flush_all(self).map_err(|e| e.to_string())
     }
 
     fn finish(self: Box<Self>) -> Result<(), String> {
@@ -358,6 +370,41 @@ mod tests {
             std::fs::metadata(&packed).unwrap().len(),
         );
         assert!(packed * 2 < plain, "{packed} bytes deflated, {plain} plain");
+    }
+
+    #[test]
+    fn flush_all_puts_the_frames_waiting_to_be_deflated_in_the_file() {
+        use stallscope_analysis::marker::{Marker, MarkerEvent};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.ssprof");
+        let header = every_variant().remove(0);
+        assert!(matches!(header, Frame::Header(_)));
+        let markers = Frame::Markers(vec![Marker {
+            seq: 0,
+            t_ns: 1,
+            pid: 7,
+            rank: Some(0),
+            iter: 0,
+            event: MarkerEvent::Step,
+        }]);
+        let mut w = ProfileWriter::create(&path).unwrap().deflating();
+        w.write(&header).unwrap();
+        w.write(&markers).unwrap();
+        let has_markers = || {
+            read_profile(&path)
+                .unwrap()
+                .frames
+                .iter()
+                .any(|f| matches!(f, Frame::Markers(_)))
+        };
+        w.flush().unwrap();
+        assert!(
+            !has_markers(),
+            "flush waits to deflate them with the next ones"
+        );
+        w.flush_all().unwrap();
+        assert!(has_markers(), "a reader of the file sees them now");
+        w.finish().unwrap();
     }
 
     #[test]
