@@ -3,7 +3,8 @@
 //! whose link is shaped to 128 kbit/s, so fetching them is the training's bottleneck; the
 //! training runs under `stallscope run` in node A with two loader workers that fetch each
 //! sample with urllib (`--data-url`). The summary's largest category is `data_fetch` and the
-//! workers' sockets are listed as `data` flows. Needs root for the namespaces; CI runs as root.
+//! workers' sockets are listed as `data` flows; the report, in headless Chromium, has the flows
+//! and a TCP retransmissions chart. Needs root for the namespaces; CI runs as root.
 
 mod common;
 
@@ -127,4 +128,16 @@ fn a_dataset_fetched_over_http_is_data_fetch_and_its_sockets_are_data_flows() {
             .all(|p| p.as_u64() != loop_pid)),
         "held by the workers, not the loop: {flows:#?}"
     );
+
+    // The report, in a browser: the flows table and retransmissions over time (none on this
+    // link, a flat line at 0 segments/s, but read).
+    let profile = dir.path().join("run.stallscope");
+    if let Some(dom) = report_in_chromium(dir.path(), "remote", &[profile.as_os_str()]) {
+        assert_report_holds(
+            &dom,
+            &[0],
+            &["chart-timeline", "chart-resource-tcp-retransmissions"],
+        );
+        assert!(dom.contains("id=\"flows\""), "a flows section");
+    }
 }

@@ -117,7 +117,7 @@ mod tests {
         assert!(!catches(me, signal));
         extern "C" fn nothing(_: libc::c_int) {}
         // SAFETY: installs a handler that does nothing, for a signal nothing else uses here.
-        let old = unsafe { libc::signal(signal, nothing as libc::sighandler_t) };
+        let old = unsafe { libc::signal(signal, nothing as *const () as libc::sighandler_t) };
         assert!(catches(me, signal));
         // SAFETY: puts back what was there.
         unsafe { libc::signal(signal, old) };
