@@ -30,6 +30,8 @@ PACKAGES=(
     openssl
     nodejs
     python3-pip
+    sshfs
+    openssh-server
 )
 
 dry_run=0

@@ -19,7 +19,7 @@ cargo test --workspace --locked 2>&1
 echo "== Rust: the single-node end-to-end tests again, on torch 2.x ($TORCH2_PYTHON)"
 STALLSCOPE_TEST_PYTHON="$TORCH2_PYTHON" cargo test --locked -p stallscope \
     --test run_single_node --test run_two_local_ranks --test fsdp --test pipeline \
-    --test slowdown --test hang --test hang_nodes --test pytorch_examples 2>&1
+    --test slowdown --test hang --test hang_nodes --test pytorch_examples --test remote_data 2>&1
 
 echo "== Python: the marker package and the PyTorch hook, on Debian's torch 1.13"
 /usr/bin/python3 -m unittest discover -s profiler/python/tests 2>&1

@@ -14,13 +14,16 @@ Distributed:     torchrun --nproc_per_node 2 train.py --data-delay-ms 1:50
 import argparse
 import concurrent.futures
 import datetime
+import io
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import numpy as np
 import torch
@@ -48,6 +51,12 @@ def parse_args(argv=None):
         "--data-dir",
         default=os.path.join(cache, "stallscope", "example-data"),
         help="where the generated images are kept and reused",
+    )
+    p.add_argument(
+        "--data-url",
+        default=None,
+        help="read the data set over HTTP instead: a directory listing of JPEGs (as "
+        "`python3 -m http.server` serves one), each sample fetched with urllib",
     )
     p.add_argument(
         "--data-delay-ms",
@@ -184,12 +193,28 @@ def ensure_dataset(root, images, size, seed):
     return final
 
 
+def fetch(url):
+    """The body of one HTTP GET (a new connection each time, as urllib makes them)."""
+    with urllib.request.urlopen(url, timeout=120) as response:
+        return response.read()
+
+
+def list_remote(url):
+    """The JPEGs an HTTP directory listing names, sorted."""
+    listing = fetch(url + "/").decode("utf-8", "replace")
+    return sorted(set(re.findall(r'href="([^"/]+\.jpg)"', listing)))
+
+
 class JpegFolder(Dataset):
     """Labelled JPEGs, decoded with PIL and augmented on each access."""
 
-    def __init__(self, folder, size, delay_ms, on_thread=False, slow_from=None):
+    def __init__(self, folder, size, delay_ms, on_thread=False, slow_from=None, url=None):
         self.slow_from = slow_from
-        self.files = sorted(f for f in os.listdir(folder) if f.endswith(".jpg"))
+        self.url = url.rstrip("/") if url else None
+        if self.url:
+            self.files = list_remote(self.url)
+        else:
+            self.files = sorted(f for f in os.listdir(folder) if f.endswith(".jpg"))
         self.folder = folder
         self.delay_ms = delay_ms
         self.on_thread = on_thread
@@ -220,7 +245,11 @@ class JpegFolder(Dataset):
             if batch_number >= it:
                 delay_ms += ms
         name = self.files[index]
-        with Image.open(os.path.join(self.folder, name)) as image:
+        if self.url:
+            source = io.BytesIO(fetch(self.url + "/" + name))
+        else:
+            source = os.path.join(self.folder, name)
+        with Image.open(source) as image:
             x = self.transform(image.convert("RGB"))
         if delay_ms > 0:
             if self.on_thread:
@@ -319,7 +348,10 @@ def main(argv=None):
         torch.set_num_threads(1)
     torch.manual_seed(args.seed)
 
-    folder = ensure_dataset(args.data_dir, args.images, args.image_size, args.seed)
+    if args.data_url:
+        folder = None
+    else:
+        folder = ensure_dataset(args.data_dir, args.images, args.image_size, args.seed)
     slow = parse_slow_from(args.slow_from, rank)
     data_slow = slow if slow is not None and slow[1] == "data" else None
     dataset = JpegFolder(
@@ -327,7 +359,8 @@ def main(argv=None):
         args.image_size,
         delay_for_rank(args.data_delay_ms, rank),
         args.data_on_thread,
-        data_slow,
+        slow_from=data_slow,
+        url=args.data_url,
     )
     sampler = DistributedSampler(dataset, seed=args.seed) if world > 1 else None
     numbered = None

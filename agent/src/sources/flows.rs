@@ -16,7 +16,8 @@
 //!
 //! Read on the slow tier (every 100 ms), it records per class and link (`nic` or `loopback`)
 //! the bytes moved as counters (`flow.rx_bytes`, `flow.tx_bytes`, `flow.retransmits`): the
-//! attribution reads the job's collective bytes from them instead of the NIC's. Every half
+//! attribution reads the job's collective bytes from them instead of the NIC's, and the
+//! `data` class's received bytes as a loader's network fetch. Every half
 //! second it hands the flows that moved to the sampler ([`FlowSource::take_flows`]), which
 //! sends them as one [`NodeFlows`].
 //!

@@ -44,7 +44,11 @@ pub struct CudaIteration {
 fn is_data(basis: Basis) -> bool {
     matches!(
         basis,
-        Basis::DataLoaderCpu | Basis::DataLoaderIo | Basis::DataNoActivity | Basis::CounterLoader
+        Basis::DataLoaderCpu
+            | Basis::DataLoaderIo
+            | Basis::DataLoaderNet
+            | Basis::DataNoActivity
+            | Basis::CounterLoader
     )
 }
 

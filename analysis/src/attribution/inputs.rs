@@ -74,6 +74,9 @@ pub struct Links {
     pub nvlink_bytes_per_s: f64,
     /// bytes/s, the highest PCIe rate (rx + tx) seen on one GPU (0 when unknown).
     pub pcie_bytes_per_s: f64,
+    /// bytes, counters: `flow.rx_bytes{class="data"}` of every link, what the data-loader
+    /// workers' own sockets received (empty without the flow source).
+    pub data_rx: Vec<SeriesId>,
 }
 
 /// One iteration to attribute.

@@ -23,7 +23,7 @@ use crate::timeline::SeriesStore;
 use crate::Nanos;
 
 use super::counters::{
-    delta, gpu_transfer_weight, h2d_ns, loader_activity, quiet, transfer_weights,
+    delta, gpu_transfer_weight, h2d_ns, link_bytes, loader_activity, quiet, transfer_weights,
 };
 use super::gpu_timeline::reconcile;
 use super::inputs::{GpuSeries, IterationInput, Links, RankSeries};
@@ -157,19 +157,27 @@ fn attribute_data(
     }
     let (cpu, io) = loader_activity(store, rank, worker, a, b);
     // What the loader was seen doing explains at most the wait; the rest of it (a worker
-    // asleep in state S on an object-store or HTTP read, or nothing sampled) is unexplained.
+    // asleep in state S, or nothing sampled) is a network fetch when the loader workers'
+    // sockets received bytes meanwhile (an object-store or HTTP read), else unexplained.
     let seen = (cpu + io).min(waited as f64);
     let (cpu, io) = if cpu + io > 0.0 {
         (seen * cpu / (cpu + io), seen * io / (cpu + io))
     } else {
         (0.0, 0.0)
     };
+    let asleep = waited as f64 - seen;
+    let (net, none) = if link_bytes(store, &links.data_rx, a, b) > 0.0 {
+        (asleep, 0.0)
+    } else {
+        (0.0, asleep)
+    };
     parts.apportion(
         waited,
         &[
             (Category::DataPrep, Basis::DataLoaderCpu, cpu),
             (Category::DataFetch, Basis::DataLoaderIo, io),
-            (Category::Other, Basis::DataNoActivity, waited as f64 - seen),
+            (Category::DataFetch, Basis::DataLoaderNet, net),
+            (Category::Other, Basis::DataNoActivity, none),
         ],
         (Category::Other, Basis::DataNoActivity),
     );

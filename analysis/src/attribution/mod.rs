@@ -66,6 +66,11 @@ pub enum Basis {
     /// CUDA events: the rest of the iteration on a GPU-timed rank: kernels, and the host work
     /// that queues them, that no other rule claimed.
     GpuWork,
+    /// `data` marker (or, with no marker, an idle rank) while no loader thread was seen
+    /// running, runnable or in state D, but the loader workers' own TCP flows (class `data`)
+    /// received bytes: a worker asleep on a socket read (an object store, HTTP, a network
+    /// file system's client) is fetching.
+    DataLoaderNet,
 }
 
 /// How much of one category one rule decided.

@@ -211,6 +211,53 @@ fn a_data_wait_with_sleeping_workers_is_other_not_prep() {
 }
 
 #[test]
+fn a_data_wait_with_sleeping_workers_whose_sockets_receive_is_fetch() {
+    let mut s = Script::new();
+    // As above, but the worker's own sockets (flow class `data`) receive 1 kB/ms while it
+    // sleeps: it waits on an object-store or HTTP read.
+    let main = s.thread(|ms| ms >= 60, |_| false, 200);
+    let worker = s.thread(|ms| (50..60).contains(&ms), |_| false, 200);
+    let data_rx = s.series(
+        SeriesKind::Counter,
+        |ms| if ms < 50 { 1e3 } else { 0.0 },
+        200,
+    );
+    let rank = RankSeries {
+        main,
+        loaders: vec![worker],
+        gpu: None,
+    };
+    let links = Links {
+        data_rx: vec![data_rx],
+        ..Links::default()
+    };
+    let b = attribute(&input(0, 100, &[("data", 0, 60)]), &s.store, &rank, &links);
+    assert_eq!(
+        ms(&b, DataPrep),
+        10.0,
+        "the decode the worker was seen doing"
+    );
+    assert_eq!(ms(&b, DataFetch), 50.0, "asleep while its sockets received");
+    assert_eq!(ms(&b, Other), 0.0);
+    assert!(b
+        .evidence
+        .iter()
+        .any(|e| e.basis == Basis::DataLoaderNet && e.category == DataFetch));
+    // Without a loader marker, an idle rank whose loader sleeps on its sockets: fetch too.
+    let b = attribute(
+        &input(0, 40, &[]),
+        &s.store,
+        &RankSeries {
+            main,
+            loaders: vec![worker],
+            gpu: None,
+        },
+        &links,
+    );
+    assert_eq!(ms(&b, DataFetch), 40.0);
+}
+
+#[test]
 fn exposed_comm_goes_to_the_link_that_moved_the_bytes() {
     let mut s = Script::new();
     let main = s.thread(|ms| ms < 70, |_| false, 200);

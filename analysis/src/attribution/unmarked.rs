@@ -156,6 +156,9 @@ fn idle_tick(
             Basis::CounterLoader,
             idle * loader_io / total,
         );
+    } else if link_bytes(store, &links.data_rx, x, y) > 0.0 {
+        // The loader asleep while its sockets received: fetching over the network.
+        weights.add(Category::DataFetch, Basis::DataLoaderNet, idle);
     } else {
         weights.add(Category::Other, Basis::Unexplained, idle);
     }

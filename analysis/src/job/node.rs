@@ -165,6 +165,13 @@ impl NodeTimeline {
         if self.series.named(names::FLOW_RX_BYTES).next().is_some() {
             links.nic = collective_nic;
         }
+        // What the loader workers' own sockets received: a dataset read over the network.
+        links.data_rx = self
+            .series
+            .named(names::FLOW_RX_BYTES)
+            .filter(|d| d.label("class") == Some("data"))
+            .map(|d| d.id)
+            .collect();
         // RDMA ports are NICs whose bytes the kernel's interface table never sees.
         for name in [names::RDMA_RX_BYTES, names::RDMA_TX_BYTES] {
             links.nic.extend(self.series.named(name).map(|d| d.id));

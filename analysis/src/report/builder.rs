@@ -143,7 +143,16 @@ pub struct ReportBuilder {
     frames: u64,
     sources: Vec<SourceProfile>,
     problems: Vec<String>,
+    /// Each flow's retransmitted segments as last read, by node and `(local, remote)`, with
+    /// when (ns, the node's clock), to turn the flow frames' totals into retransmissions per
+    /// column.
+    retransmits_seen: BTreeMap<(String, String, String), (u64, Nanos)>,
 }
+
+/// Flows whose retransmissions the builder remembers before it forgets those not read for
+/// [`RETRANSMITS_FORGET_NS`] (a connection per sample opens thousands).
+const RETRANSMITS_KEPT: usize = 4096;
+const RETRANSMITS_FORGET_NS: Nanos = 60_000_000_000;
 
 impl ReportBuilder {
     /// A builder for job `name` (empty: named from the profile's command).
@@ -171,6 +180,7 @@ impl ReportBuilder {
             critical_iterations: 0,
             experiment: None,
             frames: 0,
+            retransmits_seen: BTreeMap::new(),
             sources: Vec::new(),
             problems: Vec::new(),
         }
@@ -217,6 +227,7 @@ impl ReportBuilder {
             }
             Frame::End(e) => self.end = Some(e.clone()),
             Frame::Experiment(r) => self.experiment = Some((**r).clone()),
+            Frame::NodeFlows(f) => self.flows(f),
             _ => {}
         }
         if let Some(t) = self.time_of(frame) {
@@ -266,6 +277,42 @@ impl ReportBuilder {
             self.node_cols.values_mut().for_each(Columns::coarsen);
         }
         k
+    }
+
+    /// Turns a node's flow totals into the segments its TCP flows retransmitted since its
+    /// previous flow frame, per second, placed like a reading over that interval.
+    fn flows(&mut self, f: &crate::flows::NodeFlows) {
+        if f.t_ns <= f.since_ns {
+            // The node's first flow frame: totals from before anything was read.
+            for s in &f.flows {
+                let key = (f.node.clone(), s.local.clone(), s.remote.clone());
+                self.retransmits_seen.insert(key, (s.retransmits, f.t_ns));
+            }
+            return;
+        }
+        let mut segments = 0;
+        for s in &f.flows {
+            let key = (f.node.clone(), s.local.clone(), s.remote.clone());
+            let seen = self.retransmits_seen.insert(key, (s.retransmits, f.t_ns));
+            segments += s.retransmits.saturating_sub(seen.map_or(0, |(r, _)| r));
+        }
+        if self.retransmits_seen.len() > RETRANSMITS_KEPT {
+            let horizon = f.t_ns.saturating_sub(RETRANSMITS_FORGET_NS);
+            self.retransmits_seen.retain(|_, (_, t)| *t >= horizon);
+        }
+        let node = if f.node.is_empty() {
+            self.local_node()
+        } else {
+            f.node.clone()
+        };
+        let (mut from, mut to) = (f.since_ns, f.t_ns);
+        if let Some(c) = self.clock(&node) {
+            (from, to) = (c.to_collector(from), c.to_collector(to));
+        }
+        let k = self.column(from + (to - from) / 2);
+        let mut values = [None; RESOURCE_FIELDS];
+        values[RETRANSMITS] = Some(segments as f64 / ((f.t_ns - f.since_ns) as f64 / 1e9));
+        self.node_cols.entry(node).or_default().at(k).add(&values);
     }
 
     fn resources(&mut self, node: &str, r: &NodeResources) {
@@ -470,6 +517,7 @@ fn resource_values(r: &NodeResources) -> [Option<f64>; RESOURCE_FIELDS] {
         r.nvlink_tx_bytes_per_s,
         r.rdma_rx_bytes_per_s,
         r.rdma_tx_bytes_per_s,
+        None,
     ]
 }
 
@@ -489,6 +537,7 @@ const NVL_RX: usize = 12;
 const NVL_TX: usize = 13;
 const RDMA_RX: usize = 14;
 const RDMA_TX: usize = 15;
+const RETRANSMITS: usize = 16;
 
 fn mb(x: Option<f64>) -> Option<f64> {
     x.map(|b| b / 1e6)
@@ -755,6 +804,7 @@ impl Ctx<'_> {
                                 pcie_mb_per_s: mb(both(c.mean(PCIE_RX), c.mean(PCIE_TX))),
                                 nvlink_mb_per_s: mb(both(c.mean(NVL_RX), c.mean(NVL_TX))),
                                 rdma_mb_per_s: mb(both(c.mean(RDMA_RX), c.mean(RDMA_TX))),
+                                tcp_retransmits_per_s: c.mean(RETRANSMITS),
                                 psi_cpu: c.mean(PSI_CPU),
                                 psi_io: c.mean(PSI_IO),
                                 psi_memory: c.mean(PSI_MEM),

@@ -282,8 +282,8 @@ impl Merge for RankColumn {
 }
 
 /// The resource quantities a [`ResourceColumn`] keeps, in [`crate::resources::NodeResources`]'
-/// order.
-pub const RESOURCE_FIELDS: usize = 16;
+/// order, then the TCP retransmissions of the node's flows (from [`crate::flows::NodeFlows`]).
+pub const RESOURCE_FIELDS: usize = 17;
 
 /// One node's resource readings in one column: mean and peak of each quantity.
 #[derive(Clone, Copy, Debug, Default)]

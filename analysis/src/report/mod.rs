@@ -392,6 +392,10 @@ pub struct ResourceRow {
     /// written before them.
     #[serde(default)]
     pub rdma_mb_per_s: Option<f64>,
+    /// segments/s its TCP flows (those the flow source read, every class) retransmitted;
+    /// absent without the flow source and from reports written before it.
+    #[serde(default)]
+    pub tcp_retransmits_per_s: Option<f64>,
     /// PSI some, CPU, 0–1.
     pub psi_cpu: Option<f64>,
     /// PSI some, I/O, 0–1.

@@ -260,7 +260,7 @@ impl Panel {
 }
 
 /// The resource panels, in the report's order.
-pub const PANELS: [Panel; 9] = [
+pub const PANELS: [Panel; 10] = [
     Panel {
         title: "CPU busy",
         unit: "cores",
@@ -286,6 +286,12 @@ pub const PANELS: [Panel; 9] = [
         title: "RDMA",
         unit: "MB/s, in + out",
         read: |r| r.rdma_mb_per_s,
+    },
+    // Only where the flow source read the node's TCP flows.
+    Panel {
+        title: "TCP retransmissions",
+        unit: "segments/s",
+        read: |r| r.tcp_retransmits_per_s,
     },
     Panel {
         title: "Disk",

@@ -201,6 +201,86 @@ fn an_rdma_node_gets_an_rdma_chart_beside_the_nic() {
     assert_eq!(order[nic + 1], "RDMA", "beside the NIC: {order:?}");
 }
 
+/// Issue 29: retransmissions over time. A flow that retransmits 5 segments between each of the
+/// node's flow frames draws a TCP retransmissions line on the node's own axis, at 5 segments
+/// per interval; a run without flows has no such chart.
+#[test]
+fn retransmissions_over_time_come_from_the_flow_frames() {
+    use stallscope_analysis::flows::{FlowClass, FlowSample, NodeFlows};
+    use stallscope_analysis::frame::Frame;
+    let build = |frames: &[Frame]| {
+        let mut b = ReportBuilder::new("");
+        for f in frames {
+            b.ingest(f);
+        }
+        b.finish()
+    };
+    let titles = |r: &stallscope_analysis::report::Report| -> Vec<&str> {
+        crate::report::charts::resources(r)
+            .iter()
+            .map(|(p, _)| p.title)
+            .collect()
+    };
+    let plain = two_rank_profile(false);
+    let panel = "TCP retransmissions";
+    assert!(!titles(&build(&plain)).contains(&panel));
+    let mut frames = Vec::new();
+    let mut since = None;
+    let mut retransmits = 0;
+    for f in &plain {
+        frames.push(f.clone());
+        if let Frame::Samples(batch) = f {
+            let since_ns = since.unwrap_or(batch.t_ns);
+            frames.push(Frame::NodeFlows(NodeFlows {
+                node: String::new(),
+                t_ns: batch.t_ns,
+                since_ns,
+                flows: vec![FlowSample {
+                    class: Some(FlowClass::Collective),
+                    local: "10.0.0.1:40000".into(),
+                    remote: "10.0.0.2:29500".into(),
+                    bytes_in: retransmits * 1000,
+                    retransmits,
+                    ..FlowSample::default()
+                }],
+            }));
+            if let Some(prev) = since {
+                assert_eq!(batch.t_ns - prev, plain_interval(&plain));
+            }
+            since = Some(batch.t_ns);
+            retransmits += 5;
+        }
+    }
+    let r = build(&frames);
+    assert!(titles(&r).contains(&panel), "{:?}", titles(&r));
+    assert_eq!(
+        r.resources.len(),
+        1,
+        "the flows are the node's own: {:?}",
+        r.resources
+    );
+    let columns = &r.resources[0].columns;
+    let mid = &columns[columns.len() / 2];
+    let per_s = mid.tcp_retransmits_per_s.expect("retransmissions read");
+    let expected = 5.0 / (plain_interval(&plain) as f64 / 1e9);
+    assert!(
+        (per_s - expected).abs() < 0.01 * expected,
+        "{per_s} against {expected}"
+    );
+}
+
+/// ns between the sample batches of a constructed profile.
+fn plain_interval(frames: &[stallscope_analysis::frame::Frame]) -> u64 {
+    let t: Vec<u64> = frames
+        .iter()
+        .filter_map(|f| match f {
+            stallscope_analysis::frame::Frame::Samples(b) => Some(b.t_ns),
+            _ => None,
+        })
+        .collect();
+    t[1] - t[0]
+}
+
 /// Issue 29: the report lists each node's flows by class, and the transfer that shared the
 /// link while the collectives waited.
 #[test]
