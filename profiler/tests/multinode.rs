@@ -448,6 +448,39 @@ fn nodes_whose_clocks_are_10_s_apart_are_joined() {
             "every iteration joined: {s:#}"
         );
     }
+    // Issue 28: the job profile's trace opens in Perfetto with each node a process, and the
+    // two nodes' ranks on the collector's clock: rank 0 (node-a) and rank 1 (node-b, 10 s
+    // ahead) meet at every all-reduce, so their iterations of the same number overlap.
+    let Some(ui) = perfetto_ui() else { return };
+    let trace = dir.path().join("job.trace.json");
+    run_ok(
+        stallscope()
+            .arg("trace")
+            .arg(dir.path().join("job.stallscope"))
+            .arg("-o")
+            .arg(&trace),
+    );
+    let [iterations, errors] = &perfetto_query(
+        &ui,
+        &trace,
+        &[&perfetto_slices("iteration"), PERFETTO_ERRORS],
+    )[..] else {
+        panic!("two queries, two results")
+    };
+    assert!(errors.is_empty(), "Perfetto's importer: {errors:?}");
+    let on = |rank: &str| -> Vec<&str> {
+        let mut p: Vec<&str> = iterations
+            .iter()
+            .filter(|r| r["thread"] == rank)
+            .map(|r| r["process"].as_str().unwrap_or(""))
+            .collect();
+        p.dedup();
+        p
+    };
+    assert_eq!(on("rank 0"), ["node node-a"], "{iterations:?}");
+    assert_eq!(on("rank 1"), ["node node-b"], "{iterations:?}");
+    let pairs = assert_iterations_line_up(iterations);
+    assert!(pairs >= 15, "{pairs} iterations of both ranks compared");
 }
 
 /// Each node's agent reads its own GPU (the scripted library, moving 1 GB/s over PCIe on

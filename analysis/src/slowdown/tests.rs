@@ -81,8 +81,11 @@ fn a_step_up_at_30_is_named_within_3_and_detected_by_35() {
     assert!(s.after_seconds > 0.005 && s.before_seconds < 0.001, "{s:?}");
 }
 
+/// A rank alone is never named for its compute: other processes' load on a shared CPU
+/// stretches compute first and unevenly, and with no peer nothing tells it from the rank's own
+/// slowdown (`ranks_are_watched_apart` names compute with a peer).
 #[test]
-fn a_compute_step_is_named_compute() {
+fn a_rank_alone_is_not_named_for_its_compute() {
     let found = watch(0, 80, |i, n| {
         let p = steady(n);
         if i >= 30 {
@@ -91,9 +94,7 @@ fn a_compute_step_is_named_compute() {
             p
         }
     });
-    assert_eq!(found.len(), 1, "{found:?}");
-    assert_eq!(found[0].category, "compute");
-    assert!(found[0].since_iteration.abs_diff(30) <= 3);
+    assert!(found.is_empty(), "{found:?}");
 }
 
 #[test]
@@ -221,8 +222,12 @@ fn ranks_are_watched_apart() {
             w.take(&iteration(rank, i, &p), 0);
         }
     }
-    let ranks: Vec<u32> = w.found().iter().map(|s| s.rank).collect();
-    assert_eq!(ranks, [1]);
+    let named: Vec<(u32, &str)> = w
+        .found()
+        .iter()
+        .map(|s| (s.rank, s.category.as_str()))
+        .collect();
+    assert_eq!(named, [(1, "compute")]);
 }
 
 #[test]
