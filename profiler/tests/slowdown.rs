@@ -73,7 +73,10 @@ fn assert_rank_1_turned_slow(s: &Value, stderr: &str, category: &str) {
     let since = d["since_iteration"].as_u64().unwrap();
     let detected = d["detected_iteration"].as_u64().unwrap();
     assert!(since.abs_diff(SLOW_FROM) <= 3, "{d:#}");
-    assert!(detected >= since && detected <= SLOW_FROM + 5, "{d:#}");
+    // Named at most 5 iterations after the change it found. Once in CI, on a loaded machine,
+    // rank 1's data preparation was found slow from 33 (not 30) and named at 36: the run of
+    // grown iterations restarted at 33, so 36 was 6 after the true change, 3 after its own.
+    assert!(detected >= since && detected <= since + 5, "{d:#}");
     assert!(d["factor"].as_f64().unwrap() > 1.2, "{d:#}");
     assert_eq!(d["until_iteration"], Value::Null, "slow to the end: {d:#}");
     assert!(!d["node"].as_str().unwrap().is_empty(), "{d:#}");
