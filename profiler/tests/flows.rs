@@ -15,35 +15,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 
-/// Takes the cluster down when the test ends, however it ends.
-struct Cluster {
-    prefix: String,
-}
-
-impl Cluster {
-    fn up(prefix: &str, rate: &str, net: &str) -> Cluster {
-        let script = repo().join("scripts/netns.sh");
-        run_ok(
-            Command::new("bash")
-                .arg(&script)
-                .args(["up", prefix, rate, "--net", net]),
-        );
-        Cluster {
-            prefix: prefix.into(),
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let script = repo().join("scripts/netns.sh");
-        let _ = Command::new("bash")
-            .arg(&script)
-            .args(["down", &self.prefix])
-            .status();
-    }
-}
-
 /// Receives one connection on `addr:port`, counts its bytes, and writes the count to `out`
 /// (after `ready` once listening).
 const RECEIVER: &str = r#"
@@ -102,7 +73,7 @@ fn an_unrelated_transfer_is_other_and_the_finding_says_it_shared_the_link() {
     generate_images();
     let prefix = format!("fl{}", std::process::id() % 100_000);
     let net = format!("{}", 150 + std::process::id() % 97);
-    let _cluster = Cluster::up(&prefix, "50mbit", &net);
+    let _cluster = Cluster::up(&prefix, &["50mbit", "--net", &net]);
     let (addr_a, addr_b) = (format!("10.77.{net}.1"), format!("10.77.{net}.2"));
     let dir = tempfile::tempdir().unwrap();
 

@@ -17,17 +17,6 @@ use common::*;
 /// Rank 1 sleeps `STUCK_SECONDS` in `stuck_in_here` at iteration 12 (as in hang.rs).
 const STUCK_RANK: &str = include_str!("common/stuck_rank.py");
 
-struct Cluster(String);
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(repo().join("scripts/netns.sh"))
-            .args(["down", &self.0])
-            .status();
-    }
-}
-
 /// `stallscope` in namespace `ns`.
 fn in_ns(ns: &str) -> Command {
     let mut c = Command::new("ip");
@@ -42,12 +31,7 @@ fn the_collector_names_the_rank_that_never_arrives_at_its_node_with_its_stack() 
     }
     let prefix = format!("hx{}", std::process::id() % 100_000);
     let net = format!("{}", 50 + std::process::id() % 50);
-    run_ok(
-        Command::new("bash")
-            .arg(repo().join("scripts/netns.sh"))
-            .args(["up", &prefix, "--net", &net, "--collector"]),
-    );
-    let _cluster = Cluster(prefix.clone());
+    let _cluster = Cluster::up(&prefix, &["--net", &net, "--collector"]);
     let (na, nb, nc) = (
         format!("{prefix}a"),
         format!("{prefix}b"),

@@ -20,17 +20,6 @@ use std::time::Duration;
 
 use common::*;
 
-struct Cluster(String);
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(repo().join("scripts/netns.sh"))
-            .args(["down", &self.0])
-            .status();
-    }
-}
-
 fn in_ns(ns: Option<&str>) -> Command {
     match ns {
         Some(ns) => {
@@ -123,12 +112,7 @@ fn agents_stream_to_a_collector_across_namespaces_through_refusals_and_a_restart
     generate_images();
     let prefix = format!("mn{}", std::process::id() % 100_000);
     let net = format!("{}", 150 + std::process::id() % 100);
-    run_ok(
-        Command::new("bash")
-            .arg(repo().join("scripts/netns.sh"))
-            .args(["up", &prefix, "20mbit", "--net", &net, "--collector"]),
-    );
-    let _cluster = Cluster(prefix.clone());
+    let _cluster = Cluster::up(&prefix, &["20mbit", "--net", &net, "--collector"]);
     let (na, nb, nc) = (
         format!("{prefix}a"),
         format!("{prefix}b"),

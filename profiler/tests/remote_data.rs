@@ -14,35 +14,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// Takes the cluster down when the test ends, however it ends.
-struct Cluster {
-    prefix: String,
-}
-
-impl Cluster {
-    fn up(prefix: &str, rate: &str, net: &str) -> Cluster {
-        let script = repo().join("scripts/netns.sh");
-        run_ok(
-            Command::new("bash")
-                .arg(&script)
-                .args(["up", prefix, rate, "--net", net]),
-        );
-        Cluster {
-            prefix: prefix.into(),
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let script = repo().join("scripts/netns.sh");
-        let _ = Command::new("bash")
-            .arg(&script)
-            .args(["down", &self.prefix])
-            .status();
-    }
-}
-
 /// The job's shares, for docs/BENCHMARKS.md (`--nocapture`).
 fn print_shares(what: &str, s: &serde_json::Value) {
     let shares: Vec<String> = ["compute", "data_fetch", "data_prep", "other"]
@@ -64,7 +35,7 @@ fn a_dataset_fetched_over_http_is_data_fetch_and_its_sockets_are_data_flows() {
     generate_images();
     let prefix = format!("rd{}", std::process::id() % 100_000);
     let net = format!("{}", 50 + std::process::id() % 97);
-    let _cluster = Cluster::up(&prefix, "128kbit", &net);
+    let _cluster = Cluster::up(&prefix, &["128kbit", "--net", &net]);
     let addr_b = format!("10.77.{net}.2");
     let dir = tempfile::tempdir().unwrap();
 
@@ -182,7 +153,7 @@ fn a_dataset_on_a_network_file_system_is_data_fetch() {
     generate_images();
     let prefix = format!("rf{}", std::process::id() % 100_000);
     let net = format!("{}", 60 + std::process::id() % 89);
-    let _cluster = Cluster::up(&prefix, "256kbit", &net);
+    let _cluster = Cluster::up(&prefix, &["256kbit", "--net", &net]);
     let addr_b = format!("10.77.{net}.2");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

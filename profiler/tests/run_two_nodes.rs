@@ -9,35 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Takes the cluster down when the test ends, however it ends.
-struct Cluster {
-    prefix: String,
-}
-
-impl Cluster {
-    fn up(prefix: &str, rate: &str, net: &str) -> Cluster {
-        let script = repo().join("scripts/netns.sh");
-        run_ok(
-            Command::new("bash")
-                .arg(&script)
-                .args(["up", prefix, rate, "--net", net]),
-        );
-        Cluster {
-            prefix: prefix.into(),
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let script = repo().join("scripts/netns.sh");
-        let _ = Command::new("bash")
-            .arg(&script)
-            .args(["down", &self.prefix])
-            .status();
-    }
-}
-
 #[test]
 fn a_slow_network_makes_network_the_largest_category() {
     if !am_root("create network namespaces") || !have_torch() {
@@ -47,7 +18,7 @@ fn a_slow_network_makes_network_the_largest_category() {
     generate_images();
     let prefix = format!("ss{}", std::process::id() % 100_000);
     let net = format!("{}", 100 + std::process::id() % 100);
-    let _cluster = Cluster::up(&prefix, "50mbit", &net);
+    let _cluster = Cluster::up(&prefix, &["50mbit", "--net", &net]);
     let master = format!("10.77.{net}.1");
     let dir = tempfile::tempdir().unwrap();
     let mut ranks = Vec::new();

@@ -703,3 +703,35 @@ pub fn assert_iterations_line_up(rows: &[Value]) -> usize {
     }
     pairs
 }
+
+/// Namespace nodes made by scripts/netns.sh (`up PREFIX OPTIONS…`), taken down when the test
+/// ends, however it ends.
+pub struct Cluster {
+    prefix: String,
+}
+
+impl Cluster {
+    /// Brings up the nodes of `prefix` with netns.sh's `options` (a rate, `--net N`,
+    /// `--collector`, …).
+    pub fn up(prefix: &str, options: &[&str]) -> Cluster {
+        run_ok(
+            Command::new("bash")
+                .arg(repo().join("scripts/netns.sh"))
+                .arg("up")
+                .arg(prefix)
+                .args(options),
+        );
+        Cluster {
+            prefix: prefix.into(),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo().join("scripts/netns.sh"))
+            .args(["down", &self.prefix])
+            .status();
+    }
+}
