@@ -9,16 +9,9 @@
 //! parameters from forward to backward, or sharding over fewer, faster-linked ranks. Their gain
 //! is at most the exposed time the ranks spent in these operations.
 
-use super::{pct, Finding, FindingInput, MAX_SPEEDUP, MINOR_STALL};
-use crate::category::Category;
+use super::exposed_comm::weigh;
+use super::{pct, Finding, FindingInput};
 use crate::collectives::Role;
-
-/// Categories an exposed operation's time goes to.
-const COMM: [Category; 3] = [
-    Category::PeerWait,
-    Category::Interconnect,
-    Category::Network,
-];
 
 /// FSDP's operations per iteration, averaged over the ranks.
 #[derive(Default)]
@@ -73,7 +66,7 @@ fn suggestion(e: &Exposed) -> String {
 }
 
 /// The FSDP finding, when FSDP's exposed operations (with no DDP in the job) take at least
-/// [`MINOR_STALL`] of the iteration and more than any stall outside communication.
+/// [`MINOR_STALL`](super::MINOR_STALL) of the iteration and more than any stall outside communication.
 pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
     if input.parallelism.ddp {
         return None;
@@ -81,31 +74,10 @@ pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
     let e = exposed_per_iteration(input);
     let (gather, scatter, waited) = (e.gather, e.scatter, e.waited);
     let lost = gather + scatter;
-    let t = input.job.median_iteration_seconds;
-    let mean = input.job.wall_seconds / input.job.iterations.max(1) as f64;
-    if lost <= 0.0 || mean <= 0.0 {
-        return None;
-    }
-    let f = (lost / mean).min(1.0);
-    let categories = &input.job.categories;
-    let other_stall = [Category::DataFetch, Category::DataPrep, Category::Other]
-        .into_iter()
-        .map(|c| categories.get(c).fraction)
-        .fold(0.0, f64::max);
-    if f < MINOR_STALL || f < other_stall {
-        return None;
-    }
-    let category = COMM.into_iter().max_by(|a, b| {
-        categories
-            .get(*a)
-            .seconds
-            .total_cmp(&categories.get(*b).seconds)
-    })?;
-    let unbounded = 1.0 / (1.0 - f).max(1e-9);
-    let speedup = unbounded.min(MAX_SPEEDUP);
-    let gain = lost.min(t);
+    let w = weigh(input, lost)?;
+    let (f, t, gain, speedup) = (w.fraction, w.median, w.gain, w.speedup);
     Some(Finding {
-        category: Some(category),
+        category: Some(w.category),
         fraction: f,
         rank: None,
         sentence: format!(
@@ -126,6 +98,7 @@ pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
 mod tests {
     use super::super::find;
     use super::*;
+    use crate::category::Category;
     use crate::collectives::Collective;
     use crate::figures::{Categories, Figures, RankSummary, Share};
     use crate::parallelism::Parallelism;

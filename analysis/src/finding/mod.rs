@@ -20,6 +20,7 @@ use crate::category::Category;
 use crate::figures::{Figures, RankSummary};
 use crate::parallelism::Parallelism;
 
+mod exposed_comm;
 mod fsdp;
 mod pipeline;
 mod tensor_parallel;

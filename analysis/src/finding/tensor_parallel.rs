@@ -10,16 +10,9 @@
 //! carry data or pipeline parallelism. The gain is at most the exposed time the ranks spent in
 //! the tensor-parallel group's operations.
 
-use super::{pct, Finding, FindingInput, MAX_SPEEDUP, MINOR_STALL};
-use crate::category::Category;
+use super::exposed_comm::weigh;
+use super::{pct, Finding, FindingInput};
 use crate::collectives::Role;
-
-/// Categories an exposed operation's time goes to.
-const COMM: [Category; 3] = [
-    Category::PeerWait,
-    Category::Interconnect,
-    Category::Network,
-];
 
 /// The tensor-parallel operations per iteration, averaged over the ranks that counted
 /// iterations.
@@ -64,33 +57,13 @@ fn exposed_per_iteration(input: &FindingInput) -> Exposed {
 const SUGGESTION: &str = "keep tensor parallelism inside a fast-link domain: a TP group no larger than the GPUs of one node joined by NVLink or NVSwitch, with data or pipeline parallelism across the slower links (a 2-D DeviceMesh: tp inside the node, dp across nodes); if it already is, use a smaller TP degree (more data parallelism), or sequence parallelism and async TP to overlap its collectives with compute";
 
 /// The tensor-parallel finding, when the tensor-parallel group's exposed operations take at
-/// least [`MINOR_STALL`] of the iteration and more than any stall outside communication.
+/// least [`MINOR_STALL`](super::MINOR_STALL) of the iteration and more than any stall outside communication.
 pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
     let e = exposed_per_iteration(input);
-    let t = input.job.median_iteration_seconds;
-    let mean = input.job.wall_seconds / input.job.iterations.max(1) as f64;
-    if e.seconds <= 0.0 || mean <= 0.0 {
-        return None;
-    }
-    let f = (e.seconds / mean).min(1.0);
-    let categories = &input.job.categories;
-    let other_stall = [Category::DataFetch, Category::DataPrep, Category::Other]
-        .into_iter()
-        .map(|c| categories.get(c).fraction)
-        .fold(0.0, f64::max);
-    if f < MINOR_STALL || f < other_stall {
-        return None;
-    }
-    let category = COMM.into_iter().max_by(|a, b| {
-        categories
-            .get(*a)
-            .seconds
-            .total_cmp(&categories.get(*b).seconds)
-    })?;
-    let speedup = (1.0 / (1.0 - f).max(1e-9)).min(MAX_SPEEDUP);
-    let gain = e.seconds.min(t);
+    let w = weigh(input, e.seconds)?;
+    let (f, t, gain, speedup) = (w.fraction, w.median, w.gain, w.speedup);
     Some(Finding {
-        category: Some(category),
+        category: Some(w.category),
         fraction: f,
         rank: None,
         sentence: format!(
@@ -112,6 +85,7 @@ pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
 mod tests {
     use super::super::find;
     use super::*;
+    use crate::category::Category;
     use crate::collectives::Collective;
     use crate::figures::{Categories, Figures, RankSummary, Share};
     use crate::parallelism::Parallelism;
