@@ -25,6 +25,7 @@ Usage::
         stallscope.step()
 """
 
+import collections
 import itertools
 import os
 import socket
@@ -116,6 +117,20 @@ _ident = b""  # "<pid> <rank>", encoded once
 _seq = itertools.count()  # next() is atomic under the GIL, so no seq is ever handed out twice
 _iter = 0
 _dropped = 0
+# Facts whose ``M`` datagram found the socket full, sent again after a later step that found
+# room (never into a socket that stays full or is gone: no datagram more than before). A fact is
+# sent once (DDP's bytes per iteration, the loader's workers), so one datagram lost while the
+# profiler was behind would lose it for the whole run; the reader keeps each key's latest value,
+# so a late copy is as good. Bounded: at most ``_MAX_UNSENT_META`` keys wait.
+_unsent_meta = {}
+_MAX_UNSENT_META = 64
+# Datagrams a full socket refused, oldest first, sent before any newer one once it has room.
+# A Unix datagram socket queues only ``net.unix.max_dgram_qlen`` datagrams (10 on Debian): a
+# profiler descheduled for a millisecond on a loaded machine would otherwise lose a fast loop's
+# markers (in CI, iterations 2-6 and the data phase its hang was in). Bounded: beyond
+# ``_MAX_HELD`` an event is dropped (and counted), as before; never waited for.
+_held = collections.deque()
+_MAX_HELD = 1024
 
 
 def _adopt(pid):
@@ -125,13 +140,17 @@ def _adopt(pid):
     _seq = itertools.count()
     _iter = 0
     _dropped = 0
+    _unsent_meta.clear()  # a fork's parent's facts are not its own
+    _held.clear()  # nor its held events
 
 
 _adopt(_getpid())
 
 
 def _send(tail, t_ns=None):
-    """Sends one event; ``tail`` is the encoded ``<event> <phase> [fields]``."""
+    """Sends one event; ``tail`` is the encoded ``<event> <phase> [fields]``. True when the
+    socket took it or it is held until the socket has room (:data:`_held`); False when it is
+    lost."""
     global _dropped
     try:
         if t_ns is None:
@@ -140,9 +159,47 @@ def _send(tail, t_ns=None):
             raise ValueError("negative time")
         if _getpid() != _pid:
             _adopt(_getpid())
-        _sock.sendto(b"SS1 %d %d %s %d %s" % (next(_seq), t_ns, _ident, _iter, tail), _addr)
-    except Exception:  # full, missing, refused, anything: the trainer goes on
+        datagram = b"SS1 %d %d %s %d %s" % (next(_seq), t_ns, _ident, _iter, tail)
+        if _held and not _flush_held():
+            return _hold(datagram)
+        _sock.sendto(datagram, _addr)
+        return True
+    except BlockingIOError:  # full: the profiler is behind
+        return _hold(datagram)
+    except Exception:  # missing, refused, anything: the trainer goes on
         _dropped += 1  # may lose a count under thread races; never blocks
+        return False
+
+
+def _hold(datagram):
+    """Keeps ``datagram`` for the next send that finds room; False (counted lost) when
+    :data:`_MAX_HELD` are held already."""
+    global _dropped
+    if len(_held) < _MAX_HELD:
+        _held.append(datagram)
+        return True
+    _dropped += 1
+    return False
+
+
+def _flush_held():
+    """Sends the held datagrams, oldest first, while the socket takes them; True when none is
+    left. A socket that is gone loses them all (counted)."""
+    global _dropped
+    while True:
+        try:
+            datagram = _held.popleft()  # atomic: two threads never send the same one
+        except IndexError:
+            return True
+        try:
+            _sock.sendto(datagram, _addr)
+        except BlockingIOError:
+            _held.appendleft(datagram)  # first again (another thread's may pass it)
+            return False
+        except Exception:  # gone or refused: nobody will read them
+            _dropped += len(_held) + 1
+            _held.clear()
+            return True
 
 
 def _clean(text, allowed, limit):
@@ -290,8 +347,20 @@ def step():
     global _iter
     if _sock is None:
         return
-    _send(b"S iter")
+    sent = _send(b"S iter")
     _iter += 1
+    if sent and _unsent_meta:  # the socket has room again: the facts it refused go now
+        _resend_meta()
+
+
+
+def _resend_meta():
+    try:
+        fields = dict(_unsent_meta)
+        _unsent_meta.clear()
+        meta(**fields)
+    except Exception:  # the trainer goes on
+        pass
 
 
 def meta(**fields):
@@ -322,7 +391,17 @@ def meta(**fields):
     except Exception:
         _count_drop()
         return
-    _send(tail)
+    if _send(tail):
+        if _unsent_meta:
+            for key in fields:
+                _unsent_meta.pop(key, None)
+    else:
+        try:
+            for key, value in fields.items():
+                if key in _unsent_meta or len(_unsent_meta) < _MAX_UNSENT_META:
+                    _unsent_meta[key] = value
+        except Exception:
+            pass
 
 
 def set_rank(rank):
@@ -354,9 +433,10 @@ def _goodbye(sleep=time.sleep):
     """At exit: one last event, ``M - exit=1``, whose ``seq`` tells the reader how many of this
     process's last events were lost (a gap is seen only before an event that arrives).
 
-    Only this event waits, and only at exit and only while the socket is full: up to
-    ``_GOODBYE_PATIENCE_S``, in 5 ms naps, for a profiler that fell behind. The training's own
-    work is done by then; a socket still full after that loses this event too.
+    Only this event and those held before it (:data:`_held`) wait, and only at exit and only
+    while the socket is full: up to ``_GOODBYE_PATIENCE_S``, in 5 ms naps, for a profiler that
+    fell behind. The training's own work is done by then; what a socket still full after that
+    did not take is lost.
     """
     global _dropped
     if _sock is None or _getpid() != _pid:
@@ -365,21 +445,17 @@ def _goodbye(sleep=time.sleep):
         datagram = b"SS1 %d %d %s %d M - exit=1" % (next(_seq), _monotonic_ns(), _ident, _iter)
     except Exception:
         return
+    _held.append(datagram)  # the last one, past the bound if need be
     deadline = _monotonic_ns() + int(_GOODBYE_PATIENCE_S * 1e9)
-    while True:
-        try:
-            _sock.sendto(datagram, _addr)
-            return
-        except BlockingIOError:  # full: the profiler is behind; wait a little
-            if _monotonic_ns() >= deadline:
-                break
-            try:
-                sleep(0.005)
-            except Exception:
-                break
-        except Exception:  # gone, refused: nobody is reading
+    while not _flush_held():  # full: the profiler is behind; wait a little
+        if _monotonic_ns() >= deadline:
             break
-    _dropped += 1
+        try:
+            sleep(0.005)
+        except Exception:
+            break
+    _dropped += len(_held)
+    _held.clear()
 
 
 if _sock is not None:
