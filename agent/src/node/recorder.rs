@@ -378,6 +378,7 @@ impl Recorder {
         match watch.check(&job.node.markers, &job.node.exited, now, started) {
             Some(HangEvent::Declared(mut report)) => {
                 report.stacks = super::stacks::fetch(&job.node.markers, &report.ranks);
+                hang::refine_by_stacks(&mut report.ranks, &report.stacks);
                 self.status.say(&hang::describe(&report));
                 let what = format!("hang-{:.0}s", report.at_seconds);
                 self.emit(Frame::Hang(report));

@@ -64,8 +64,9 @@ pub fn fetch(markers: &MarkerLog, ranks: &[RankAtHang]) -> BTreeMap<String, Stri
 /// [`STACKS_WAIT`]).
 pub fn node_answer(job: &JobTimeline, id: u64) -> NodeHang {
     let markers = &job.node.markers;
-    let ranks = hang::ranks_at(markers, &job.node.exited);
+    let mut ranks = hang::ranks_at(markers, &job.node.exited);
     let mut stacks = fetch(markers, &ranks);
+    hang::refine_by_stacks(&mut ranks, &stacks);
     let mut total = 0;
     stacks.retain(|_, text| {
         total += text.len();

@@ -312,6 +312,51 @@ pub fn ranks_at(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Vec<RankA
     ranks
 }
 
+/// Corrects, from the stacks fetched at the hang (by rank, as the hook's `faulthandler`
+/// dumps them), the state of a rank its markers place nowhere (`compute_or_unknown`): when its
+/// main thread is inside a `DataLoader`'s `__next__`, it is `data_loading`.
+///
+/// The markers can be short of the truth where the stack is not: a loop's `data` begin may
+/// still be in its own process, held because the profiler's socket was full (a loaded
+/// machine; see the marker package's `_held`) and sent with its next event, which a hung
+/// loop never sends. The stack is taken now.
+pub fn refine_by_stacks(ranks: &mut [RankAtHang], stacks: &BTreeMap<String, String>) {
+    for r in ranks.iter_mut().filter(|r| r.state == "compute_or_unknown") {
+        let Some(text) = stacks.get(&r.rank.to_string()) else {
+            continue;
+        };
+        if main_threads(text).any(|t| t.iter().any(|f| in_dataloader_next(f))) {
+            r.state = "data_loading".into();
+        }
+    }
+}
+
+/// The frames (`File "…", line N in f` lines, innermost first) of each thread of a
+/// `faulthandler` dump that runs the script itself: its outermost frame is `<module>`.
+fn main_threads(dump: &str) -> impl Iterator<Item = Vec<&str>> {
+    let mut threads: Vec<Vec<&str>> = Vec::new();
+    for line in dump.lines() {
+        let line = line.trim();
+        if line.starts_with("Thread ") || line.starts_with("Current thread ") {
+            threads.push(Vec::new());
+        } else if line.starts_with("File ") {
+            if threads.is_empty() {
+                threads.push(Vec::new()); // a dump of one thread, without its heading
+            }
+            threads.last_mut().expect("pushed").push(line);
+        }
+    }
+    threads
+        .into_iter()
+        .filter(|frames| frames.last().is_some_and(|f| f.ends_with(" in <module>")))
+}
+
+/// Whether stack frame `frame` is a `DataLoader` iterator's `__next__` (torch's own, in
+/// `torch/utils/data/dataloader.py`).
+fn in_dataloader_next(frame: &str) -> bool {
+    frame.contains("torch/utils/data/dataloader.py\"") && frame.ends_with(" in __next__")
+}
+
 /// Whether loop `p` said its training is over: it destroyed its default process group (meta
 /// `finishing=1`) or is exiting (`exit=1`). A job whose live loops all did is ending, not
 /// hung (a torch 2 job's teardown may take longer than a short `--hang-after`).

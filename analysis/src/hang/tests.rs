@@ -212,3 +212,74 @@ fn loops_that_said_they_finish_make_no_hang() {
     assert!(!all_finishing(&hang.ranks));
     assert!(describe(&hang).contains("rank 0 (pid 100): finishing"));
 }
+
+/// A dump as the hook's `faulthandler` writes it: a DataLoader thread of its own (not the
+/// script's) and the main thread, inside `__next__` (CI: the `data` begin was held in the
+/// process behind a full socket, so the markers said nothing).
+const LOADING_DUMP: &str = "Thread 0x00007f0000000001 (most recent call first):
+  File \"/usr/lib/python3.11/threading.py\", line 327 in wait
+  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 1200 in __next__
+  File \"/usr/lib/python3.11/threading.py\", line 1002 in _bootstrap
+
+Current thread 0x00007fd874086740 (most recent call first):
+  File \"/tmp/train.py\", line 11 in __getitem__
+  File \"/usr/lib/python3/dist-packages/torch/utils/data/_utils/fetch.py\", line 58 in fetch
+  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 671 in _next_data
+  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 628 in __next__
+  File \"/tmp/stallscope-x/pkg/stallscope/_torch_hook.py\", line 190 in __next__
+  File \"/tmp/train.py\", line 16 in <module>
+";
+
+fn rank_in(state: &str, rank: u32) -> RankAtHang {
+    RankAtHang {
+        rank,
+        pid: 100 + rank,
+        last_iteration: Some(1),
+        state: state.into(),
+        collective: None,
+        has_hook: true,
+        node: None,
+    }
+}
+
+#[test]
+fn a_rank_whose_main_thread_is_in_a_dataloader_is_data_loading_whatever_its_markers_said() {
+    let mut ranks = vec![
+        rank_in("compute_or_unknown", 0),
+        rank_in("compute_or_unknown", 1),
+    ];
+    let stacks: BTreeMap<String, String> = [
+        ("0".to_string(), LOADING_DUMP.to_string()),
+        (
+            "1".to_string(),
+            "Current thread 0x1 (most recent call first):\n  File \"/tmp/train.py\", line 9 in \
+             forward\n  File \"/tmp/train.py\", line 16 in <module>\n"
+                .to_string(),
+        ),
+    ]
+    .into();
+    refine_by_stacks(&mut ranks, &stacks);
+    assert_eq!(ranks[0].state, "data_loading");
+    assert_eq!(
+        ranks[1].state, "compute_or_unknown",
+        "computing: no loader frame"
+    );
+}
+
+#[test]
+fn only_the_scripts_thread_and_only_unplaced_ranks_are_refined() {
+    // A loader frame on another thread only (the main thread computes) says nothing; a rank
+    // the markers placed in a collective stays there.
+    let other_thread_only = LOADING_DUMP
+        .replace("line 628 in __next__", "line 628 in _get_batch")
+        .replace("line 190 in __next__", "line 190 in step");
+    let mut ranks = vec![rank_in("compute_or_unknown", 0), rank_in("collective", 1)];
+    let stacks: BTreeMap<String, String> = [
+        ("0".to_string(), other_thread_only),
+        ("1".to_string(), LOADING_DUMP.to_string()),
+    ]
+    .into();
+    refine_by_stacks(&mut ranks, &stacks);
+    assert_eq!(ranks[0].state, "compute_or_unknown");
+    assert_eq!(ranks[1].state, "collective");
+}
