@@ -3,8 +3,8 @@
 # PyTorch and torchvision from Debian (CPU), Pillow, OpenBLAS, iproute2 (network namespaces
 # and tc for scripts/netns.sh), tmux, procps, a C toolchain, curl, Prometheus, Chromium
 # (headless: the report is checked where people read it), openssl (TLS test certificates),
-# Node and pip, then the Perfetto UI (scripts/install-perfetto-ui.sh: the tests open
-# `stallscope trace` output in it).
+# libpcap (the `pcap` crate links it: the UDP packet source), Node and pip, then the Perfetto UI
+# (scripts/install-perfetto-ui.sh: the tests open `stallscope trace` output in it).
 #
 # Idempotent: packages already installed are left alone, and `apt-get update` runs only when
 # something must be installed and apt does not know it (or the first install attempt fails on
@@ -32,6 +32,7 @@ PACKAGES=(
     python3-pip
     sshfs
     openssh-server
+    libpcap-dev
 )
 
 dry_run=0

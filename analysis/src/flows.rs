@@ -55,7 +55,10 @@ impl FlowClass {
 }
 
 /// One TCP connection as the flow source last read it. Totals count from the connection's
-/// start when the source saw it open, else from the source's first read.
+/// start when the source saw it open, else from the source's first read. The packet source
+/// (`agent/src/sources/packets.rs`, where the agent may capture) sends UDP flows the same way:
+/// their `local` and `remote` end in `/udp`, with bytes counted from the capture's start and no
+/// retransmissions or RTT.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FlowSample {
     /// Its class at this read.

@@ -8,6 +8,7 @@ use stallscope_agent::gpu::backend::{GpuBackend, GpuError, Metric};
 use stallscope_agent::gpu::nvml::NvmlBackend;
 use stallscope_agent::gpu::probe_all;
 use stallscope_agent::sampler::default_sources;
+use stallscope_agent::sources::packets;
 use stallscope_agent::sources::perf::probe_software_event;
 use stallscope_agent::sources::rdma::class_dir;
 use stallscope_agent::sources::{Registry, Roots, Watched};
@@ -80,6 +81,10 @@ fn node_sources_report(out: &mut String, roots: &Roots) {
     let watched = Watched::new(vec![std::process::id()]);
     let mut registry = Registry::default();
     for mut source in default_sources(roots) {
+        if source.name() == "packets" {
+            // Said below, opened once.
+            continue;
+        }
         let label = match source.name() {
             "process" => "cpu (process schedstat, state)",
             "process_launchers" => "cpu (launchers, at the slow tier)",
@@ -105,6 +110,10 @@ fn node_sources_report(out: &mut String, roots: &Roots) {
             rdma.display()
         );
     }
+    let _ = match packets::probe(roots, "any") {
+        Ok(what) => writeln!(out, "  present  packets: {what}"),
+        Err(why) => writeln!(out, "  missing  packets (optional): {why}"),
+    };
     let _ = match probe_software_event(&roots.proc) {
         Ok(what) => writeln!(out, "  present  perf: {what}"),
         Err(why) => writeln!(out, "  missing  perf (optional): {why}"),

@@ -21,10 +21,19 @@
 //! second it hands the flows that moved to the sampler ([`FlowSource::take_flows`]), which
 //! sends them as one [`NodeFlows`].
 //!
+//! A dump walks every bucket of the kernel's TCP hash table, whatever the number of sockets
+//! (0.44% of a core at 10 Hz on the development VM, two families): so the whole table is
+//! dumped once every [`DUMP_EVERY_NS`], and the reads in between ask the kernel for the job's
+//! known flows by name (`exact`: one send for all of them). A dump that finds a new flow of
+//! the job makes every read a dump for [`UNSETTLED_NS`], so a job that keeps opening
+//! connections has each seen at the next read, as before.
+//!
 //! What is lost: a connection that opens and closes between two reads is never seen; one that
-//! closes loses what it moved since the last read (at most 100 ms of it). A flow open before
-//! the first read counts from that read; one opened later counts from its start (`tcp_info`
-//! totals are the connection's own).
+//! closes loses what it moved since the last read (at most 100 ms of it). While the job's
+//! flows hold still, a new one is seen at the next dump (at most a second late, its bytes so
+//! far counted then), and a foreign one's bytes (class `other`) move once a second. A flow
+//! open before the first read counts from that read; one opened later counts from its start
+//! (`tcp_info` totals are the connection's own).
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -35,7 +44,9 @@ use netlink_packet_core::{
 };
 use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
 use netlink_packet_sock_diag::inet::nlas::Nla;
-use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+use netlink_packet_sock_diag::inet::{
+    ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags,
+};
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 use netlink_sys::{Socket, SocketAddr as NetlinkAddr};
@@ -50,6 +61,18 @@ pub use stallscope_analysis::series::names::{FLOW_RETRANSMITS, FLOW_RX_BYTES, FL
 
 /// ns between two [`NodeFlows`] handed to the sampler.
 const SHIP_EVERY_NS: Nanos = 500_000_000;
+
+/// ns between two dumps of the whole table while the job's flows hold still; the reads in
+/// between ask for the job's known flows only ([`SockDiag::look_up`]).
+pub const DUMP_EVERY_NS: Nanos = 1_000_000_000;
+
+/// ns of reads that all dump, after a dump that found a new flow of the job: a job that
+/// keeps opening connections (a loader fetching sample by sample) has each seen at once.
+pub const UNSETTLED_NS: Nanos = 10_000_000_000;
+
+/// More known flows of the job than this, and every read dumps (the dump costs the same
+/// whatever the number of sockets; the look-ups grow with them).
+const MAX_LOOKUPS: usize = 256;
 
 /// One socket as the dump gave it.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,6 +91,11 @@ pub struct DiagSocket {
     pub retransmits: u64,
     /// us, `tcpi_rtt`.
     pub rtt_us: u32,
+    /// The interface it is bound to (0: none), as the kernel's socket id gives it.
+    pub interface: u32,
+    /// The kernel's cookie of the socket: with the addresses, it names this socket and no
+    /// later one on the same ports ([`SockDiag::look_up`]).
+    pub cookie: [u8; 8],
 }
 
 /// A netlink `NETLINK_SOCK_DIAG` socket that dumps TCP sockets.
@@ -149,25 +177,7 @@ impl SockDiag {
                 let len = msg.header.length as usize;
                 match msg.payload {
                     NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
-                        let info = r.nlas.iter().find_map(|n| match n {
-                            Nla::TcpInfo(i) => Some(i),
-                            _ => None,
-                        });
-                        if let Some(i) = info {
-                            let id = &r.header.socket_id;
-                            out.push(DiagSocket {
-                                local: SocketAddr::new(id.source_address, id.source_port),
-                                remote: SocketAddr::new(
-                                    id.destination_address,
-                                    id.destination_port,
-                                ),
-                                inode: r.header.inode,
-                                bytes_in: i.bytes_received,
-                                bytes_out: i.bytes_acked,
-                                retransmits: u64::from(i.total_retrans),
-                                rtt_us: i.rtt,
-                            });
-                        }
+                        out.extend(diag_socket(&r));
                     }
                     NetlinkPayload::Done(_) => return Ok(()),
                     NetlinkPayload::Error(e) => {
@@ -182,6 +192,26 @@ impl SockDiag {
             }
         }
     }
+}
+
+/// The socket an answer describes; `None` without `tcp_info` (a socket in time-wait).
+fn diag_socket(r: &InetResponse) -> Option<DiagSocket> {
+    let i = r.nlas.iter().find_map(|n| match n {
+        Nla::TcpInfo(i) => Some(i),
+        _ => None,
+    })?;
+    let id = &r.header.socket_id;
+    Some(DiagSocket {
+        local: SocketAddr::new(id.source_address, id.source_port),
+        remote: SocketAddr::new(id.destination_address, id.destination_port),
+        inode: r.header.inode,
+        bytes_in: i.bytes_received,
+        bytes_out: i.bytes_acked,
+        retransmits: u64::from(i.total_retrans),
+        rtt_us: i.rtt,
+        interface: id.interface_id,
+        cookie: id.cookie,
+    })
 }
 
 /// Which of the job's processes hold which socket inodes, read from `<proc>/PID/fd`.
@@ -209,7 +239,8 @@ impl Owners {
     /// Makes sure every inode of `sockets` is placed: re-reads the job's fds when one is not,
     /// or when the job's processes changed since the last look.
     pub fn resolve(&mut self, roots: &Roots, pids: &[u32], sockets: &[DiagSocket]) {
-        let changed = self.pids != pids;
+        // The same processes in another order are no change.
+        let changed = self.pids.len() != pids.len() || pids.iter().any(|p| !self.pids.contains(p));
         let unknown = sockets.iter().any(|s| {
             !self.by_inode.contains_key(&s.inode)
                 && !self.foreign.contains(&s.inode)
@@ -291,14 +322,14 @@ pub fn classify(
 }
 
 /// `MASTER_PORT` in `<proc>/PID/environ`.
-fn master_port(roots: &Roots, pid: u32) -> Option<u16> {
+pub(crate) fn master_port(roots: &Roots, pid: u32) -> Option<u16> {
     let env = std::fs::read(roots.proc.join(pid.to_string()).join("environ")).ok()?;
     env.split(|&b| b == 0)
         .find_map(|kv| kv.strip_prefix(b"MASTER_PORT="))
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
 }
 
-fn is_loopback(ip: IpAddr) -> bool {
+pub(crate) fn is_loopback(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v| v.is_loopback()),
@@ -316,6 +347,15 @@ struct Track {
     changed: bool,
     /// The read that last saw it (a flow no read sees any more has closed).
     read: u64,
+    /// What names the socket to the kernel, for a look-up.
+    key: SocketKey,
+}
+
+impl Track {
+    /// Whether a job process holds it: a flow the reads between two dumps ask for.
+    fn is_job(&self) -> bool {
+        matches!(self.sample.class, Some(c) if c != FlowClass::Other)
+    }
 }
 
 /// Per class (index in [`FlowClass::ALL`]) and link (0 `nic`, 1 `loopback`): bytes in, out.
@@ -337,6 +377,14 @@ pub struct FlowSource {
     retransmits: [u64; 4],
     last_ship_ns: Option<Nanos>,
     pending: Option<NodeFlows>,
+    /// ns, when the table was last dumped (`None`: dump next).
+    last_dump_ns: Option<Nanos>,
+    /// ns, until when every read dumps ([`UNSETTLED_NS`]).
+    unsettled_until_ns: Nanos,
+    /// Whole-table dumps so far (for tests and the benchmark).
+    pub dumps: u64,
+    /// ns between two dumps while the job's flows hold still ([`DUMP_EVERY_NS`]).
+    pub dump_every_ns: Nanos,
 }
 
 impl FlowSource {
@@ -355,7 +403,21 @@ impl FlowSource {
             retransmits: [0; 4],
             last_ship_ns: None,
             pending: None,
+            last_dump_ns: None,
+            unsettled_until_ns: 0,
+            dumps: 0,
+            dump_every_ns: DUMP_EVERY_NS,
         }
+    }
+
+    /// Whether the read at `t_ns` dumps the whole table rather than asking for the job's
+    /// known flows.
+    fn dump_due(&self, t_ns: Nanos) -> bool {
+        let job_flows = self.flows.values().filter(|t| t.is_job()).count();
+        self.last_dump_ns
+            .is_none_or(|last| t_ns >= last.saturating_add(self.dump_every_ns))
+            || t_ns < self.unsettled_until_ns
+            || job_flows > MAX_LOOKUPS
     }
 
     /// How many TCP sockets the last read listed.
@@ -370,12 +432,21 @@ impl FlowSource {
 
     /// Takes one dump's sockets at `t_ns`: classes, deltas, series, and the flows to ship.
     pub fn ingest(&mut self, t_ns: Nanos, watched: &Watched, out: &mut Registry) {
+        self.ingest_read(t_ns, watched, out, true);
+    }
+
+    /// Takes one read's sockets at `t_ns`: a whole dump (`dumped`), or the answers to the
+    /// look-ups of the job's known flows (the others are left as they were).
+    fn ingest_read(&mut self, t_ns: Nanos, watched: &Watched, out: &mut Registry, dumped: bool) {
         let sockets = std::mem::take(&mut self.sockets);
         self.owners.resolve(&self.roots, &watched.pids, &sockets);
         let first = self.reads == 0;
         self.reads += 1;
-        self.listed = sockets.len();
+        if dumped {
+            self.listed = sockets.len();
+        }
         let read = self.reads;
+        let mut new_job_flow = false;
         for s in &sockets {
             if s.inode == 0 || self.owners.is_own(s.inode) {
                 continue;
@@ -406,8 +477,16 @@ impl FlowSource {
                     },
                     changed: true,
                     read,
+                    key: SocketKey {
+                        local: s.local,
+                        remote: s.remote,
+                        interface: s.interface,
+                        cookie: s.cookie,
+                    },
                 });
+            new_job_flow |= track.sample.class.is_none() && !first && !holders.is_empty();
             track.read = read;
+            track.key.cookie = s.cookie;
             track.sample.rtt_us = s.rtt_us;
             let (d_in, d_out, d_re) = (
                 now.0.saturating_sub(track.last.0),
@@ -432,7 +511,15 @@ impl FlowSource {
             t.bytes_out = now.1 - track.base.1.min(now.1);
             t.retransmits = now.2 - track.base.2.min(now.2);
         }
-        self.flows.retain(|_, t| t.read == read);
+        // A flow not seen has closed; between dumps, only the job's were asked for.
+        self.flows
+            .retain(|_, t| t.read == read || (!dumped && !t.is_job()));
+        if dumped {
+            self.last_dump_ns = Some(t_ns);
+            if new_job_flow {
+                self.unsettled_until_ns = t_ns + UNSETTLED_NS;
+            }
+        }
         // The ports of processes that are gone.
         self.ports.retain(|pid, _| watched.pids.contains(pid));
         self.record(out);
@@ -497,16 +584,35 @@ impl Source for FlowSource {
         }
         let t_ns = monotonic_ns();
         let mut sockets = std::mem::take(&mut self.sockets);
-        let dumped = self.diag.as_mut().expect("opened above").dump(&mut sockets);
-        if let Err(e) = dumped {
-            // A dump cut short leaves the socket out of step: open a fresh one next time.
+        let dump = self.dump_due(t_ns);
+        let diag = self.diag.as_mut().expect("opened above");
+        let read = if dump {
+            self.dumps += 1;
+            diag.dump(&mut sockets)
+        } else {
+            let keys: Vec<SocketKey> = self
+                .flows
+                .values()
+                .filter(|t| t.is_job())
+                .map(|t| t.key)
+                .collect();
+            if keys.is_empty() {
+                Ok(())
+            } else {
+                diag.look_up(&keys, &mut sockets)
+            }
+        };
+        if let Err(e) = read {
+            // A read cut short leaves the socket out of step: open a fresh one next time,
+            // and dump then.
             self.diag = None;
+            self.last_dump_ns = None;
             sockets.clear();
             self.sockets = sockets;
-            return Err(SourceError::Call(format!("sock_diag dump: {e}")));
+            return Err(SourceError::Call(format!("sock_diag read: {e}")));
         }
         self.sockets = sockets;
-        self.ingest(t_ns, watched, out);
+        self.ingest_read(t_ns, watched, out, dump);
         Ok(())
     }
 
@@ -518,6 +624,9 @@ impl Source for FlowSource {
         FlowSource::take_flows(self)
     }
 }
+
+mod exact;
+pub use exact::SocketKey;
 
 #[cfg(test)]
 mod tests;

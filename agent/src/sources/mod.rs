@@ -15,6 +15,7 @@ use stallscope_analysis::series::{SeriesDecl, SeriesId, SeriesKind};
 pub mod disk;
 pub mod flows;
 pub mod net;
+pub mod packets;
 pub mod perf;
 pub mod process;
 pub mod psi;

@@ -44,21 +44,42 @@ pub(super) fn loader_activity(
     a: Nanos,
     b: Nanos,
 ) -> (f64, f64) {
+    awaited(rank, worker)
+        .iter()
+        .fold((0.0, 0.0), |(cpu, io), t| {
+            (cpu + busy_ns(store, t, a, b), io + io_ns(store, t, a, b))
+        })
+}
+
+/// Bytes the processes of [`loader_activity`] caused to be read from storage in `[a, b]`
+/// (`io` read_bytes, read on the slow tier, so interpolated over up to 100 ms).
+pub(super) fn loader_reads(
+    store: &SeriesStore,
+    rank: &RankSeries,
+    worker: Option<u32>,
+    a: Nanos,
+    b: Nanos,
+) -> f64 {
+    awaited(rank, worker)
+        .iter()
+        .map(|t| delta(store, t.read_bytes, a, b))
+        .sum()
+}
+
+/// What the loop waits for: the worker it named, else every loader, else itself.
+fn awaited(rank: &RankSeries, worker: Option<u32>) -> Vec<&ThreadSeries> {
     let named: Vec<&ThreadSeries> = rank
         .loaders
         .iter()
         .filter(|t| Some(t.pid) == worker)
         .collect();
-    let loaders: Vec<&ThreadSeries> = if !named.is_empty() {
+    if !named.is_empty() {
         named
     } else if rank.loaders.is_empty() {
         vec![&rank.main]
     } else {
         rank.loaders.iter().collect()
-    };
-    loaders.iter().fold((0.0, 0.0), |(cpu, io), t| {
-        (cpu + busy_ns(store, t, a, b), io + io_ns(store, t, a, b))
-    })
+    }
 }
 
 pub(super) fn link_bytes(store: &SeriesStore, ids: &[SeriesId], a: Nanos, b: Nanos) -> f64 {

@@ -47,6 +47,7 @@ fn is_data(basis: Basis) -> bool {
         Basis::DataLoaderCpu
             | Basis::DataLoaderIo
             | Basis::DataLoaderNet
+            | Basis::DataLoaderReads
             | Basis::DataNoActivity
             | Basis::CounterLoader
     )

@@ -29,6 +29,8 @@ pub struct ThreadSeries {
     /// A loader worker's other threads: `proc.threads.cpu_ns`, `proc.threads.runq_ns`,
     /// `proc.threads.blocked_io` (absent for loops, and for workers with one thread).
     pub others: [Option<SeriesId>; 3],
+    /// `proc.read_bytes`: bytes the whole process caused to be read from storage (slow tier).
+    pub read_bytes: Option<SeriesId>,
 }
 
 /// The series of the GPU a rank drives.

@@ -23,7 +23,8 @@ use crate::timeline::SeriesStore;
 use crate::Nanos;
 
 use super::counters::{
-    delta, gpu_transfer_weight, h2d_ns, link_bytes, loader_activity, quiet, transfer_weights,
+    delta, gpu_transfer_weight, h2d_ns, link_bytes, loader_activity, loader_reads, quiet,
+    transfer_weights,
 };
 use super::gpu_timeline::reconcile;
 use super::inputs::{GpuSeries, IterationInput, Links, RankSeries};
@@ -158,7 +159,10 @@ fn attribute_data(
     let (cpu, io) = loader_activity(store, rank, worker, a, b);
     // What the loader was seen doing explains at most the wait; the rest of it (a worker
     // asleep in state S, or nothing sampled) is a network fetch when the loader workers'
-    // sockets received bytes meanwhile (an object-store or HTTP read), else unexplained.
+    // sockets received bytes meanwhile (an object-store or HTTP read), a storage fetch when
+    // the awaited processes read from storage meanwhile (waits in state D that fell between
+    // the state samples: the cap above drops the samples that over-count, so without this
+    // the D share comes out low), else unexplained.
     let seen = (cpu + io).min(waited as f64);
     let (cpu, io) = if cpu + io > 0.0 {
         (seen * cpu / (cpu + io), seen * io / (cpu + io))
@@ -166,10 +170,12 @@ fn attribute_data(
         (0.0, 0.0)
     };
     let asleep = waited as f64 - seen;
-    let (net, none) = if link_bytes(store, &links.data_rx, a, b) > 0.0 {
-        (asleep, 0.0)
+    let (net, reads, none) = if link_bytes(store, &links.data_rx, a, b) > 0.0 {
+        (asleep, 0.0, 0.0)
+    } else if loader_reads(store, rank, worker, a, b) > 0.0 {
+        (0.0, asleep, 0.0)
     } else {
-        (0.0, asleep)
+        (0.0, 0.0, asleep)
     };
     parts.apportion(
         waited,
@@ -177,6 +183,7 @@ fn attribute_data(
             (Category::DataPrep, Basis::DataLoaderCpu, cpu),
             (Category::DataFetch, Basis::DataLoaderIo, io),
             (Category::DataFetch, Basis::DataLoaderNet, net),
+            (Category::DataFetch, Basis::DataLoaderReads, reads),
             (Category::Other, Basis::DataNoActivity, none),
         ],
         (Category::Other, Basis::DataNoActivity),

@@ -71,6 +71,11 @@ pub enum Basis {
     /// received bytes: a worker asleep on a socket read (an object store, HTTP, a network
     /// file system's client) is fetching.
     DataLoaderNet,
+    /// `data` marker while no loader thread was seen running, runnable or in state D, but the
+    /// processes the loop waited for read from storage meanwhile (`io` read_bytes advanced):
+    /// the throttled or slow reads were waited in state D between the state samples (the
+    /// state is read at 50 Hz; a 4 kB read at 400 kB/s takes 10 ms).
+    DataLoaderReads,
 }
 
 /// How much of one category one rule decided.

@@ -82,6 +82,7 @@ impl Script {
             runq: None,
             blocked: Some(blocked),
             others: [None; 3],
+            read_bytes: None,
         }
     }
 }
@@ -646,4 +647,56 @@ fn a_workers_pool_threads_explain_the_wait_its_main_thread_sleeps_through() {
     assert_eq!(ms(&b, DataPrep), 30.0, "the pool thread decoding");
     assert_eq!(ms(&b, DataFetch), 30.0, "the pool thread blocked reading");
     assert_eq!(ms(&b, Other), 0.0);
+}
+
+/// Issue 29 item 3: a loop loading its own batches (0 workers) through throttled storage
+/// waits in state D, but the state is sampled: a D wait that fell between the samples leaves
+/// the loop neither busy nor seen blocked. When its process read from storage meanwhile
+/// (`io` read_bytes advanced), that sleep is the fetch; without reads it stays unexplained.
+#[test]
+fn an_unseen_sleep_while_the_loop_reads_from_storage_is_fetch() {
+    let mut s = Script::new();
+    // Decodes 10 ms, sleeps 50 ms of which the state samples saw only the first 20 in D.
+    let main = s.thread(|ms| (50..60).contains(&ms) || ms >= 60, |ms| ms < 20, 200);
+    let reads = s.series(
+        SeriesKind::Counter,
+        |ms| if ms < 50 { 80.0 } else { 0.0 },
+        200,
+    );
+    let data = input(0, 100, &[("data", 0, 60)]);
+    let b = attribute(
+        &data,
+        &s.store,
+        &RankSeries {
+            main,
+            ..Default::default()
+        },
+        &Links::default(),
+    );
+    assert_eq!(ms(&b, DataFetch), 20.0, "only the D the samples saw");
+    assert_eq!(ms(&b, Other), 30.0);
+    let reading = RankSeries {
+        main: ThreadSeries {
+            read_bytes: Some(reads),
+            ..main
+        },
+        ..Default::default()
+    };
+    let b = attribute(&data, &s.store, &reading, &Links::default());
+    assert_eq!(ms(&b, DataPrep), 10.0);
+    assert_eq!(
+        ms(&b, DataFetch),
+        50.0,
+        "seen in D, and asleep while reading"
+    );
+    assert_eq!(ms(&b, Other), 0.0);
+    assert_eq!(ms(&b, Compute), 40.0);
+    assert!(b
+        .evidence
+        .iter()
+        .any(|e| e.basis == Basis::DataLoaderReads && e.category == DataFetch));
+    // Reads that stopped before the wait do not explain it.
+    let late = input(100, 200, &[("data", 100, 160)]);
+    let b = attribute(&late, &s.store, &reading, &Links::default());
+    assert_eq!(ms(&b, DataFetch), 0.0);
 }

@@ -115,3 +115,93 @@ fn the_store_port_is_control_workers_are_data_launchers_control() {
     );
     assert_eq!(socket_inode(std::ffi::OsStr::new("pipe:[4711]")), None);
 }
+
+/// Between two dumps the job's known flows are asked for by name: their bytes go on being
+/// counted with no dump, and one that closes is forgotten.
+#[test]
+fn between_dumps_the_jobs_flows_are_looked_up_and_closed_ones_dropped() {
+    let me = std::process::id();
+    let (mut tx, mut rx) = transfer(1000);
+    let key = (rx.local_addr().unwrap(), rx.peer_addr().unwrap());
+    let mut source = FlowSource::new(&Roots::default());
+    source.dump_every_ns = Nanos::MAX;
+    let mut reg = Registry::default();
+    source.sample(&watched_loop(me), &mut reg).unwrap();
+    assert_eq!(source.dumps, 1, "the first read dumps");
+    assert!(
+        source.flows.contains_key(&key),
+        "the open connection is known"
+    );
+    tx.write_all(&[7u8; 5000]).unwrap();
+    rx.read_exact(&mut [0u8; 5000]).unwrap();
+    source.sample(&watched_loop(me), &mut reg).unwrap();
+    assert_eq!(source.dumps, 1, "the second read only looks up");
+    let track = &source.flows[&key];
+    assert_eq!(track.sample.bytes_in, 5000, "{track:?}");
+    assert_eq!(track.sample.class, Some(FlowClass::Collective));
+    drop(tx);
+    drop(rx);
+    // The close takes the kernel a moment (FIN, ACK): bounded in time, not in timing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while source.flows.contains_key(&key) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        source.sample(&watched_loop(me), &mut reg).unwrap();
+    }
+    assert_eq!(source.dumps, 1, "still no dump");
+    assert!(
+        !source.flows.contains_key(&key),
+        "the closed connection is dropped"
+    );
+}
+
+/// What a whole-table dump (both families) and a look-up of the known sockets cost here, with
+/// ten loopback connections open: the reason the reads between dumps look up.
+/// `cargo test -p stallscope-agent --release --lib -- --ignored --nocapture dump_and_look_up_costs`
+#[test]
+#[ignore = "a measurement, not a check"]
+fn dump_and_look_up_costs() {
+    let _open: Vec<_> = (0..10).map(|_| transfer(1000)).collect();
+    let mut diag = SockDiag::open().unwrap();
+    let mut sockets = Vec::new();
+    diag.dump(&mut sockets).unwrap();
+    let keys: Vec<SocketKey> = sockets
+        .iter()
+        .map(|s| SocketKey {
+            local: s.local,
+            remote: s.remote,
+            interface: s.interface,
+            cookie: s.cookie,
+        })
+        .collect();
+    let cpu_us = |f: &mut dyn FnMut()| {
+        let t = std::time::Instant::now();
+        let before = thread_cpu_ns();
+        for _ in 0..200 {
+            f();
+        }
+        let cpu = (thread_cpu_ns() - before) as f64 / 200.0 / 1e3;
+        (cpu, t.elapsed().as_secs_f64() * 1e6 / 200.0)
+    };
+    let (dump_cpu, dump_wall) = cpu_us(&mut || {
+        let mut out = Vec::new();
+        diag.dump(&mut out).unwrap();
+    });
+    let mut found = 0;
+    let (look_cpu, look_wall) = cpu_us(&mut || {
+        let mut out = Vec::new();
+        diag.look_up(&keys, &mut out).unwrap();
+        found = out.len();
+    });
+    println!(
+        "dump (IPv4 + IPv6, {} sockets): {dump_cpu:.1} us CPU ({dump_wall:.1} us wall); \
+         look-up of {} sockets: {look_cpu:.1} us CPU ({look_wall:.1} us wall), {found} found",
+        sockets.len(),
+        keys.len()
+    );
+}
+
+/// ns on the CPU of the calling thread.
+fn thread_cpu_ns() -> u64 {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+    text.split(' ').next().unwrap().parse().unwrap()
+}
