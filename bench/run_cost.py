@@ -2,7 +2,8 @@
 """What watching costs: stallscope's own CPU and its profile's size per hour, build against build.
 
 The job (issue 31): the example DDP training, 2 ranks with 2 DataLoader workers each, launched
-with `stallscope launch` under `stallscope run`, ~100 ms iterations for about 40 s. Each build
+with `stallscope launch` under `stallscope run`, ~100 ms iterations for about 40 s; or, with
+`--fast-loop MS`, bench/fast_loop.py (2 ranks of MS-ms iterations, markers only). Each build
 (and each flag set: `NAME=BINARY[,FLAG...]`) runs in turn, alternated `--repeats` times, so the
 machine's slow and fast spells hit them alike. For each run:
 
@@ -20,6 +21,7 @@ Prints min / median / max per configuration.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,16 +30,22 @@ import time
 
 from common import DATA, EXAMPLE, prepare_data
 
+FAST_LOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fast_loop.py")
+
 
 def spread(xs, fmt="{:.2f}"):
     return " / ".join(fmt.format(v) for v in (min(xs), statistics.median(xs), max(xs)))
 
 
-def one_run(exe, flags, python, iters, port, profile, summary, example_args):
-    cmd = [exe, "run", "-q", "-o", profile, "--summary-json", summary] + flags + [
-        "--", exe, "launch", "--nproc-per-node", "2", "--master-port", str(port), "--",
-        python, EXAMPLE, "--workers", "2", "--iters", str(iters), "--data-dir", DATA
-    ] + example_args
+def one_run(exe, flags, python, iters, port, profile, summary, example_args, fast_loop=None):
+    if fast_loop:
+        job = [python, FAST_LOOP, "--ranks", "2", "--iter-ms", str(fast_loop[0]),
+               "--seconds", str(fast_loop[1])]
+    else:
+        job = [exe, "launch", "--nproc-per-node", "2", "--master-port", str(port), "--",
+               python, EXAMPLE, "--workers", "2", "--iters", str(iters), "--data-dir", DATA
+               ] + example_args
+    cmd = [exe, "run", "-q", "-o", profile, "--summary-json", summary] + flags + ["--"] + job
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wall = time.monotonic() - t0
@@ -66,13 +74,19 @@ def main():
     ap.add_argument("--example-args", default="",
                     help="more flags for the example, e.g. '--width 4 --image-size 16' for "
                          "~100 ms iterations on a loaded machine")
+    ap.add_argument("--fast-loop", type=float, metavar="MS",
+                    help="run bench/fast_loop.py (2 ranks marking ~7 events per iteration of "
+                         "MS ms, no training) instead of the example")
+    ap.add_argument("--seconds", type=float, default=40.0,
+                    help="how long the fast loop runs")
     args = ap.parse_args()
     configs = []
     for c in args.configs:
         name, _, rest = c.partition("=")
         exe, *flags = rest.split(",")
         configs.append((name, exe, flags))
-    prepare_data(args.python)
+    if not args.fast_loop:
+        prepare_data(args.python)
     results = {name: [] for name, _, _ in configs}
     tmp = args.keep or tempfile.mkdtemp()
     os.makedirs(tmp, exist_ok=True)
@@ -81,7 +95,8 @@ def main():
             p = os.path.join(tmp, f"{name}{rep}.stallscope")
             j = os.path.join(tmp, f"{name}{rep}.json")
             r = one_run(exe, flags, args.python, args.iters, 29650 + rep, p, j,
-                        args.example_args.split())
+                        args.example_args.split(),
+                        (args.fast_loop, args.seconds) if args.fast_loop else None)
             results[name].append(r)
             print(f"{name} #{rep}: {r['wall']:.1f} s, median iteration "
                   f"{r['median_iteration']:.3f} s, CPU {r['cpu_pct']:.2f}% of a core, "
@@ -97,7 +112,7 @@ def main():
         print(f"| {name} {' '.join(flags)} | {len(rs)} | {spread([r['wall'] for r in rs], '{:.1f}')} "
               f"| {spread([r['cpu_pct'] for r in rs])} | {spread([r['mb_per_hour'] for r in rs], '{:.1f}')} |")
     if not args.keep:
-        os.rmdir(tmp)
+        shutil.rmtree(tmp)  # with any slowdown traces the runs wrote beside their profiles
 
 
 if __name__ == "__main__":

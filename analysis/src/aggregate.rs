@@ -10,6 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde::{Deserialize, Serialize};
+
 use crate::attribution::IterationBreakdown;
 use crate::category::Split;
 use crate::critical::CriticalPath;
@@ -49,7 +51,7 @@ fn bucket_value(b: u32) -> u64 {
 
 /// The median of a stream of wall times, ns: exact up to a count, then approximate within
 /// [`MEDIAN_MAX_RELATIVE_ERROR`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WallMedian {
     /// Every time so far, while there are at most `exact_cap`; `None` after.
     exact: Option<Vec<u64>>,
@@ -152,7 +154,7 @@ impl WallMedian {
 }
 
 /// Sums over a set of counted iterations.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Totals {
     /// Iterations counted.
     pub iterations: u64,
@@ -189,7 +191,7 @@ impl Totals {
 }
 
 /// What the summary needs of every iteration attributed so far.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunningSummary {
     /// Per (rank, pid): its counted (post-warm-up) iterations. A rank with only warm-up
     /// iterations so far is here with none counted.

@@ -317,6 +317,34 @@ pub enum Frame {
     /// on): the collector folds the answers into one [`Frame::Hang`]. Last, so that profiles
     /// written before it still read.
     NodeHang(Box<crate::hang::NodeHang>),
+    /// Consecutive [`Frame::Markers`] and [`Frame::Breakdown`]s packed column by column,
+    /// times as deltas (`crate::journal::packing` makes them in front of a run's profile
+    /// writer): the reader gives the frames back one at a time, so nothing past the file sees
+    /// this variant. Last, so that profiles written before it still read.
+    IterationPack(Box<crate::iteration_pack::IterationPack>),
+    /// The live run's totals of every iteration it attributed so far, written by a run whose
+    /// per-iteration frames were thinned (`crate::journal::thinning`): a reader of a thinned
+    /// profile takes them in place of its own, so its summary gives the live run's figures.
+    /// Last, so that profiles written before it still read.
+    IterationTotals(Box<IterationTotals>),
+}
+
+/// What the summary needs of every iteration a run attributed up to a moment
+/// ([`Frame::IterationTotals`]): a reader takes it in place of what it folded itself, and
+/// folds only the iterations after `progress` on top.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct IterationTotals {
+    /// Per loop (its pid): the first iteration not in these totals.
+    pub progress: Vec<(u32, u64)>,
+    /// The sums, medians and critical path ([`crate::aggregate`]).
+    pub totals: crate::aggregate::RunningSummary,
+    /// Per (rank, pid): its communication operations.
+    pub comm: Vec<((u32, u32), crate::collectives::CommTotals)>,
+    /// The slowdowns found, in the order found.
+    pub slowdowns: Vec<crate::slowdown::Slowdown>,
+    /// Marker datagrams known lost (sequence gaps; a reader sees the iterations left out as
+    /// gaps too).
+    pub markers_dropped: u64,
 }
 
 /// What a run profile's sample flight recorder kept ([`Frame::SamplesThinned`]).

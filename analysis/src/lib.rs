@@ -25,6 +25,7 @@ pub mod flows;
 pub mod frame;
 pub mod gpu_usage;
 pub mod hang;
+pub mod iteration_pack;
 pub mod job;
 pub mod journal;
 pub mod loops;

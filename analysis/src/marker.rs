@@ -46,7 +46,7 @@ pub const PROTOCOL: &str = "SS1";
 pub const MAX_DATAGRAM: usize = 4096;
 
 /// What the event says.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum MarkerEvent {
     /// A phase begins.
     Begin(String),

@@ -292,8 +292,7 @@ fn critical_path(job: &JobTimeline, job_figures: &Figures) -> Option<Figures> {
 fn marker_health(job: &JobTimeline) -> MarkerHealth {
     let health = job.nodes.health.values();
     MarkerHealth {
-        dropped: job.node.markers.dropped()
-            + health.clone().map(|h| h.markers_dropped).sum::<u64>(),
+        dropped: job.markers_dropped() + health.clone().map(|h| h.markers_dropped).sum::<u64>(),
         rejected: job.markers_rejected + health.map(|h| h.markers_rejected).sum::<u64>(),
     }
 }

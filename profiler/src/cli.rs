@@ -268,9 +268,12 @@ pub struct RunArgs {
     /// 0: never.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0, value_parser = seconds_up_to_a_day)]
     pub flight_recorder: f64,
-    /// Write every raw sample to the profile. By default the 100 Hz samples are kept in a
-    /// ring in memory and written only for the first and last minute and around hangs and
-    /// long iterations; the attribution is written whole either way.
+    /// Write every raw sample and every iteration's markers to the profile. By default the
+    /// 100 Hz samples are kept in a ring in memory and written only for the first and last
+    /// seconds and around hangs and long iterations, and a loop faster than 50
+    /// rank-iterations a second has the markers and breakdowns of only 50 a second written
+    /// (and of its ends, hangs, slowdowns and long iterations), with the run's exact totals;
+    /// the summary's figures are the same either way.
     #[arg(long)]
     pub keep_all_samples: bool,
     /// Where /proc and /sys are (hidden; tests point them at captured files).

@@ -22,6 +22,7 @@ use stallscope_agent::node::sweep;
 use stallscope_agent::node::{agent_candidates, check_rate, NodeInputs, Samplers};
 use stallscope_analysis::frame::RunHeader;
 use stallscope_analysis::journal::retention::Retention;
+use stallscope_analysis::journal::thinning::Thinning;
 use stallscope_analysis::journal::FrameSink;
 use stallscope_analysis::marker::{Marker, MarkerEvent};
 use stallscope_analysis::summary::render_text;
@@ -359,10 +360,17 @@ fn recorder_of(
     let hub = Arc::new(FeedHub::default());
     let metrics = stallscope_metrics::serve_flag(args.metrics.as_deref(), &hub)?;
     let feed_socket = feed::open(hub.clone(), &format!("run-{}.feed", std::process::id()));
+    // Markers and breakdowns packed column by column, whatever is kept.
+    let packed = Box::new(stallscope_analysis::journal::packing::Packing::new(
+        Box::new(writer),
+    ));
     let (sink, keeper): (Box<dyn FrameSink>, _) = if args.keep_all_samples {
-        (Box::new(writer), None)
+        (packed, None)
     } else {
-        let thinned = Retention::new(Box::new(writer));
+        // Samples around what matters, and a fast loop's iterations at a bounded rate.
+        let keeper = stallscope_analysis::journal::retention::KeepHandle::default();
+        let iterations = Thinning::new(packed).with_keeper(keeper.subscribe());
+        let thinned = Retention::new(Box::new(iterations)).with_keeper(keeper);
         let keeper = thinned.handle();
         (Box::new(thinned), Some(keeper))
     };

@@ -176,11 +176,13 @@ fn a_full_profile_disk_leaves_the_training_alone() {
     // Full from the training's second iteration on. What the profile still has to write then
     // must be more than the slack of its last page (up to 4 KiB, which tmpfs fills without
     // asking for space): a 30-iteration run of 0.4 s wrote less on a fast day (CI failed), so
-    // this one runs 150 iterations, seconds of samples. (Full before the run, stallscope
-    // refuses to start: it cannot write the profile's header.)
+    // this one runs 150 iterations, seconds of samples, all of them kept: a run's profile
+    // is packed and its samples thinned now, and 150 iterations of it fit in that slack on
+    // a fast day. (Full before the run, stallscope refuses to start: it cannot write the
+    // profile's header.)
     let iters = 5 * ITERS;
     let r = run(
-        &mut stallscope_run(&disk.0.join("p.stallscope"), &[], iters),
+        &mut stallscope_run(&disk.0.join("p.stallscope"), &["--keep-all-samples"], iters),
         2,
         |_| disk.fill(),
     );

@@ -92,6 +92,19 @@ impl NodeTimeline {
         }
     }
 
+    /// Whether a breakdown read is taken as the attribution ([`Frame::SamplesThinned`]).
+    pub fn takes_breakdowns_as_written(&self) -> bool {
+        self.given.is_some()
+    }
+
+    /// Per loop (its pid): the next iteration to attribute.
+    pub fn progress_all(&self) -> Vec<(u32, u64)> {
+        self.progress
+            .iter()
+            .map(|(pid, p)| (*pid, p.next_iter))
+            .collect()
+    }
+
     /// Where loop `pid` stands.
     pub fn progress(&self, pid: u32) -> RankProgress {
         self.progress.get(&pid).copied().unwrap_or_default()
@@ -140,6 +153,7 @@ impl NodeTimeline {
                 self.series.find(names::PROC_THREADS_RUNQ_NS, &label),
                 self.series.find(names::PROC_THREADS_BLOCKED_IO, &label),
             ],
+            read_bytes: self.series.find(names::PROC_READ_BYTES, &label),
         }
     }
 

@@ -7,8 +7,10 @@
 //! the profile ([`Journal::replay`]) rebuilds them. Where the frames go is a [`FrameSink`]
 //! (the profile writer, or nothing on an agent), so this stays free of I/O.
 
+pub mod packing;
 pub mod replay;
 pub mod retention;
+pub mod thinning;
 
 use crate::attribution::IterationBreakdown;
 use crate::frame::{Frame, RunEnd, RunHeader};
@@ -34,6 +36,12 @@ pub const REPLAY_SUMMARY_EVERY_NS: Nanos = 600 * REPLAY_STEP_NS;
 pub trait FrameSink: Send {
     /// Writes one frame (buffered).
     fn write(&mut self, frame: &Frame) -> Result<(), String>;
+    /// Writes one frame whose encoding the caller has (`payload`, `frame.encode()`'s bytes),
+    /// so that it need not be encoded again. By default, [`FrameSink::write`].
+    fn write_encoded(&mut self, frame: &Frame, payload: &[u8]) -> Result<(), String> {
+        let _ = payload;
+        self.write(frame)
+    }
     /// Makes what was written durable enough to acknowledge.
     fn flush(&mut self) -> Result<(), String>;
     /// Puts every frame written so far in the file now, frames a sink holds back to pack
@@ -44,6 +52,12 @@ pub trait FrameSink: Send {
     }
     /// Writes what is left and closes.
     fn finish(self: Box<Self>) -> Result<(), String>;
+    /// Whether the journal should write its running totals now ([`Frame::IterationTotals`],
+    /// after an attribution round): a sink that leaves iterations out asks for them, now and
+    /// then and when the run ends (`finishing`). By default, never.
+    fn wants_totals(&mut self, _finishing: bool) -> bool {
+        false
+    }
 }
 
 /// What a journal writes computed breakdowns as.
@@ -156,7 +170,23 @@ impl Journal {
     /// [`Journal::take_write_failure`].
     pub fn emit(&mut self, frame: Frame) {
         self.write(&frame);
-        self.ingest(&frame);
+        // The live model first: the timeline keeps the frame (a node's iteration waits for
+        // the cross-node join) without a copy. Neither reads the other on the way in.
+        self.live.ingest(&frame);
+        self.timeline.ingest_owned(frame);
+    }
+
+    /// [`Journal::emit`] of a frame whose encoding the caller has (`payload`, exactly
+    /// `frame.encode()`'s bytes: a node's record as it came, its node name put in), so that
+    /// the sink writes it without encoding it again.
+    pub fn emit_encoded(&mut self, frame: Frame, payload: &[u8]) {
+        if let Some(s) = self.sink.as_mut() {
+            if let Err(e) = s.write_encoded(&frame, payload) {
+                self.fail(e);
+            }
+        }
+        self.live.ingest(&frame);
+        self.timeline.ingest_owned(frame);
     }
 
     fn write(&mut self, frame: &Frame) {
@@ -191,6 +221,14 @@ impl Journal {
         if self.breakdowns == Breakdowns::Written {
             for b in &new {
                 self.write(&Frame::Breakdown(b.clone()));
+            }
+            if self
+                .sink
+                .as_mut()
+                .is_some_and(|s| s.wants_totals(finishing))
+            {
+                let totals = self.timeline.iteration_totals();
+                self.write(&Frame::IterationTotals(Box::new(totals)));
             }
         }
         let now = if now == u64::MAX {
@@ -268,6 +306,25 @@ pub fn link_peaks_of<F: Borrow<Frame>>(frames: impl IntoIterator<Item = F>) -> L
         }
     }
     pass.peaks()
+}
+
+/// A sink that keeps every frame written, for tests of what reaches a profile.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct CollectingSink(pub std::sync::Arc<std::sync::Mutex<Vec<Frame>>>);
+
+#[cfg(test)]
+impl FrameSink for CollectingSink {
+    fn write(&mut self, frame: &Frame) -> Result<(), String> {
+        self.0.lock().unwrap().push(frame.clone());
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    fn finish(self: Box<Self>) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

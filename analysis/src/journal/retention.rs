@@ -69,25 +69,76 @@ const RECENT_WALLS: usize = 64;
 /// Walls a rank needs before any of its iterations may count as long.
 const MIN_WALLS: usize = 8;
 
+/// Stretches of time (from, to), ns, asked to be kept.
+type Requests = Vec<(Nanos, Nanos)>;
+
 /// Asks a [`Retention`] to keep the samples of a stretch of time: what is still in its ring
-/// at the next write, and what comes until the stretch's end. Cloned freely; safe to call from
-/// any thread.
+/// at the next write, and what comes until the stretch's end (and a
+/// [`super::thinning::Thinning`] given a [`KeepHandle::subscribe`]d one, its iterations).
+/// Cloned freely (a clone reads the same requests); safe to call from any thread.
 #[derive(Clone, Debug, Default)]
-pub struct KeepHandle(Arc<Mutex<Vec<(Nanos, Nanos)>>>);
+pub struct KeepHandle {
+    /// Each reader's requests not yet taken.
+    queues: Arc<Mutex<Vec<Requests>>>,
+    /// This one's reader.
+    me: usize,
+}
 
 impl KeepHandle {
     /// Keep the samples from `from_ns` to `to_ns` (the samples' clock, ns).
     pub fn keep(&self, from_ns: Nanos, to_ns: Nanos) {
-        if let Ok(mut k) = self.0.lock() {
-            k.push((from_ns, to_ns.max(from_ns)));
+        if let Ok(mut queues) = self.queues.lock() {
+            if queues.is_empty() {
+                queues.push(Vec::new());
+            }
+            for q in queues.iter_mut() {
+                q.push((from_ns, to_ns.max(from_ns)));
+            }
         }
     }
 
-    fn take(&self) -> Vec<(Nanos, Nanos)> {
-        self.0
+    /// A handle that reads every request from now on as well as this one.
+    pub fn subscribe(&self) -> KeepHandle {
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        if queues.is_empty() {
+            queues.push(Vec::new());
+        }
+        queues.push(Vec::new());
+        KeepHandle {
+            queues: self.queues.clone(),
+            me: queues.len() - 1,
+        }
+    }
+
+    /// The requests this reader has not taken yet.
+    pub(super) fn take(&self) -> Vec<(Nanos, Nanos)> {
+        self.queues
             .lock()
-            .map(|mut k| std::mem::take(&mut *k))
+            .ok()
+            .and_then(|mut q| q.get_mut(self.me).map(std::mem::take))
             .unwrap_or_default()
+    }
+}
+
+/// Each rank's recent iteration walls, for telling a long iteration.
+#[derive(Debug, Default)]
+pub(super) struct RecentWalls(HashMap<u32, VecDeque<Nanos>>);
+
+impl RecentWalls {
+    /// Whether an iteration of `wall` ns is long for `rank` (over [`LONG_FACTOR`] × the
+    /// median of its last [`RECENT_WALLS`], once it has [`MIN_WALLS`]); remembers it.
+    pub(super) fn is_long(&mut self, rank: u32, wall: Nanos) -> bool {
+        let walls = self.0.entry(rank).or_default();
+        let long = walls.len() >= MIN_WALLS && {
+            let mut sorted: Vec<Nanos> = walls.iter().copied().collect();
+            sorted.sort_unstable();
+            wall > sorted[sorted.len() / 2].saturating_mul(LONG_FACTOR)
+        };
+        if walls.len() == RECENT_WALLS {
+            walls.pop_front();
+        }
+        walls.push_back(wall);
+        long
     }
 }
 
@@ -103,7 +154,7 @@ pub struct Retention {
     /// Requests from other parts.
     handle: KeepHandle,
     /// Recent walls per rank, ns, for telling a long iteration.
-    walls: HashMap<u32, VecDeque<Nanos>>,
+    walls: RecentWalls,
     /// The note after the header is written.
     noted: bool,
     /// The node's one-second resources, from every sample.
@@ -127,7 +178,7 @@ impl Retention {
             first_ns: None,
             keep: Vec::new(),
             handle: KeepHandle::default(),
-            walls: HashMap::new(),
+            walls: RecentWalls::default(),
             noted: false,
             meter: NodeMeter::default(),
             node: LOCAL.to_string(),
@@ -135,6 +186,13 @@ impl Retention {
             keep_all: false,
             last_long_ns: None,
         }
+    }
+
+    /// Reads the requests of `handle` (one [`KeepHandle::subscribe`]d from for another
+    /// reader) instead of its own.
+    pub fn with_keeper(mut self, handle: KeepHandle) -> Retention {
+        self.handle = handle;
+        self
     }
 
     /// Where other parts ask for a stretch of samples to be kept.
@@ -234,21 +292,6 @@ impl Retention {
         Ok(())
     }
 
-    /// Whether an iteration of `wall` ns is long for `rank`; remembers it.
-    fn is_long(&mut self, rank: u32, wall: Nanos) -> bool {
-        let walls = self.walls.entry(rank).or_default();
-        let long = walls.len() >= MIN_WALLS && {
-            let mut sorted: Vec<Nanos> = walls.iter().copied().collect();
-            sorted.sort_unstable();
-            wall > sorted[sorted.len() / 2].saturating_mul(LONG_FACTOR)
-        };
-        if walls.len() == RECENT_WALLS {
-            walls.pop_front();
-        }
-        walls.push_back(wall);
-        long
-    }
-
     /// Writes the last [`ENDS_NS`] of what the ring holds, in order.
     fn write_ring(&mut self) -> Result<(), String> {
         let last = self.ring.back().map_or(0, |b| b.at());
@@ -266,7 +309,7 @@ impl FrameSink for Retention {
         match frame {
             Frame::Samples(b) => return self.on_samples(b),
             Frame::Breakdown(b)
-                if self.is_long(b.rank, b.wall_ns())
+                if self.walls.is_long(b.rank, b.wall_ns())
                     && self
                         .last_long_ns
                         .is_none_or(|t| b.end_ns >= t.saturating_add(LONG_EVERY_NS)) =>
@@ -331,6 +374,10 @@ impl FrameSink for Retention {
         self.write_ring()?;
         self.inner.finish()
     }
+
+    fn wants_totals(&mut self, finishing: bool) -> bool {
+        self.inner.wants_totals(finishing)
+    }
 }
 
 #[cfg(test)]
@@ -338,25 +385,9 @@ mod tests {
     use super::*;
     use crate::attribution::IterationBreakdown;
     use crate::frame::{RunEnd, RunHeader};
+    use crate::journal::CollectingSink;
 
     const S: Nanos = 1_000_000_000;
-
-    /// Collects what reaches the file.
-    #[derive(Clone, Default)]
-    struct Collect(Arc<Mutex<Vec<Frame>>>);
-
-    impl FrameSink for Collect {
-        fn write(&mut self, frame: &Frame) -> Result<(), String> {
-            self.0.lock().unwrap().push(frame.clone());
-            Ok(())
-        }
-        fn flush(&mut self) -> Result<(), String> {
-            Ok(())
-        }
-        fn finish(self: Box<Self>) -> Result<(), String> {
-            Ok(())
-        }
-    }
 
     fn batch(t_ns: Nanos) -> Frame {
         Frame::Samples(SampleBatch {
@@ -393,7 +424,7 @@ mod tests {
     /// iteration ending at 300 s and a stretch asked for at 400–405 s.
     #[test]
     fn samples_are_kept_at_the_ends_and_around_what_matters_and_every_other_frame_passes() {
-        let out = Collect::default();
+        let out = CollectingSink::default();
         let mut r = Box::new(Retention::new(Box::new(out.clone())));
         let handle = r.handle();
         r.write(&Frame::Header(RunHeader::default())).unwrap();
@@ -434,7 +465,7 @@ mod tests {
     #[test]
     fn long_iterations_keep_at_most_one_window_in_30_s() {
         const MS: Nanos = 1_000_000;
-        let out = Collect::default();
+        let out = CollectingSink::default();
         let mut r = Box::new(Retention::new(Box::new(out.clone())));
         let mut end = 0;
         for i in 0..600u64 {
@@ -474,7 +505,7 @@ mod tests {
 
     #[test]
     fn a_process_gone_keeps_its_last_readings() {
-        let out = Collect::default();
+        let out = CollectingSink::default();
         let mut r = Box::new(Retention::new(Box::new(out.clone())));
         for t in 1..=100u64 {
             r.write(&batch(t * S)).unwrap();
@@ -497,7 +528,7 @@ mod tests {
     #[test]
     fn a_gpu_node_keeps_every_sample() {
         use crate::series::{SeriesDecl, SeriesId, SeriesKind};
-        let out = Collect::default();
+        let out = CollectingSink::default();
         let mut r = Box::new(Retention::new(Box::new(out.clone())));
         for t in 1..=100u64 {
             if t == 20 {
@@ -519,7 +550,7 @@ mod tests {
 
     #[test]
     fn a_hang_keeps_the_minute_before_it_and_the_minute_after() {
-        let out = Collect::default();
+        let out = CollectingSink::default();
         let mut r = Box::new(Retention::new(Box::new(out.clone())));
         for t in 1..=1000u64 {
             r.write(&batch(t * S)).unwrap();

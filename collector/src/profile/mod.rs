@@ -153,7 +153,7 @@ fn frame_crc(version: u8, len: [u8; 4], payload: &[u8]) -> u32 {
 /// One frame of every variant, with every optional part filled, for the tests of the
 /// writer and the reader.
 #[cfg(test)]
-fn every_variant() -> Vec<Frame> {
+pub(crate) fn every_variant() -> Vec<Frame> {
     use stallscope_analysis::attribution::{Basis, Coverage, Evidence, IterationBreakdown};
     use stallscope_analysis::category::{Category, Split};
     use stallscope_analysis::frame::{ProcessInfo, Role, RunEnd, RunHeader, SourceStatus};
@@ -438,8 +438,17 @@ fn every_variant() -> Vec<Frame> {
             window_ns: 60_000_000_000,
         },
     ));
+    frames.push(Frame::IterationTotals(Box::new(
+        stallscope_analysis::frame::IterationTotals {
+            progress: vec![(4242, 12)],
+            totals: Default::default(),
+            comm: vec![((0, 4242), Default::default())],
+            slowdowns: vec![Default::default()],
+            markers_dropped: 3,
+        },
+    )));
     // A new variant makes this match fail to compile until it is added above.
-    let mut seen = [false; 24];
+    let mut seen = [false; 25];
     for f in &frames {
         let i = match f {
             Frame::Header(_) => 0,
@@ -468,8 +477,10 @@ fn every_variant() -> Vec<Frame> {
             Frame::NodeHang(_) => 23,
             // The writer packs Samples frames into runs and the reader unpacks them: a run
             // never comes back out; `samples_are_packed_and_read_back` tests them. Deflated
-            // frames likewise (`deflated_frames_read_back_as_written`).
-            Frame::SampleRun(_) | Frame::Deflated(_) => {
+            // frames likewise (`deflated_frames_read_back_as_written`), and iteration packs
+            // (`iteration_packs_read_back_as_written`).
+            Frame::IterationTotals(_) => 24,
+            Frame::SampleRun(_) | Frame::Deflated(_) | Frame::IterationPack(_) => {
                 unreachable!("not a frame callers write")
             }
         };

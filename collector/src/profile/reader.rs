@@ -182,6 +182,8 @@ pub struct ProfileReader<R = File> {
     /// The [`Frame::Deflated`] being read, inflated, and where its next frame starts: its
     /// frames are decoded one at a time, as the file's are.
     inflated: Option<(Vec<u8>, usize, u64)>,
+    /// The frames of the [`Frame::IterationPack`] last read, not yet given.
+    opened: std::collections::VecDeque<Frame>,
     /// bytes, the payload of the frame last read (what a run's width is checked against).
     last_payload: usize,
     /// bytes hashed by CRC checks that failed (the cost of damage and fake headers).
@@ -217,6 +219,7 @@ impl<R: Read> ProfileReader<R> {
             issues: Vec::new(),
             unpacked: None,
             inflated: None,
+            opened: Default::default(),
             last_payload: 0,
             crc_wasted: 0,
             crc_hashed: 0,
@@ -474,8 +477,15 @@ impl<R: Read> Iterator for ProfileReader<R> {
                 return Some(Ok(Frame::Samples(batch)));
             }
             self.unpacked = None;
-            if let Some(frame) = self.next_inflated() {
+            if let Some(frame) = self.opened.pop_front() {
                 return Some(Ok(frame));
+            }
+            if let Some(frame) = self.next_inflated() {
+                let offset = self.inflated.as_ref().map_or(0, |(_, _, o)| *o);
+                if let Some(frame) = self.open_pack(frame, offset, 0) {
+                    return Some(Ok(frame));
+                }
+                continue;
             }
             if self.done {
                 return None;
@@ -505,7 +515,12 @@ impl<R: Read> Iterator for ProfileReader<R> {
                         });
                     }
                 },
-                Ok(Some(frame)) => return Some(Ok(frame)),
+                Ok(Some(frame)) => {
+                    let bytes = self.offset() - start;
+                    if let Some(frame) = self.open_pack(frame, start, bytes) {
+                        return Some(Ok(frame));
+                    }
+                }
                 Ok(None) => {
                     self.done = true;
                     return None;
@@ -549,6 +564,23 @@ fn next_packed(bytes: &[u8], at: &mut usize) -> Result<Frame, String> {
 }
 
 impl<R: Read> ProfileReader<R> {
+    /// `frame`, or, for a [`Frame::IterationPack`], nothing: its frames are queued to be
+    /// given one at a time (damage in it, `bytes` at `offset`, is an issue).
+    fn open_pack(&mut self, frame: Frame, offset: u64, bytes: u64) -> Option<Frame> {
+        let Frame::IterationPack(pack) = frame else {
+            return Some(frame);
+        };
+        match pack.into_frames() {
+            Ok(frames) => self.opened.extend(frames),
+            Err(why) => self.issues.push(ReadIssue::Corrupt {
+                offset,
+                bytes,
+                reason: Corruption::Undecodable(why),
+            }),
+        }
+        None
+    }
+
     /// The next frame of the [`Frame::Deflated`] being read; damage in it is an issue, and
     /// the rest of it is stepped over (its checksum held, so it was written so).
     fn next_inflated(&mut self) -> Option<Frame> {
@@ -1106,6 +1138,52 @@ mod tests {
         assert_eq!(why.len(), 2, "{why:?}");
         assert!(why[0].contains("do not inflate within"), "{why:?}");
         assert!(why[1].contains("runs past the end"), "{why:?}");
+    }
+
+    /// Markers and breakdowns packed ([`Frame::IterationPack`]) read back as the frames they
+    /// were, plain or deflated; a pack whose columns disagree is an issue, and the frames
+    /// around it read.
+    #[test]
+    fn iteration_packs_read_back_as_written() {
+        use stallscope_analysis::iteration_pack::IterationPackBuilder;
+        let frames = every_variant();
+        let mut pack = IterationPackBuilder::default();
+        let packed: Vec<Frame> = frames.iter().filter(|f| pack.push(f)).cloned().collect();
+        assert!(
+            packed.len() >= 2,
+            "every variant holds markers and a breakdown"
+        );
+        let pack = pack.take();
+        let mut broken = pack.clone();
+        broken.m_t.clear();
+        let around = frames[0].clone();
+        let dir = tempfile::tempdir().unwrap();
+        for deflating in [false, true] {
+            let path = dir.path().join(format!("p{deflating}"));
+            let mut w = ProfileWriter::create(&path).unwrap();
+            if deflating {
+                w = w.deflating();
+            }
+            w.write(&Frame::IterationPack(Box::new(pack.clone())))
+                .unwrap();
+            w.write(&around).unwrap();
+            w.write(&Frame::IterationPack(Box::new(broken.clone())))
+                .unwrap();
+            w.write(&around).unwrap();
+            w.finish().unwrap();
+            let read = read_profile(&path).unwrap();
+            let mut expected = packed.clone();
+            expected.extend([around.clone(), around.clone()]);
+            assert_eq!(read.frames, expected, "deflating: {deflating}");
+            let [ReadIssue::Corrupt {
+                reason: Corruption::Undecodable(why),
+                ..
+            }] = read.issues.as_slice()
+            else {
+                panic!("{:?}", read.issues);
+            };
+            assert!(why.contains("m_t"), "{why}");
+        }
     }
 
     #[test]

@@ -208,8 +208,26 @@ impl ProfileWriter {
         }
     }
 
+    /// [`ProfileWriter::write`] of a frame whose encoding the caller has: `payload`, which
+    /// must be `frame.encode()` (the collector has an agent's frame as it came, its node name
+    /// put in), so the frame is not encoded again. A writer packing frames
+    /// ([`ProfileWriter::deflating`]) encodes as usual.
+    pub fn write_encoded(&mut self, frame: &Frame, payload: &[u8]) -> Result<(), ProfileError> {
+        debug_assert_eq!(payload, &frame.encode()[..], "not the frame's encoding");
+        if self.deflate || matches!(frame, Frame::Samples(_)) {
+            return self.write(frame);
+        }
+        self.write_run()?;
+        self.write_pending()?;
+        self.write_payload(payload)
+    }
+
     fn write_frame(&mut self, frame: &Frame) -> Result<(), ProfileError> {
-        let payload = frame.encode();
+        self.write_payload(&frame.encode())
+    }
+
+    /// Writes one frame's encoding with its header.
+    fn write_payload(&mut self, payload: &[u8]) -> Result<(), ProfileError> {
         if payload.len() > MAX_PAYLOAD as usize {
             return Err(ProfileError::FrameTooLarge {
                 path: self.path.clone(),
@@ -223,8 +241,8 @@ impl ProfileWriter {
         self.scratch.push(FORMAT_VERSION);
         self.scratch.extend_from_slice(&len);
         self.scratch
-            .extend_from_slice(&frame_crc(FORMAT_VERSION, len, &payload).to_le_bytes());
-        self.scratch.extend_from_slice(&payload);
+            .extend_from_slice(&frame_crc(FORMAT_VERSION, len, payload).to_le_bytes());
+        self.scratch.extend_from_slice(payload);
         self.out.write_all(&self.scratch).map_err(|e| self.io(e))
     }
 
@@ -276,6 +294,10 @@ impl ProfileWriter {
 impl stallscope_analysis::journal::FrameSink for ProfileWriter {
     fn write(&mut self, frame: &Frame) -> Result<(), String> {
         ProfileWriter::write(self, frame).map_err(|e| e.to_string())
+    }
+
+    fn write_encoded(&mut self, frame: &Frame, payload: &[u8]) -> Result<(), String> {
+        ProfileWriter::write_encoded(self, frame, payload).map_err(|e| e.to_string())
     }
 
     fn flush(&mut self) -> Result<(), String> {
