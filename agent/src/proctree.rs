@@ -46,7 +46,7 @@ pub fn scan(proc_root: &Path) -> io::Result<Vec<ProcEntry>> {
 }
 
 /// `root_pid` and every process below it (children, grandchildren, …), root first, then by
-/// depth. Empty when `root_pid` is not in `entries`.
+/// depth, siblings by pid. Empty when `root_pid` is not in `entries`.
 pub fn descendants(entries: &[ProcEntry], root_pid: u32) -> Vec<ProcEntry> {
     subtree(entries.iter(), root_pid)
 }
@@ -202,6 +202,11 @@ fn subtree<'a>(entries: impl Iterator<Item = &'a ProcEntry>, root_pid: u32) -> V
     let Some(root) = root else {
         return Vec::new();
     };
+    // Siblings by pid: the same processes give the same list from pass to pass (`entries`
+    // comes from a hash map), so whoever compares two discoveries sees no change.
+    children
+        .values_mut()
+        .for_each(|c| c.sort_unstable_by_key(|e| e.pid));
     let mut seen = HashSet::from([root_pid]);
     let mut tree = vec![root.clone()];
     let mut next = 0;

@@ -40,7 +40,7 @@ pub struct OpTime {
 }
 
 /// Running sums for one (op, group).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct OpTotals {
     count: u64,
     bytes: u64,
@@ -49,7 +49,7 @@ struct OpTotals {
 }
 
 /// One rank's running sums per (op, group) over its counted iterations.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommTotals {
     ops: BTreeMap<(Option<String>, Option<u32>), OpTotals>,
     /// Operations of (op, group) pairs beyond [`MAX_OPS_PER_RANK`], not listed.

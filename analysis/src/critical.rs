@@ -13,6 +13,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::category::{Category, Split};
 use crate::Nanos;
 
@@ -20,7 +22,7 @@ use crate::Nanos;
 pub const PENDING: usize = 4_096;
 
 /// An iteration some ranks have finished.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Pending {
     /// Ranks that finished it.
     ranks: u32,
@@ -31,7 +33,7 @@ struct Pending {
 }
 
 /// The critical path of the counted iterations so far.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CriticalPath {
     pending: BTreeMap<u64, Pending>,
     /// ns per category over the iterations taken.

@@ -4,7 +4,8 @@
 //! same timeline `stallscope summary` replays the profile through — and every [`TICK`] the
 //! task joins the iterations that are ready across nodes, flushes the profile, and only then
 //! acknowledges the records to their agents: an acknowledged record is in the file, so an
-//! agent may forget it. Node events go out on the broadcast as they happen; the live model
+//! agent may forget it. Node events go out on the broadcast as they happen, each
+//! rank-iteration on a broadcast of its own ([`JobTask::iteration_events`]); the live model
 //! goes to the [`FeedHub`] every tick.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -19,7 +20,7 @@ use stallscope_analysis::summary::{self, Summary};
 use stallscope_analysis::view::hub::FeedHub;
 use tokio::sync::{broadcast, mpsc, watch};
 
-use crate::events::JobEvent;
+use crate::events::{JobEvent, EVENTS_CAPACITY};
 use crate::hang::{HangAction, JobHangs};
 use crate::monotonic_ns;
 use crate::profile::ProfileWriter;
@@ -35,6 +36,10 @@ const DRAIN_AT_ONCE: usize = 256;
 pub struct JobTask {
     journal: Journal,
     feed: broadcast::Sender<JobEvent>,
+    /// [`JobEvent::Iteration`]s, apart from the other events: one per rank-iteration
+    /// (300,000 a second at 10,000 ranks) is more than the terminal's printer should wake
+    /// for, and nothing is made of them while nobody subscribes.
+    iterations: broadcast::Sender<JobEvent>,
     hub: Arc<FeedHub>,
     /// Per connection (by the address of its ack cell), the cell and the highest sequence
     /// number written since the last flush.
@@ -48,6 +53,8 @@ pub struct JobTask {
     stacks_asks: Option<watch::Sender<u64>>,
     /// Connections welcomed, by node (a node reconnecting may briefly hold two).
     connected: BTreeMap<String, usize>,
+    /// Each node's name as the iteration events share it, made once per node.
+    node_names: HashMap<String, Arc<str>>,
 }
 
 impl JobTask {
@@ -63,6 +70,7 @@ impl JobTask {
         JobTask {
             journal: Journal::new(Some(Box::new(writer)), header, name, Breakdowns::NotWritten),
             feed,
+            iterations: broadcast::channel(EVENTS_CAPACITY).0,
             hub,
             unflushed: HashMap::new(),
             dropped: BTreeMap::new(),
@@ -70,6 +78,7 @@ impl JobTask {
             hangs: JobHangs::new(None),
             stacks_asks: None,
             connected: BTreeMap::new(),
+            node_names: HashMap::new(),
         }
     }
 
@@ -80,6 +89,11 @@ impl JobTask {
         self.hangs = JobHangs::new(after_ns);
         self.stacks_asks = Some(asks);
         self
+    }
+
+    /// Where the [`JobEvent::Iteration`]s go (subscribe before the task runs).
+    pub fn iteration_events(&self) -> broadcast::Sender<JobEvent> {
+        self.iterations.clone()
     }
 
     fn emit(&mut self, frame: Frame) {
@@ -107,12 +121,16 @@ impl JobTask {
             Ingest::Clock(c) => {
                 self.emit(Frame::NodeClock(c));
             }
-            Ingest::Records { records, ack } => {
+            Ingest::Records {
+                records,
+                encoded,
+                ack,
+            } => {
                 let Some(last) = records.last().map(|r| r.0) else {
                     return;
                 };
-                for (_, frame) in records {
-                    self.on_record(frame);
+                for (i, (_, frame)) in records.into_iter().enumerate() {
+                    self.on_record(frame, encoded.get(i));
                 }
                 self.unflushed_upto(ack, last);
             }
@@ -129,8 +147,9 @@ impl JobTask {
             .or_insert((ack, seq));
     }
 
-    /// Takes one frame from a node: the profile and the timeline, and the live feed.
-    fn on_record(&mut self, frame: Frame) {
+    /// Takes one frame from a node: the profile (`encoded`: its encoding, when the
+    /// connection made it from the bytes received) and the timeline, and the live feed.
+    fn on_record(&mut self, frame: Frame, encoded: Option<&[u8]>) {
         let now = monotonic_ns();
         if let Some(it) = frame.node_iteration() {
             let b = &it.breakdown;
@@ -141,7 +160,8 @@ impl JobTask {
         if let Frame::NodeHang(h) = &frame {
             self.hangs.on_answer((**h).clone(), now);
         }
-        let update = if let Some(it) = frame.node_iteration() {
+        let watched = self.iterations.receiver_count() > 0;
+        let update = if let Some(it) = frame.node_iteration().filter(|_| watched) {
             let end_ns = self
                 .journal
                 .timeline()
@@ -150,7 +170,7 @@ impl JobTask {
                 .get(&it.node)
                 .map_or(it.breakdown.end_ns, |c| c.to_collector(it.breakdown.end_ns));
             Some(JobEvent::Iteration {
-                node: it.node.clone(),
+                node: self.node_name(&it.node),
                 rank: it.breakdown.rank,
                 iter: it.breakdown.iter,
                 end_ns,
@@ -169,10 +189,27 @@ impl JobTask {
         } else {
             None
         };
-        self.emit(frame);
-        if let Some(u) = update {
-            self.publish(u);
+        match encoded {
+            Some(payload) => self.journal.emit_encoded(frame, payload),
+            None => self.emit(frame),
         }
+        match update {
+            Some(u @ JobEvent::Iteration { .. }) => {
+                let _ = self.iterations.send(u);
+            }
+            Some(u) => self.publish(u),
+            None => {}
+        }
+    }
+
+    /// `node`'s name, shared.
+    fn node_name(&mut self, node: &str) -> Arc<str> {
+        if let Some(name) = self.node_names.get(node) {
+            return name.clone();
+        }
+        let name: Arc<str> = Arc::from(node);
+        self.node_names.insert(node.to_string(), name.clone());
+        name
     }
 
     /// Joins what is ready, flushes, acknowledges, publishes the model.

@@ -8,12 +8,28 @@
 //! named here with their `_total`, as users query them; the crate's counter family is that
 //! name without it.
 //!
+//! A scrape of 10,000 ranks is some 300,000 series (issue 31: under 100 ms), so no string is
+//! made per series: each of the model's strings that labels series (the job, a node, an
+//! operation) is copied once a scrape and shared ([`Names`]; the crate's collectors must be
+//! `'static`, so they cannot borrow the state), a rank's labels are made once for its 11
+//! samples, a rank label is its number (written by the crate), each family keeps its
+//! samples' labels in one flat list, and the text is written into a buffer of the previous
+//! scrape's size. What is left is the crate's encoder (85% of a scrape's instructions, half
+//! of it the histograms: each of a rank's 17 lines writes its labels again).
+//!
 //! Labels are bounded: `job`, `node`, `rank`, `category`, `direction`, `resource`, `source`
 //! and the GPU's identity (`gpu`, `UUID`, `modelName`, as dcgm-exporter names them), never an
 //! iteration, a pid or a path. A figure no source gave is left out, never written as 0.
 
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder, NoLabelSet,
+};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
@@ -22,7 +38,7 @@ use stallscope_analysis::category::Category;
 use stallscope_analysis::collectives::Collective;
 use stallscope_analysis::view::{NodeView, RankView};
 
-use crate::{MetricsState, NodeTotals, BUCKETS};
+use crate::{Histogram, MetricsState, NodeTotals, BUCKETS};
 
 /// The `Content-Type` of a scrape in OpenMetrics (what Prometheus asks for).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -37,23 +53,46 @@ pub fn accepts_openmetrics(accept: &str) -> bool {
 }
 
 /// The same exposition in the Prometheus text format 0.0.4: a counter family is named with
-/// its `_total` there, and there is no `# EOF`. Everything else is the same text.
+/// its `_total` there, and there is no `# EOF`. Everything else is the same text, copied in
+/// runs between the comment lines.
 pub fn to_text_format(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len() + 4096);
-    let mut lines = openmetrics.lines().peekable();
-    while let Some(line) = lines.next() {
+    let mut rest = openmetrics;
+    while !rest.is_empty() {
+        // The samples up to the next comment line go over as they are.
+        let comment = if rest.starts_with('#') {
+            0
+        } else {
+            rest.find("\n#").map_or(rest.len(), |i| i + 1)
+        };
+        out.push_str(&rest[..comment]);
+        if comment == rest.len() && !rest.ends_with('\n') {
+            out.push('\n');
+        }
+        rest = &rest[comment..];
+        let Some(end) = rest
+            .find('\n')
+            .map(|i| i + 1)
+            .or((!rest.is_empty()).then_some(rest.len()))
+        else {
+            break;
+        };
+        let line = rest[..end].trim_end_matches('\n');
+        rest = &rest[end..];
         if line == "# EOF" {
             continue;
         }
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            let name = rest.split(' ').next().unwrap_or("");
-            let counter = lines
-                .peek()
-                .is_some_and(|next| *next == format!("# TYPE {name} counter"));
-            if counter {
-                out.push_str(&format!("# HELP {name}_total{}\n", &rest[name.len()..]));
-                lines.next();
+        if let Some(help) = line.strip_prefix("# HELP ") {
+            let name = help.split(' ').next().unwrap_or("");
+            let next = rest.split('\n').next().unwrap_or("");
+            if next
+                .strip_prefix("# TYPE ")
+                .and_then(|t| t.strip_prefix(name))
+                == Some(" counter")
+            {
+                out.push_str(&format!("# HELP {name}_total{}\n", &help[name.len()..]));
                 out.push_str(&format!("# TYPE {name}_total counter\n"));
+                rest = rest.get(next.len() + 1..).unwrap_or("");
                 continue;
             }
         }
@@ -71,6 +110,7 @@ pub fn render(state: &MetricsState) -> String {
 /// The text of one scrape; `own_cpu_seconds` is the profiler's CPU time, s, when known.
 pub fn render_with(state: &MetricsState, own_cpu_seconds: Option<f64>) -> String {
     let mut out = Out::default();
+    let names = Names::default();
     let job = state.view.name.as_str();
     if let Some(cpu) = own_cpu_seconds {
         out.family(
@@ -78,9 +118,9 @@ pub fn render_with(state: &MetricsState, own_cpu_seconds: Option<f64>) -> String
             "counter",
             "CPU time the profiler itself used, s.",
         );
-        out.sample_owned(
+        out.sample(
             "stallscope_process_cpu_seconds_total",
-            &[("job", job.to_string())],
+            [("job", names.get(job))],
             cpu,
         );
     }
@@ -89,45 +129,56 @@ pub fn render_with(state: &MetricsState, own_cpu_seconds: Option<f64>) -> String
         "counter",
         "Times this server fell behind the live model and started again from a snapshot.",
     );
-    out.sample_owned(
+    out.sample(
         "stallscope_feed_resyncs_total",
-        &[("job", job.to_string())],
+        [("job", names.get(job))],
         state.resyncs as f64,
     );
-    ranks(&mut out, state);
-    collectives(&mut out, state);
-    gpus(&mut out, state);
-    stragglers(&mut out, state);
-    hang(&mut out, state);
-    slowdowns(&mut out, state);
-    nodes(&mut out, state);
+    ranks(&mut out, &names, state);
+    collectives(&mut out, &names, state);
+    gpus(&mut out, &names, state);
+    stragglers(&mut out, &names, state);
+    hang(&mut out, &names, state);
+    slowdowns(&mut out, &names, state);
+    nodes(&mut out, &names, state);
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(out));
-    let mut text = String::new();
+    registry.register_collector(Box::new(Scrape(out.families)));
+    let mut text = String::with_capacity(LAST_SCRAPE_BYTES.load(Ordering::Relaxed) + 4096);
     // Writing to a String cannot fail; the families are well-formed by construction.
     let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+    LAST_SCRAPE_BYTES.store(text.len(), Ordering::Relaxed);
     text
 }
 
-fn ranks(out: &mut Out, state: &MetricsState) {
+/// bytes, the latest scrape's length: the next one's buffer is made that large at once
+/// instead of growing (and copying) through some 25 doublings at 10,000 ranks.
+static LAST_SCRAPE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+fn ranks<'a>(out: &mut Out, names: &Names<'a>, state: &'a MetricsState) {
     let job = state.view.name.as_str();
-    let ranks: Vec<&RankView> = state.view.ranks.values().collect();
-    let labels = |r: &RankView| -> Vec<(&'static str, String)> {
-        vec![
-            ("job", job.into()),
-            ("node", r.node.clone()),
-            ("rank", r.rank.to_string()),
-        ]
-    };
+    // Each rank's labels, made once and shared by its 11 samples.
+    let ranks: Vec<(&RankView, [Label; 3])> = state
+        .view
+        .ranks
+        .values()
+        .map(|r| {
+            let l = [
+                ("job", names.get(job)),
+                ("node", names.get(&r.node)),
+                ("rank", r.rank.into()),
+            ];
+            (r, l)
+        })
+        .collect();
     let name = "stallscope_iterations_total";
     out.family(name, "counter", "Iterations counted (warm-up left out).");
-    for r in &ranks {
-        out.sample_owned(name, &labels(r), r.figures.iterations as f64);
+    for (r, l) in &ranks {
+        out.sample(name, l.clone(), r.figures.iterations as f64);
     }
     let name = "stallscope_iteration_wall_seconds_total";
     out.family(name, "counter", "Wall time of the counted iterations, s.");
-    for r in &ranks {
-        out.sample_owned(name, &labels(r), r.figures.wall_seconds);
+    for (r, l) in &ranks {
+        out.sample(name, l.clone(), r.figures.wall_seconds);
     }
     let name = "stallscope_stall_seconds_total";
     out.family(
@@ -135,11 +186,10 @@ fn ranks(out: &mut Out, state: &MetricsState) {
         "counter",
         "Counted iterations' wall time by category, s (sums to the wall time).",
     );
-    for r in &ranks {
+    for (r, l) in &ranks {
         for c in Category::ALL {
-            let mut l = labels(r);
-            l.push(("category", c.name().into()));
-            out.sample_owned(name, &l, r.figures.categories.get(c).seconds);
+            let l = l.clone().into_iter().chain([("category", c.name().into())]);
+            out.sample(name, l, r.figures.categories.get(c).seconds);
         }
     }
     let name = "stallscope_iteration_p95_seconds";
@@ -148,8 +198,8 @@ fn ranks(out: &mut Out, state: &MetricsState) {
         "gauge",
         "95th percentile of the recent iterations' time, s.",
     );
-    for r in ranks.iter().filter(|r| !r.recent.is_empty()) {
-        out.sample_owned(name, &labels(r), r.p95_iteration_seconds);
+    for (r, l) in ranks.iter().filter(|(r, _)| !r.recent.is_empty()) {
+        out.sample(name, l.clone(), r.p95_iteration_seconds);
     }
     let name = "stallscope_iteration_duration_seconds";
     out.family(
@@ -157,20 +207,11 @@ fn ranks(out: &mut Out, state: &MetricsState) {
         "histogram",
         "Iteration time of the counted iterations (warm-up left out), s.",
     );
-    for r in &ranks {
+    for (r, l) in &ranks {
         let Some(h) = state.histograms.get(&r.rank) else {
             continue;
         };
-        let mut buckets: Vec<(f64, u64)> = BUCKETS.iter().copied().zip(h.counts).collect();
-        buckets.push((f64::INFINITY, h.over));
-        out.push(
-            &labels(r),
-            Value::Histogram {
-                sum: h.sum_seconds,
-                count: h.count(),
-                buckets,
-            },
-        );
+        out.push(l.clone(), Value::Histogram(Box::new(h.clone())));
     }
 }
 
@@ -179,8 +220,10 @@ type CollectiveFigure = (&'static str, &'static str, fn(&Collective) -> f64);
 
 /// Each rank's collective and point-to-point operations over its counted iterations, as the
 /// summary lists them (`ranks[].collectives`), labelled by operation, process group and role;
-/// no family at all for a job that had none.
-fn collectives(out: &mut Out, state: &MetricsState) {
+/// no family at all for a job that had none. An operation without bytes (DDP's all-reduce
+/// while its hook has not said them, a `comm` span of the program's own) has no bytes
+/// series: 0 would read as measured.
+fn collectives<'a>(out: &mut Out, names: &Names<'a>, state: &'a MetricsState) {
     let job = state.view.name.as_str();
     let rows: Vec<_> = state
         .view
@@ -214,19 +257,27 @@ fn collectives(out: &mut Out, state: &MetricsState) {
             |c| c.count_per_iteration,
         ),
     ];
+    let labels: Vec<[Label; 6]> = rows
+        .iter()
+        .map(|(r, c)| {
+            [
+                ("job", names.get(job)),
+                ("node", names.get(r.node.as_deref().unwrap_or_default())),
+                ("rank", r.rank.into()),
+                ("op", names.get(&c.op)),
+                ("group", names.get(c.group.as_deref().unwrap_or_default())),
+                ("role", c.role.map_or("", |x| x.short()).into()),
+            ]
+        })
+        .collect();
     for (name, help, per_iteration) in families {
         out.family(name, "counter", help);
-        for (r, c) in &rows {
-            let labels = vec![
-                ("job", job.to_string()),
-                ("node", r.node.clone().unwrap_or_default()),
-                ("rank", r.rank.to_string()),
-                ("op", c.op.clone()),
-                ("group", c.group.clone().unwrap_or_default()),
-                ("role", c.role.map_or("", |x| x.short()).to_string()),
-            ];
+        for ((r, c), l) in rows.iter().zip(&labels) {
+            if name == "stallscope_collective_bytes_total" && c.bytes_per_iteration <= 0.0 {
+                continue;
+            }
             let total = per_iteration(c) * r.figures.iterations as f64;
-            out.sample_owned(name, &labels, total);
+            out.sample(name, l.clone(), total);
         }
     }
 }
@@ -283,7 +334,7 @@ const GPU_FIGURES: [GpuFigure; 6] = [
     ),
 ];
 
-fn gpus(out: &mut Out, state: &MetricsState) {
+fn gpus<'a>(out: &mut Out, names: &Names<'a>, state: &'a MetricsState) {
     let job = state.view.name.as_str();
     for (name, kind, help, value) in GPU_FIGURES {
         let rows: Vec<(&RankView, f64)> = state
@@ -298,14 +349,14 @@ fn gpus(out: &mut Out, state: &MetricsState) {
         out.family(name, kind, help);
         for (r, v) in rows {
             let g = r.gpu.as_ref().expect("a value implies a GPU");
-            let mut l = vec![
-                ("job", job.to_string()),
-                ("node", r.node.clone()),
-                ("rank", r.rank.to_string()),
-                ("gpu", g.gpu.clone()),
+            let mut l: Vec<Label> = vec![
+                ("job", names.get(job)),
+                ("node", names.get(&r.node)),
+                ("rank", r.rank.into()),
+                ("gpu", names.get(&g.gpu)),
             ];
             if let Some(uuid) = &g.uuid {
-                l.push(("UUID", uuid.clone()));
+                l.push(("UUID", names.get(uuid)));
             }
             let model = state
                 .view
@@ -313,38 +364,42 @@ fn gpus(out: &mut Out, state: &MetricsState) {
                 .get(&r.node)
                 .and_then(|n| n.gpu_model(&g.gpu));
             if let Some(model) = model {
-                l.push(("modelName", model.to_string()));
+                l.push(("modelName", names.get(model)));
             }
-            out.sample_owned(name, &l, v);
+            out.sample(name, l, v);
         }
     }
 }
 
-fn stragglers(out: &mut Out, state: &MetricsState) {
+fn stragglers<'a>(out: &mut Out, names: &Names<'a>, state: &'a MetricsState) {
     let name = "stallscope_straggler_held_seconds_total";
     out.family(
         name,
         "counter",
         "How long the rank held the others up in straggler windows, s.",
     );
-    let mut held = state.held.clone();
+    let mut held: BTreeMap<(u32, &str), f64> = state
+        .held
+        .iter()
+        .map(|((rank, node), s)| ((*rank, node.as_str()), *s))
+        .collect();
     for r in state.view.ranks.values() {
-        held.entry((r.rank, r.node.clone())).or_insert(0.0);
+        held.entry((r.rank, r.node.as_str())).or_insert(0.0);
     }
-    for ((rank, node), s) in &held {
+    for ((rank, node), s) in held {
         let l = [
-            ("job", state.view.name.clone()),
-            ("node", node.clone()),
-            ("rank", rank.to_string()),
+            ("job", names.get(&state.view.name)),
+            ("node", names.get(node)),
+            ("rank", rank.into()),
         ];
-        out.sample_owned(name, &l, *s);
+        out.sample(name, l, s);
     }
 }
 
 /// `stallscope_hang`: 1 while the latest hang `stallscope run` or the collector declared
 /// lasts, 0 once it resumed; absent before any hang (an agent declares none). The
 /// collector's also names the missing ranks' nodes (`missing_at`).
-fn hang(out: &mut Out, state: &MetricsState) {
+fn hang<'a>(out: &mut Out, names: &Names<'a>, state: &'a MetricsState) {
     let Some(latest) = state.view.summary.hangs.last() else {
         return;
     };
@@ -356,19 +411,19 @@ fn hang(out: &mut Out, state: &MetricsState) {
     );
     let missing: Vec<String> = latest.missing_ranks.iter().map(u32::to_string).collect();
     let hung = latest.resumed_after_seconds.is_none();
-    let mut l = vec![
-        ("job", state.view.name.clone()),
-        ("missing_ranks", missing.join(",")),
+    let mut l: Vec<Label> = vec![
+        ("job", names.get(&state.view.name)),
+        ("missing_ranks", missing.join(",").into()),
     ];
     if !latest.missing_at.is_empty() {
-        l.push(("missing_at", latest.missing_at.join(",")));
+        l.push(("missing_at", latest.missing_at.join(",").into()));
     }
-    out.sample_owned(name, &l, if hung { 1.0 } else { 0.0 });
+    out.sample(name, l, if hung { 1.0 } else { 0.0 });
 }
 
 /// `stallscope_slowdown`: per (rank, node, category) that turned slow, how many times slower
 /// its iterations are while it lasts, 0 once it recovered; absent before any.
-fn slowdowns(out: &mut Out, state: &MetricsState) {
+fn slowdowns<'a>(out: &mut Out, names: &Names<'a>, state: &'a MetricsState) {
     let found = &state.view.summary.slowdowns;
     if found.is_empty() {
         return;
@@ -380,19 +435,19 @@ fn slowdowns(out: &mut Out, state: &MetricsState) {
         "A rank that turned slow: how many times slower its iterations are since the category grew (its median iteration over its baseline's), 0 once it recovered.",
     );
     // The latest slowdown of each (rank, node, category) decides its value.
-    let mut latest: std::collections::BTreeMap<(u32, &str, &str), f64> = Default::default();
+    let mut latest: BTreeMap<(u32, &str, &str), f64> = Default::default();
     for s in found {
         let value = if s.ongoing() { s.factor } else { 0.0 };
         latest.insert((s.rank, s.node.as_str(), s.category.as_str()), value);
     }
     for ((rank, node, category), value) in latest {
         let l = [
-            ("job", state.view.name.clone()),
-            ("rank", rank.to_string()),
-            ("node", node.to_string()),
-            ("category", category.to_string()),
+            ("job", names.get(&state.view.name)),
+            ("rank", rank.into()),
+            ("node", names.get(node)),
+            ("category", names.get(category)),
         ];
-        out.sample_owned(name, &l, value);
+        out.sample(name, l, value);
     }
 }
 
@@ -467,10 +522,10 @@ const NODE_COUNTERS: [NodeFigure; 10] = [
     ),
 ];
 
-fn nodes(out: &mut Out, state: &MetricsState) {
+fn nodes<'a>(out: &mut Out, names: &Names<'a>, state: &'a MetricsState) {
     let job = state.view.name.as_str();
     let nodes: Vec<&NodeView> = state.view.nodes.values().collect();
-    network(out, state);
+    network(out, names, state);
     for (name, help, extra, value) in NODE_COUNTERS {
         let rows: Vec<(&String, f64)> = state
             .nodes
@@ -484,24 +539,22 @@ fn nodes(out: &mut Out, state: &MetricsState) {
             out.family(name, "counter", help);
         }
         for (node, v) in rows {
-            let mut l = vec![("job", job.to_string()), ("node", node.clone())];
-            if let Some((k, val)) = extra {
-                l.push((k, val.to_string()));
-            }
-            out.sample_owned(name, &l, v);
+            let l = [("job", names.get(job)), ("node", names.get(node))];
+            let extra = extra.map(|(k, val)| (k, val.into()));
+            out.sample(name, l.into_iter().chain(extra), v);
         }
     }
-    rdma_counters(out, job, &nodes);
-    flows(out, job, &nodes);
-    node_gauges(out, job, &nodes);
-    node_health(out, job, &nodes);
+    rdma_counters(out, names, job, &nodes);
+    flows(out, names, job, &nodes);
+    node_gauges(out, names, job, &nodes);
+    node_health(out, names, job, &nodes);
 }
 
 /// `stallscope_node_rdma_counter_total`: each RDMA port's wait, congestion and retransmission
 /// counters, as the node's meter counted them since its agent or run started. One family for
 /// counters of three units, each named by its sysfs file: `port_xmit_wait` counts ticks, a
 /// `*_bytes` file bytes, the others events.
-fn rdma_counters(out: &mut Out, job: &str, nodes: &[&NodeView]) {
+fn rdma_counters<'a>(out: &mut Out, names: &Names<'a>, job: &'a str, nodes: &[&'a NodeView]) {
     let name = "stallscope_node_rdma_counter_total";
     let mut first = true;
     for n in nodes {
@@ -514,13 +567,13 @@ fn rdma_counters(out: &mut Out, job: &str, nodes: &[&NodeView]) {
                 );
             }
             let l = [
-                ("job", job.to_string()),
-                ("node", n.node.clone()),
-                ("device", c.device.clone()),
-                ("port", c.port.clone()),
-                ("counter", c.counter.clone()),
+                ("job", names.get(job)),
+                ("node", names.get(&n.node)),
+                ("device", names.get(&c.device)),
+                ("port", names.get(&c.port)),
+                ("counter", names.get(&c.counter)),
             ];
-            out.sample_owned(name, &l, c.value as f64);
+            out.sample(name, l, c.value as f64);
         }
     }
 }
@@ -528,7 +581,7 @@ fn rdma_counters(out: &mut Out, job: &str, nodes: &[&NodeView]) {
 /// `stallscope_flow_bytes_total` and `stallscope_tcp_retransmits_total`: each node's TCP
 /// flows over its NICs per class (`collective`, `data`, `control`, `other`), as its flow
 /// source (sock_diag) counted them since its agent or run started.
-fn flows(out: &mut Out, job: &str, nodes: &[&NodeView]) {
+fn flows<'a>(out: &mut Out, names: &Names<'a>, job: &'a str, nodes: &[&'a NodeView]) {
     let bytes = "stallscope_flow_bytes_total";
     let retrans = "stallscope_tcp_retransmits_total";
     if nodes.iter().all(|n| n.flow_classes.is_empty()) {
@@ -544,12 +597,12 @@ fn flows(out: &mut Out, job: &str, nodes: &[&NodeView]) {
             let class = t.class.map_or("other", |c| c.as_str());
             for (direction, v) in [("rx", t.bytes_in), ("tx", t.bytes_out)] {
                 let l = [
-                    ("job", job.to_string()),
-                    ("node", n.node.clone()),
-                    ("class", class.to_string()),
-                    ("direction", direction.to_string()),
+                    ("job", names.get(job)),
+                    ("node", names.get(&n.node)),
+                    ("class", class.into()),
+                    ("direction", direction.into()),
                 ];
-                out.sample_owned(bytes, &l, v as f64);
+                out.sample(bytes, l, v as f64);
             }
         }
     }
@@ -561,11 +614,11 @@ fn flows(out: &mut Out, job: &str, nodes: &[&NodeView]) {
     for n in nodes {
         for t in &n.flow_classes {
             let l = [
-                ("job", job.to_string()),
-                ("node", n.node.clone()),
-                ("class", t.class.map_or("other", |c| c.as_str()).to_string()),
+                ("job", names.get(job)),
+                ("node", names.get(&n.node)),
+                ("class", t.class.map_or("other", |c| c.as_str()).into()),
             ];
-            out.sample_owned(retrans, &l, t.retransmits as f64);
+            out.sample(retrans, l, t.retransmits as f64);
         }
     }
 }
@@ -574,17 +627,17 @@ fn flows(out: &mut Out, job: &str, nodes: &[&NodeView]) {
 /// it) and direction where the node's meter counted its NICs; the node's sum, without
 /// `device`, where only its readings are known (no per-NIC counts, e.g. a profile written
 /// before them).
-fn network(out: &mut Out, state: &MetricsState) {
+fn network<'a>(out: &mut Out, names: &Names<'a>, state: &'a MetricsState) {
     let name = "stallscope_node_network_bytes_total";
     let job = state.view.name.as_str();
-    let mut rows: Vec<(Vec<(&str, String)>, f64)> = Vec::new();
-    let mut names: Vec<&String> = state.view.nodes.keys().chain(state.nodes.keys()).collect();
-    names.sort();
-    names.dedup();
-    for node in names {
-        let labels = |extra: &[(&'static str, &str)]| {
-            let mut l = vec![("job", job.to_string()), ("node", node.clone())];
-            l.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+    let mut rows: Vec<(Vec<Label>, f64)> = Vec::new();
+    let mut node_names: Vec<&String> = state.view.nodes.keys().chain(state.nodes.keys()).collect();
+    node_names.sort();
+    node_names.dedup();
+    for node in node_names {
+        let labels = |extra: &[(&'static str, &'a str)]| {
+            let mut l: Vec<Label> = vec![("job", names.get(job)), ("node", names.get(node))];
+            l.extend(extra.iter().map(|(k, v)| (*k, names.get(v))));
             l
         };
         match state.view.nodes.get(node).filter(|n| !n.nics.is_empty()) {
@@ -617,11 +670,11 @@ fn network(out: &mut Out, state: &MetricsState) {
         "Bytes on the NICs (loopback left out), per interface (device) and direction.",
     );
     for (l, v) in rows {
-        out.sample_owned(name, &l, v);
+        out.sample(name, l, v);
     }
 }
 
-fn node_gauges(out: &mut Out, job: &str, nodes: &[&NodeView]) {
+fn node_gauges<'a>(out: &mut Out, names: &Names<'a>, job: &'a str, nodes: &[&'a NodeView]) {
     let name = "stallscope_node_pressure_ratio";
     let mut first = true;
     for n in nodes {
@@ -640,11 +693,11 @@ fn node_gauges(out: &mut Out, job: &str, nodes: &[&NodeView]) {
                 );
             }
             let l = [
-                ("job", job.into()),
-                ("node", n.node.clone()),
+                ("job", names.get(job)),
+                ("node", names.get(&n.node)),
                 ("resource", resource.into()),
             ];
-            out.sample_owned(name, &l, v);
+            out.sample(name, l, v);
         }
     }
     let name = "stallscope_node_gpu_busy_ratio";
@@ -659,7 +712,8 @@ fn node_gauges(out: &mut Out, job: &str, nodes: &[&NodeView]) {
             "Mean utilisation of the node's GPUs over the last second, 0-1.",
         );
         for (n, v) in rows {
-            out.sample_owned(name, &[("job", job.into()), ("node", n.node.clone())], v);
+            let l = [("job", names.get(job)), ("node", names.get(&n.node))];
+            out.sample(name, l, v);
         }
     }
 }
@@ -667,8 +721,9 @@ fn node_gauges(out: &mut Out, job: &str, nodes: &[&NodeView]) {
 /// A node's health figure: name, help, and its value.
 type NodeHealth = (&'static str, &'static str, fn(&NodeView) -> Option<f64>);
 
-fn node_health(out: &mut Out, job: &str, nodes: &[&NodeView]) {
-    let node_labels = |n: &NodeView| [("job", job.to_string()), ("node", n.node.clone())];
+fn node_health<'a>(out: &mut Out, names: &Names<'a>, job: &'a str, nodes: &[&'a NodeView]) {
+    let node_labels =
+        |n: &'a NodeView| -> [Label; 2] { [("job", names.get(job)), ("node", names.get(&n.node))] };
     let families: [NodeHealth; 4] = [
         (
             "stallscope_markers_dropped_total",
@@ -703,7 +758,7 @@ fn node_health(out: &mut Out, job: &str, nodes: &[&NodeView]) {
         };
         out.family(name, kind, help);
         for (n, v) in rows {
-            out.sample_owned(name, &node_labels(n), v);
+            out.sample(name, node_labels(n), v);
         }
     }
     let name = "stallscope_source_up";
@@ -715,11 +770,11 @@ fn node_health(out: &mut Out, job: &str, nodes: &[&NodeView]) {
     for n in nodes {
         for (source, up) in sources(n) {
             let l = [
-                ("job", job.into()),
-                ("node", n.node.clone()),
-                ("source", source),
+                ("job", names.get(job)),
+                ("node", names.get(&n.node)),
+                ("source", source.into()),
             ];
-            out.sample_owned(name, &l, if up { 1.0 } else { 0.0 });
+            out.sample(name, l, if up { 1.0 } else { 0.0 });
         }
     }
 }
@@ -756,16 +811,69 @@ fn sources(n: &NodeView) -> Vec<(String, bool)> {
     out
 }
 
+/// A label's value: a constant, a string of the model shared by every series it labels
+/// (made once a scrape by [`Names`]), a number (written by the crate), or one made for this
+/// scrape (a hang's list of ranks, a source's name).
+#[derive(Clone, Debug)]
+enum LabelValue {
+    Static(&'static str),
+    Shared(Arc<str>),
+    Number(u32),
+    Owned(String),
+}
+
+impl From<&'static str> for LabelValue {
+    fn from(s: &'static str) -> Self {
+        LabelValue::Static(s)
+    }
+}
+
+impl From<u32> for LabelValue {
+    fn from(n: u32) -> Self {
+        LabelValue::Number(n)
+    }
+}
+
+impl From<String> for LabelValue {
+    fn from(s: String) -> Self {
+        LabelValue::Owned(s)
+    }
+}
+
+impl EncodeLabelValue for LabelValue {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        match self {
+            LabelValue::Static(s) => EncodeLabelValue::encode(s, encoder),
+            LabelValue::Shared(s) => EncodeLabelValue::encode(&s.as_ref(), encoder),
+            LabelValue::Number(n) => EncodeLabelValue::encode(n, encoder),
+            LabelValue::Owned(s) => EncodeLabelValue::encode(&s.as_str(), encoder),
+        }
+    }
+}
+
+/// The model's strings that label series (the job, nodes, operations, devices), each copied
+/// once a scrape and shared by every series it labels. (`prometheus-client` takes only
+/// `'static` collectors, so the scrape's families cannot borrow the state.)
+#[derive(Debug, Default)]
+struct Names<'a>(RefCell<HashMap<&'a str, Arc<str>>>);
+
+impl<'a> Names<'a> {
+    /// `s` as a label value.
+    fn get(&self, s: &'a str) -> LabelValue {
+        let mut names = self.0.borrow_mut();
+        LabelValue::Shared(names.entry(s).or_insert_with(|| Arc::from(s)).clone())
+    }
+}
+
+/// One label: name and value.
+type Label = (&'static str, LabelValue);
+
 /// One sample's value.
 #[derive(Debug)]
 enum Value {
     Number(f64),
-    Histogram {
-        sum: f64,
-        count: u64,
-        /// (upper bound, count in that bucket alone), ending with +Inf.
-        buckets: Vec<(f64, u64)>,
-    },
+    /// A rank's cumulative iteration times, in [`BUCKETS`].
+    Histogram(Box<Histogram>),
 }
 
 /// One metric family and its samples.
@@ -774,10 +882,21 @@ struct Family {
     name: &'static str,
     help: String,
     kind: MetricType,
-    samples: Vec<(Vec<(&'static str, String)>, Value)>,
+    /// Every sample's labels, one after the other.
+    labels: Vec<Label>,
+    /// Each sample: the end of its labels in `labels` (they start where the previous
+    /// sample's end), and its value.
+    samples: Vec<(usize, Value)>,
 }
 
-/// The families of one scrape, in order; given to `prometheus-client` as a collector.
+impl Family {
+    fn add(&mut self, labels: impl IntoIterator<Item = Label>, v: Value) {
+        self.labels.extend(labels);
+        self.samples.push((self.labels.len(), v));
+    }
+}
+
+/// The families of one scrape, in order.
 #[derive(Debug, Default)]
 struct Out {
     families: Vec<Family>,
@@ -799,26 +918,31 @@ impl Out {
             name,
             help: help.to_string(),
             kind,
+            labels: Vec::new(),
             samples: Vec::new(),
         });
     }
 
     /// Adds a sample to family `name` (the latest family of that name).
-    fn sample_owned(&mut self, name: &str, labels: &[(&'static str, String)], v: f64) {
+    fn sample(&mut self, name: &str, labels: impl IntoIterator<Item = Label>, v: f64) {
         if let Some(f) = self.families.iter_mut().rev().find(|f| f.name == name) {
-            f.samples.push((labels.to_vec(), Value::Number(v)));
+            f.add(labels, Value::Number(v));
         }
     }
 
     /// Adds a sample to the latest family.
-    fn push(&mut self, labels: &[(&'static str, String)], v: Value) {
+    fn push(&mut self, labels: impl IntoIterator<Item = Label>, v: Value) {
         if let Some(f) = self.families.last_mut() {
-            f.samples.push((labels.to_vec(), v));
+            f.add(labels, v);
         }
     }
 }
 
-impl Collector for Out {
+/// The families of one scrape, given to `prometheus-client` as a collector.
+#[derive(Debug)]
+struct Scrape(Vec<Family>);
+
+impl Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // A gauge of 1, as exporters name their build info: promtool's parser (and the
         // Prometheus text format) has no `info` type.
@@ -830,29 +954,34 @@ impl Collector for Out {
         )?;
         ConstGauge::new(1i64)
             .encode(build.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
-        for f in &self.families {
+        for f in &self.0 {
             let name = match f.kind {
                 MetricType::Counter => f.name.strip_suffix("_total").unwrap_or(f.name),
                 _ => f.name,
             };
             let mut family = encoder.encode_descriptor(name, &f.help, None, f.kind)?;
-            for (labels, v) in &f.samples {
-                let sample = family.encode_family(labels)?;
+            let mut start = 0;
+            for (end, v) in &f.samples {
+                let labels = &f.labels[start..*end];
+                start = *end;
+                let sample = family.encode_family(&labels)?;
                 match (v, f.kind) {
                     (Value::Number(x), MetricType::Counter) => {
                         ConstCounter::new(x.max(0.0)).encode(sample)?
                     }
                     (Value::Number(x), _) => ConstGauge::new(*x).encode(sample)?,
-                    (
-                        Value::Histogram {
-                            sum,
-                            count,
-                            buckets,
-                        },
-                        _,
-                    ) => {
+                    (Value::Histogram(h), _) => {
+                        let mut buckets = [(f64::INFINITY, h.over); BUCKETS.len() + 1];
+                        for (b, (le, n)) in buckets.iter_mut().zip(BUCKETS.iter().zip(h.counts)) {
+                            *b = (*le, n);
+                        }
                         let mut sample = sample;
-                        sample.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?
+                        sample.encode_histogram::<NoLabelSet>(
+                            h.sum_seconds,
+                            h.count(),
+                            &buckets,
+                            None,
+                        )?
                     }
                 }
             }

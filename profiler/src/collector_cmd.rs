@@ -163,7 +163,7 @@ async fn shutdown_signal() {
 /// `stallscope collector-bench` both start exactly this, so the benchmark measures the code a
 /// user runs.
 pub(crate) struct Collector {
-    feed: broadcast::Sender<JobEvent>,
+    iterations: broadcast::Sender<JobEvent>,
     stop: watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
     job: tokio::sync::oneshot::Receiver<(Summary, Option<String>)>,
@@ -195,11 +195,12 @@ impl Collector {
                 .name("stallscope-status".into())
                 .spawn(move || print_status(rx));
         }
-        let task = JobTask::new(writer, header, name, feed.clone(), hub)
-            .with_hang_watch(hang_after_ns, asks);
+        let task =
+            JobTask::new(writer, header, name, feed, hub).with_hang_watch(hang_after_ns, asks);
+        let iterations = task.iteration_events();
         let job = spawn_job_thread(task, rx, stop_rx);
         Collector {
-            feed,
+            iterations,
             stop,
             server,
             job,
@@ -207,9 +208,9 @@ impl Collector {
         }
     }
 
-    /// A new subscriber to the live feed.
-    pub(crate) fn subscribe(&self) -> broadcast::Receiver<JobEvent> {
-        self.feed.subscribe()
+    /// A new subscriber to the rank-iterations as they arrive ([`JobEvent::Iteration`]).
+    pub(crate) fn subscribe_iterations(&self) -> broadcast::Receiver<JobEvent> {
+        self.iterations.subscribe()
     }
 
     /// Stops accepting, ends the job profile and returns the job summary and any write error.

@@ -160,6 +160,30 @@ impl CrossNode {
     /// Takes one rank's iteration; whether it was new. Repeats of a report already taken (an
     /// agent resends what a collector that died had not acknowledged) are dropped.
     pub fn report(&mut self, it: &NodeIteration) -> bool {
+        match self.admit(it) {
+            Some(end) => {
+                self.hold(it.clone(), end);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// [`CrossNode::report`] of a report the caller no longer needs: it waits for the join
+    /// as it came, not copied (the collector takes 300,000 a second at 10,000 ranks).
+    pub fn report_owned(&mut self, it: NodeIteration) -> bool {
+        match self.admit(&it) {
+            Some(end) => {
+                self.hold(it, end);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `it` is new, noting its rank's node and the world size when it is; its end on
+    /// the collector's clock (ns) when it is.
+    fn admit(&mut self, it: &NodeIteration) -> Option<Nanos> {
         let (rank, iter) = (it.breakdown.rank, it.breakdown.iter);
         let taken = self.joined.get(&rank).is_some_and(|j| j.contains(iter))
             || self
@@ -174,11 +198,11 @@ impl CrossNode {
                 });
                 clash.refused_from.insert(it.node.clone());
                 clash.refused += 1;
-                return false;
+                return None;
             }
         }
         if self.joined.get(&rank).is_some_and(|j| j.contains(iter)) {
-            return false;
+            return None;
         }
         if self.rank_nodes.get(&rank) != Some(&it.node) {
             self.rank_nodes.insert(rank, it.node.clone());
@@ -186,17 +210,25 @@ impl CrossNode {
         if let Some(w) = it.world_size {
             self.world_size = Some(self.world_size.map_or(w, |o| o.max(w)));
         }
-        let end = self.to_collector(&it.node, it.breakdown.end_ns);
-        let reports = self.pending.entry(iter).or_default();
-        if reports.contains_key(&rank) {
-            return false;
+        if taken {
+            // Waiting already.
+            return None;
         }
-        reports.insert(rank, it.clone());
+        Some(self.to_collector(&it.node, it.breakdown.end_ns))
+    }
+
+    /// Keeps an admitted report until its iteration is joined; `end`: its end on the
+    /// collector's clock, ns.
+    fn hold(&mut self, it: NodeIteration, end: Nanos) {
+        let iter = it.breakdown.iter;
+        self.pending
+            .entry(iter)
+            .or_default()
+            .insert(it.breakdown.rank, it);
         self.first_end
             .entry(iter)
             .and_modify(|e| *e = (*e).min(end))
             .or_insert(end);
-        true
     }
 
     /// What went wrong with the ranks' numbering, in words: each rank two nodes reported.

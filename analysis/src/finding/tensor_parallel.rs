@@ -56,6 +56,10 @@ fn exposed_per_iteration(input: &FindingInput) -> Exposed {
 /// The advice: where TP belongs, and what to do when it already is there.
 const SUGGESTION: &str = "keep tensor parallelism inside a fast-link domain: a TP group no larger than the GPUs of one node joined by NVLink or NVSwitch, with data or pipeline parallelism across the slower links (a 2-D DeviceMesh: tp inside the node, dp across nodes); if it already is, use a smaller TP degree (more data parallelism), or sequence parallelism and async TP to overlap its collectives with compute";
 
+/// [`SUGGESTION`] for a job in which no rank had a GPU: its tensor-parallel group talks over
+/// loopback between processes on the CPU, so there is no fast-link domain to keep it in.
+const CPU_SUGGESTION: &str = "this tensor parallelism runs between processes on the CPU (no GPU was seen), so faster links cannot help: use a smaller TP degree (more data parallelism), or fewer and larger exchanges per layer (sequence parallelism, async TP); on GPUs, keep the TP group inside the GPUs of one node joined by NVLink or NVSwitch";
+
 /// The tensor-parallel finding, when the tensor-parallel group's exposed operations take at
 /// least [`MINOR_STALL`](super::MINOR_STALL) of the iteration and more than any stall outside communication.
 pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
@@ -76,9 +80,19 @@ pub(super) fn exposed(input: &FindingInput) -> Option<Finding> {
             gain * 1e3,
             t - gain,
         ),
-        suggestion: SUGGESTION.into(),
+        suggestion: if trains_on_cpu_only(input) {
+            CPU_SUGGESTION
+        } else {
+            SUGGESTION
+        }
+        .into(),
         max_speedup: speedup,
     })
+}
+
+/// Whether every rank was seen without a GPU.
+fn trains_on_cpu_only(input: &FindingInput) -> bool {
+    !input.ranks.is_empty() && input.ranks.iter().all(|r| r.gpu.is_none())
 }
 
 #[cfg(test)]
@@ -123,6 +137,15 @@ mod tests {
         }
     }
 
+    /// `r` as seen on a GPU (NVML gave its index).
+    fn on_gpu(mut r: RankSummary) -> RankSummary {
+        r.gpu = Some(crate::gpu_usage::RankGpu {
+            gpu: r.rank.to_string(),
+            ..Default::default()
+        });
+        r
+    }
+
     fn finding(ranks: &[RankSummary]) -> Finding {
         let mut job = ranks[0].figures.clone();
         let n = ranks.len() as f64;
@@ -142,7 +165,10 @@ mod tests {
     #[test]
     fn exposed_tensor_parallel_communication_is_told_to_stay_on_fast_links() {
         let role = Some(Role::TensorParallel);
-        let f = finding(&[rank(0, 30.0, 30.0, role), rank(1, 30.0, 30.0, role)]);
+        let f = finding(&[
+            on_gpu(rank(0, 30.0, 30.0, role)),
+            on_gpu(rank(1, 30.0, 30.0, role)),
+        ]);
         assert_eq!(f.category, Some(Category::Interconnect));
         assert!((f.fraction - 0.3).abs() < 1e-9, "{}", f.fraction);
         for part in [
@@ -161,6 +187,30 @@ mod tests {
         for text in [&f.sentence, &f.suggestion] {
             assert!(!text.contains("no_sync") && !text.contains("DDP"), "{text}");
         }
+    }
+
+    #[test]
+    fn tensor_parallelism_on_the_cpu_is_not_told_about_nvlink_domains() {
+        let role = Some(Role::TensorParallel);
+        let f = finding(&[rank(0, 30.0, 30.0, role), rank(1, 30.0, 30.0, role)]);
+        assert!(
+            f.sentence
+                .contains("tensor parallelism's exposed communication"),
+            "{}",
+            f.sentence
+        );
+        assert!(
+            f.suggestion
+                .starts_with("this tensor parallelism runs between processes on the CPU")
+                && f.suggestion.contains("smaller TP degree"),
+            "{}",
+            f.suggestion
+        );
+        assert!(
+            !f.suggestion.contains("fast-link domain"),
+            "{}",
+            f.suggestion
+        );
     }
 
     #[test]

@@ -332,3 +332,21 @@ fn load_that_slows_every_ranks_compute_is_the_machines() {
     }
     assert!(w.found().is_empty(), "{:?}", w.found());
 }
+
+#[test]
+fn the_selected_median_is_the_sorted_one() {
+    let mut noise = Noise(7);
+    for n in 0..70usize {
+        let v: Vec<f64> = (0..n)
+            .map(|i| (noise.next() * 1e6).round() + (i % 3) as f64)
+            .collect();
+        let mut sorted = v.clone();
+        sorted.sort_by(f64::total_cmp);
+        let want = match n {
+            0 => 0.0,
+            _ if n % 2 == 1 => sorted[n / 2],
+            _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        };
+        assert_eq!(median(v).to_bits(), want.to_bits(), "{n} values");
+    }
+}

@@ -264,16 +264,6 @@ impl LiveModel {
             })
     }
 
-    /// The node of `rank`: as the collector joined it, else this process's node.
-    fn node_of(&self, job: &JobTimeline, rank: u32) -> String {
-        job.nodes
-            .rank_nodes
-            .get(&rank)
-            .cloned()
-            .or_else(|| self.local_node.clone())
-            .unwrap_or_else(|| LOCAL.to_string())
-    }
-
     /// Between two summary refreshes, ns of the job's time: 1 s up to 64 ranks, then 1 s per
     /// 64 ranks, at most 10 s.
     pub fn summary_every_ns(&self) -> Nanos {
@@ -302,7 +292,6 @@ impl LiveModel {
     ) {
         self.view.now_ns = self.view.now_ns.max(now);
         for b in new {
-            let node = self.node_of(job, b.rank);
             let gpu_busy_ppm = match job.gpu_reading(b.rank, b.iter) {
                 Some(g) => g.busy_ppm,
                 None => self.report_gpu.remove(&(b.rank, b.iter)),
@@ -314,27 +303,30 @@ impl LiveModel {
                 gpu_busy_ppm,
             };
             // Only a rank new to the model, or whose process or node changed, can have taken
-            // another's place: the rest skip the walk over every rank (at 10,000 ranks that walk
-            // per iteration was a fifth of the collector's CPU).
-            let same = self
-                .view
-                .ranks
-                .get(&b.rank)
-                .is_some_and(|r| r.pid == b.pid && r.node == node);
-            if !same {
-                self.forget_former_rank_of(b.rank, b.pid, &node);
-            }
-            let r = self.view.ranks.entry(b.rank).or_insert_with(|| RankView {
-                rank: b.rank,
-                node: node.clone(),
-                pid: b.pid,
-                ..RankView::default()
+            // another's place, and only then does its view change other than by its recent
+            // iterations (which `parts` carry): the rest skip the walk over every rank (at
+            // 10,000 ranks that walk per iteration was a fifth of the collector's CPU) and are
+            // not sent whole in every round's update (their figures change at a refresh).
+            let same = self.view.ranks.get(&b.rank).is_some_and(|r| {
+                r.pid == b.pid && r.node == node_name(job, self.local_node.as_deref(), b.rank)
             });
-            r.pid = b.pid;
-            r.node = node;
-            push_bounded(&mut r.recent, parts, RECENT_ITERATIONS);
+            if !same {
+                let node = node_name(job, self.local_node.as_deref(), b.rank).to_string();
+                self.forget_former_rank_of(b.rank, b.pid, &node);
+                let r = self.view.ranks.entry(b.rank).or_insert_with(|| RankView {
+                    rank: b.rank,
+                    node: node.clone(),
+                    pid: b.pid,
+                    ..RankView::default()
+                });
+                r.pid = b.pid;
+                r.node = node;
+                self.dirty_ranks.insert(b.rank);
+            }
+            if let Some(r) = self.view.ranks.get_mut(&b.rank) {
+                push_bounded(&mut r.recent, parts, RECENT_ITERATIONS);
+            }
             self.pending.parts.push((b.rank, parts));
-            self.dirty_ranks.insert(b.rank);
             self.view.attributed += 1;
         }
         let due = self
@@ -459,6 +451,16 @@ impl LiveModel {
         }
         u
     }
+}
+
+/// The node of `rank`: as the collector joined it, else this process's node (`local`).
+fn node_name<'a>(job: &'a JobTimeline, local: Option<&'a str>, rank: u32) -> &'a str {
+    job.nodes
+        .rank_nodes
+        .get(&rank)
+        .map(String::as_str)
+        .or(local)
+        .unwrap_or(LOCAL)
 }
 
 /// The job's name from its command: the script's file stem for `python3 train.py`, else the

@@ -367,6 +367,16 @@ fn slowdowns(r: &Report, out: &mut String) {
     out.push_str("</table>\n</section>\n");
 }
 
+/// An operation's bytes per iteration; `—` when none were said (DDP's all-reduce whose hook
+/// never reported its buckets, a `comm` span of the program's own): 0 B would read as measured.
+pub(super) fn collective_bytes(bytes: f64) -> String {
+    if bytes > 0.0 {
+        bytes_text(bytes)
+    } else {
+        "—".into()
+    }
+}
+
 /// Each rank's collective and point-to-point operations, per counted iteration.
 fn collectives(r: &Report, out: &mut String) {
     let ranks: Vec<_> = r
@@ -390,7 +400,7 @@ fn collectives(r: &Report, out: &mut String) {
                 escape(c.group.as_deref().unwrap_or("—")),
                 c.role.map_or("—", |r| r.short()),
                 c.count_per_iteration,
-                bytes_text(c.bytes_per_iteration),
+                collective_bytes(c.bytes_per_iteration),
                 c.seconds_per_iteration * 1e3,
                 c.waited_seconds_per_iteration * 1e3,
             );

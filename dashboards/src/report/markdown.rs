@@ -4,7 +4,6 @@
 use std::fmt::Write;
 
 use stallscope_analysis::category::Category;
-use stallscope_analysis::collectives::bytes_text;
 use stallscope_analysis::report::{AdviceSection, Comparison, Report};
 
 use super::{category_label, charts, duration, opt, percent, shares};
@@ -291,7 +290,7 @@ fn collectives(r: &Report, out: &mut String) {
                     c.group.clone().unwrap_or_else(|| "—".into()),
                     c.role.map_or("—", |r| r.short()).to_string(),
                     format!("{:.1}", c.count_per_iteration),
-                    bytes_text(c.bytes_per_iteration),
+                    super::html::collective_bytes(c.bytes_per_iteration),
                     format!("{:.1} ms", c.seconds_per_iteration * 1e3),
                     format!("{:.1} ms", c.waited_seconds_per_iteration * 1e3),
                 ]

@@ -468,4 +468,8 @@ fn each_ranks_collectives_are_a_table_in_html_and_markdown() {
         "| {rank} | batch_isend_irecv | 0 | pipeline | 8.0 | 131.1 kB | 593.3 ms | 591.9 ms |"
     );
     assert!(md.contains(&row), "{row} in\n{md}");
+    // Bytes never said are unknown, not 0 B.
+    r.summary.ranks[1].collectives[0].bytes_per_iteration = 0.0;
+    assert!(html(&r).contains("<td>8.0</td><td>—</td>"));
+    assert!(markdown(&r, "report").text.contains("| 8.0 | — |"));
 }

@@ -2,8 +2,6 @@
 //! category, compute at the bottom) and the one-line share bar, shared by the Timeline screen,
 //! the rank detail and the Ranks rows.
 
-use std::collections::BTreeMap;
-
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::{Style, Stylize};
@@ -12,6 +10,7 @@ use ratatui::widgets::Widget;
 use stallscope_analysis::category::{Category, Split};
 use stallscope_analysis::view::JobView;
 
+use super::column_sums::ColumnSums;
 use crate::palette;
 
 /// Iterations as stacked columns, the latest at the right edge.
@@ -69,8 +68,21 @@ pub struct Columns {
     pub max_ns: u64,
 }
 
-/// Builds the columns from `view`'s ranks (only `rank`, when given).
+/// The columns of `view`'s ranks (only `rank`, when given), summed afresh.
+#[cfg(test)]
 pub fn columns(view: &JobView, rank: Option<u32>, width: usize, back: u64) -> Columns {
+    columns_kept(&mut ColumnSums::default(), view, rank, width, back)
+}
+
+/// Builds the columns from `view`'s ranks (only `rank`, when given), adding to the sums
+/// `kept` from the frame before only what arrived since.
+pub fn columns_kept(
+    kept: &mut ColumnSums,
+    view: &JobView,
+    rank: Option<u32>,
+    width: usize,
+    back: u64,
+) -> Columns {
     let ranks = view
         .ranks
         .values()
@@ -97,35 +109,22 @@ pub fn columns(view: &JobView, rank: Option<u32>, width: usize, back: u64) -> Co
         .max(oldest_kept + width - 1)
         .min(latest);
     let first = last.saturating_sub(width - 1);
-    let mut sums: BTreeMap<u64, ([u64; 7], u64)> = BTreeMap::new();
-    for r in ranks {
-        let in_range = r
-            .recent
-            .iter()
-            .rev()
-            .skip_while(|p| p.iter > last)
-            .take_while(|p| p.iter >= first);
-        for p in in_range {
-            let (ns, n) = sums.entry(p.iter).or_default();
-            for c in Category::ALL {
-                ns[c.index()] += p.split.get(c);
-            }
-            *n += 1;
-        }
-    }
+    let sums = kept.update(view, rank, first, last);
+    // Iterations no rank holds any more (or yet) get no column.
+    let first_held = sums
+        .iter()
+        .position(|(_, n)| *n > 0)
+        .map(|i| first + i as u64);
     let splits: Vec<Split> = sums
-        .values()
-        .map(|(ns, n)| {
-            let mut s = Split::default();
-            for c in Category::ALL {
-                s.add(c, ns[c.index()] / n);
-            }
-            s
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(ns, n)| Split {
+            ns: ns.map(|v| v / n),
         })
         .collect();
     Columns {
         max_ns: splits.iter().map(Split::total).max().unwrap_or(0),
-        iters: Some((*sums.keys().next().unwrap_or(&first), last)),
+        iters: Some((first_held.unwrap_or(first), last)),
         splits,
     }
 }

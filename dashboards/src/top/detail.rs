@@ -39,14 +39,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView, rank: u32)
     let [facts, chart] =
         Layout::vertical([Constraint::Length(lines.len() as u16), Constraint::Min(4)]).areas(area);
     frame.render_widget(Paragraph::new(lines), facts);
-    timeline::draw_chart(
-        frame,
-        chart,
-        view,
-        Some(rank),
-        app.timeline_back,
-        &r.figures.categories,
-    );
+    timeline::draw_chart(frame, chart, app, view, Some(rank), &r.figures.categories);
 }
 
 /// The rank's GPU (index, product name when NVML gave it, UUID) and its figures, then its

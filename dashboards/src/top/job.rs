@@ -35,8 +35,15 @@ pub fn draw(frame: &mut Frame, area: Rect, view: &JobView) {
             .block(Block::bordered().title(" Verdict ")),
         verdict,
     );
-    frame.render_widget(Paragraph::new(figure_lines(view)), figures);
-    frame.render_widget(Paragraph::new(share_lines(view, shares.width)), shares);
+    let recent = recent(view);
+    frame.render_widget(
+        Paragraph::new(figure_lines(view, recent.p95_seconds)),
+        figures,
+    );
+    frame.render_widget(
+        Paragraph::new(share_lines(view, &recent.window, shares.width)),
+        shares,
+    );
     frame.render_widget(
         Paragraph::new(health_lines(view)).wrap(Wrap { trim: false }),
         health,
@@ -65,23 +72,39 @@ fn verdict_lines(view: &JobView) -> Vec<Line<'static>> {
     ]
 }
 
-/// The 95th percentile of every rank's recent window, s (what "p95 now" means here).
-fn recent_p95_seconds(view: &JobView) -> f64 {
-    let mut walls: Vec<u64> = view
-        .ranks
-        .values()
-        .flat_map(|r| r.recent.iter().rev().take(WINDOW_ITERATIONS))
-        .map(|p| p.wall_ns())
-        .collect();
-    if walls.is_empty() {
-        return 0.0;
-    }
-    walls.sort_unstable();
-    let k = ((0.95 * walls.len() as f64).ceil() as usize).clamp(1, walls.len()) - 1;
-    walls[k] as f64 / 1e9
+/// The job's recent window, read in one pass a frame (32 iterations × 1,024 ranks): every
+/// rank's last [`WINDOW_ITERATIONS`] parts summed by category, and the 95th percentile of
+/// their wall times (what "p95 now" means here).
+struct Recent {
+    /// ns per category.
+    window: Split,
+    /// s; 0 when there is no iteration.
+    p95_seconds: f64,
 }
 
-fn figure_lines(view: &JobView) -> Vec<Line<'static>> {
+fn recent(view: &JobView) -> Recent {
+    let mut window = Split::default();
+    let mut walls: Vec<u64> = Vec::with_capacity(view.ranks.len() * WINDOW_ITERATIONS);
+    for r in view.ranks.values() {
+        for p in r.recent.iter().rev().take(WINDOW_ITERATIONS) {
+            window.add_split(&p.split);
+            walls.push(p.wall_ns());
+        }
+    }
+    let p95_seconds = if walls.is_empty() {
+        0.0
+    } else {
+        let k = ((0.95 * walls.len() as f64).ceil() as usize).clamp(1, walls.len()) - 1;
+        // The k-th smallest without sorting them all.
+        *walls.select_nth_unstable(k).1 as f64 / 1e9
+    };
+    Recent {
+        window,
+        p95_seconds,
+    }
+}
+
+fn figure_lines(view: &JobView, p95_now_seconds: f64) -> Vec<Line<'static>> {
     let s = &view.summary;
     let median = s.job.median_iteration_seconds;
     let throughput = match view.samples_per_second {
@@ -103,7 +126,7 @@ fn figure_lines(view: &JobView) -> Vec<Line<'static>> {
             Span::raw(" median ").dim(),
             Span::raw(duration(median)),
             Span::raw("   p95 now ").dim(),
-            Span::raw(duration(recent_p95_seconds(view))),
+            Span::raw(duration(p95_now_seconds)),
             Span::raw("   throughput ").dim(),
             Span::raw(throughput),
             Span::raw("   wall ").dim(),
@@ -189,9 +212,8 @@ fn health_lines(view: &JobView) -> Vec<Line<'static>> {
     lines
 }
 
-fn share_lines(view: &JobView, width: u16) -> Vec<Line<'static>> {
+fn share_lines(view: &JobView, window: &Split, width: u16) -> Vec<Line<'static>> {
     let run = &view.summary.job.categories;
-    let window: Split = view.window();
     let wtotal = window.total().max(1) as f64;
     let bar_width = (width as usize).saturating_sub(32).min(60);
     let mut lines = vec![Line::from(vec![

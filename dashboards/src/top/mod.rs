@@ -4,11 +4,14 @@
 //!
 //! Everything here is pure: [`App`] is the dashboard's own state (screen, selection, sort,
 //! filter, pause, replay cursor), [`App::on_key`] turns a key into a new state and an
-//! [`Outcome`], and [`draw`] renders an [`App`] and a [`JobView`] into a ratatui frame. The
+//! [`Outcome`], and [`draw`] renders an [`App`] and a [`JobView`] into a ratatui frame (the
+//! only state a frame leaves behind is the Timeline's sums, kept so that the next frame adds
+//! only what arrived: the frames are those of a fresh pass). The
 //! terminal, the feed and the clock belong to the caller (`stallscope top`, `run --tui`), so
 //! every screen is tested on ratatui's `TestBackend` from a model built in the test.
 
 mod chart;
+mod column_sums;
 mod detail;
 pub mod format;
 mod frame;
@@ -26,6 +29,9 @@ mod tests;
 pub use frame::draw;
 pub use keys::Outcome;
 
+use std::cell::RefCell;
+
+use column_sums::ColumnSums;
 use stallscope_analysis::category::Split;
 use stallscope_analysis::view::{JobView, NodeView, RankView};
 
@@ -154,6 +160,9 @@ pub struct App {
     pub mode: Mode,
     /// `run --tui`: the last lines of the training's output, and where all of it goes.
     pub output: Option<OutputPane>,
+    /// The Timeline's (or a rank detail's) column sums from the frame before: a frame adds
+    /// only the iterations that arrived since.
+    pub(crate) column_sums: RefCell<ColumnSums>,
 }
 
 /// The training's output as `run --tui` shows it.
@@ -181,6 +190,7 @@ impl App {
             timeline_back: 0,
             mode,
             output: None,
+            column_sums: RefCell::default(),
         }
     }
 
@@ -194,7 +204,10 @@ impl App {
         let mut rows: Vec<&RankView> = view
             .ranks
             .values()
-            .filter(|r| self.matches(&r.rank.to_string()) || self.matches(&r.node))
+            .filter(|r| {
+                // No filter, no formatting: 1,024 ranks a frame.
+                self.filter.is_empty() || self.matches(&r.rank.to_string()) || self.matches(&r.node)
+            })
             .collect();
         match self.rank_sort {
             RankSort::Rank => {}
@@ -205,8 +218,13 @@ impl App {
                     .then(a.rank.cmp(&b.rank))
             }),
             RankSort::Stall => {
-                let key = |r: &RankView| largest_stall_share(&r.window());
-                rows.sort_by(|a, b| key(b).total_cmp(&key(a)).then(a.rank.cmp(&b.rank)))
+                // Each rank's window summed once, not at every comparison.
+                let mut keyed: Vec<(f64, &RankView)> = rows
+                    .into_iter()
+                    .map(|r| (largest_stall_share(&r.window()), r))
+                    .collect();
+                keyed.sort_by(|(ka, a), (kb, b)| kb.total_cmp(ka).then(a.rank.cmp(&b.rank)));
+                rows = keyed.into_iter().map(|(_, r)| r).collect();
             }
             RankSort::Node => rows.sort_by(|a, b| a.node.cmp(&b.node).then(a.rank.cmp(&b.rank))),
         }

@@ -11,38 +11,37 @@ use stallscope_analysis::category::{Category, Split};
 use stallscope_analysis::figures::Categories;
 use stallscope_analysis::view::JobView;
 
-use super::chart::{columns, StackedColumns};
+use super::chart::{columns_kept, StackedColumns};
 use super::format::{count, duration, pct};
 use super::App;
 use crate::palette;
 
 /// Draws the Timeline screen in `area`.
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, view: &JobView) {
-    draw_chart(
-        frame,
-        area,
-        view,
-        None,
-        app.timeline_back,
-        &view.summary.job.categories,
-    );
+    draw_chart(frame, area, app, view, None, &view.summary.job.categories);
 }
 
-/// The chart of `rank` (all ranks: `None`) scrolled `back` iterations, with its legend
-/// comparing the columns shown with `run`'s shares.
+/// The chart of `rank` (all ranks: `None`) scrolled `app.timeline_back` iterations, with its
+/// legend comparing the columns shown with `run`'s shares.
 pub fn draw_chart(
     frame: &mut Frame,
     area: Rect,
+    app: &App,
     view: &JobView,
     rank: Option<u32>,
-    back: u64,
     run: &Categories,
 ) {
     let [chart_area, legend_area] =
         Layout::vertical([Constraint::Min(3), Constraint::Length(3)]).areas(area);
     let block = Block::bordered();
     let inner = block.inner(chart_area);
-    let cols = columns(view, rank, inner.width as usize, back);
+    let cols = columns_kept(
+        &mut app.column_sums.borrow_mut(),
+        view,
+        rank,
+        inner.width as usize,
+        app.timeline_back,
+    );
     let title = match cols.iters {
         Some((first, last)) => format!(
             " iterations {}–{}{} · tallest {} ",

@@ -38,7 +38,8 @@ pub struct WindowReport {
     pub wall_s: f64,
     /// s, CPU time of the collector process (user + system) in the window.
     pub cpu_s: f64,
-    /// Iteration frames that reached the live feed in the window.
+    /// Iteration frames that reached the live feed in the window, those the latency probe
+    /// fell behind on (and missed) included: the collector ingested them all.
     pub frames: u64,
     /// ms, latency from the iteration's end to the live feed: median.
     pub p50_ms: Option<f64>,
@@ -153,7 +154,7 @@ fn start_window(p: &mut Probe) {
     p.window = Some(Window {
         started: Instant::now(),
         cpu_s: cpu_seconds(),
-        frames_before: p.totals.frames,
+        frames_before: p.totals.frames + p.totals.lagged,
         rss_start_mib: status_mib("VmRSS:"),
         latency: Histogram::default(),
     });
@@ -165,7 +166,7 @@ fn end_window(p: &mut Probe) -> WindowReport {
         Some(w) => WindowReport {
             wall_s: w.started.elapsed().as_secs_f64(),
             cpu_s: cpu_seconds() - w.cpu_s,
-            frames: p.totals.frames - w.frames_before,
+            frames: p.totals.frames + p.totals.lagged - w.frames_before,
             p50_ms: w.latency.quantile_ms(0.50),
             p99_ms: w.latency.quantile_ms(0.99),
             max_ms: (w.latency.count > 0).then(|| w.latency.max_us as f64 / 1e3),
@@ -214,7 +215,7 @@ pub fn run() -> anyhow::Result<i32> {
             ("bench", hub),
             (true, None),
         );
-        tokio::spawn(measure(collector.subscribe(), probe.clone()));
+        tokio::spawn(measure(collector.subscribe_iterations(), probe.clone()));
         println!("addr {addr}");
         std::io::stdout().flush()?;
         while let Some(line) = lines.recv().await {

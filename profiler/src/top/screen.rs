@@ -98,7 +98,8 @@ pub enum Model<'a> {
 
 /// How the loop runs.
 pub struct Options {
-    /// Frames per second at most (redraws happen only when something changed).
+    /// Frames per second at most for the model's changes (redraws happen only when something
+    /// changed; a key redraws at once).
     pub fps: f64,
     /// Set when the run the dashboard watches ended (`run --tui`): the loop returns.
     pub stop: Option<Arc<AtomicBool>>,
@@ -170,22 +171,26 @@ pub fn run<B: Backend>(
             Some(Input::Redraw) => dirty = true,
             None => {}
         }
-        if Instant::now() < next_frame {
+        // A key or a resize draws at once; the model's news wait for the next tick.
+        let due = Instant::now() >= next_frame;
+        if !due && !dirty {
             continue;
         }
-        next_frame = Instant::now() + frame_every;
-        if let Some(out) = opts.output.as_mut() {
-            if out.poll() {
-                app.output = Some(out.pane());
-                dirty = true;
-            }
-        }
-        if let Model::Replay { cursor, .. } = model {
-            if let Mode::Replay(c) = &app.mode {
-                if c.playing {
-                    let to = cursor.position() + 1;
-                    seek(app, model, to);
+        if due {
+            next_frame = Instant::now() + frame_every;
+            if let Some(out) = opts.output.as_mut() {
+                if out.poll() {
+                    app.output = Some(out.pane());
                     dirty = true;
+                }
+            }
+            if let Model::Replay { cursor, .. } = model {
+                if let Mode::Replay(c) = &app.mode {
+                    if c.playing {
+                        let to = cursor.position() + 1;
+                        seek(app, model, to);
+                        dirty = true;
+                    }
                 }
             }
         }
@@ -227,5 +232,72 @@ fn seek(app: &mut App, model: &mut Model<'_>, to: usize) {
         if c.position + 1 >= c.len {
             c.playing = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ratatui::backend::TestBackend;
+    use ratatui::crossterm::event::{KeyCode, KeyModifiers};
+    use stallscope_dashboards::top::Screen;
+
+    use super::*;
+
+    /// Nothing while the first frame is drawn, then Tab once, then nothing (each wait cut to
+    /// 10 ms, so the loop soon sees its time is up).
+    struct OneTab {
+        calls: u32,
+    }
+
+    impl Keys for OneTab {
+        fn next(&mut self, timeout: Duration) -> io::Result<Option<Input>> {
+            self.calls += 1;
+            if self.calls == 2 {
+                let tab = KeyEvent::new(KeyCode::Tab, KeyModifiers::NONE);
+                return Ok(Some(Input::Key(tab)));
+            }
+            std::thread::sleep(timeout.min(Duration::from_millis(10)));
+            Ok(None)
+        }
+    }
+
+    #[test]
+    fn a_key_redraws_at_once_without_waiting_for_the_next_tick() {
+        // A feed that says nothing: only the first frame and the key's may be drawn.
+        let (tx, rx) = std::sync::mpsc::channel();
+        drop(tx);
+        let model = FollowedModel::follow_hub(rx).expect("feed thread");
+        let mut terminal = Terminal::new(TestBackend::new(80, 24)).expect("terminal");
+        let mut app = App::new(Mode::Live("test".into()));
+        let mut opts = Options {
+            // One tick every 5 s: the loop ends long before the second.
+            fps: 0.2,
+            stop: None,
+            output: None,
+            for_at_most: Some(Duration::from_millis(300)),
+        };
+        let mut model = Model::Live {
+            model,
+            at: "test".into(),
+        };
+        let (exit, frames) = run(
+            &mut terminal,
+            &mut app,
+            &mut model,
+            &mut OneTab { calls: 0 },
+            &mut opts,
+        )
+        .expect("loop");
+        assert_eq!(exit, Exit::Stopped);
+        assert_eq!(app.screen, Screen::Timeline);
+        assert_eq!(frames, 2, "the first frame, then the key's at once");
+        let shown: String = terminal
+            .backend()
+            .buffer()
+            .content()
+            .iter()
+            .map(|c| c.symbol())
+            .collect();
+        assert!(shown.contains("no iteration yet"), "{shown}");
     }
 }
