@@ -8,7 +8,12 @@ scenario and category it prints the online share, the differential share and the
 difference in percentage points, as a Markdown table (docs/BENCHMARKS.md holds the last one).
 
     sudo python3 bench/accuracy.py [--python /usr/bin/python3] [--only prep,fetch,...]
-        [--iters 12] [--out DIR]
+        [--iters 12] [--rounds 1] [--out DIR]
+
+With --rounds K each scenario's experiment runs K times, scenarios alternating, and the table
+gives the mean over rounds of the online and of the differential shares (so a host whose CPU
+speed swings between runs weighs on both sides alike), then each round's largest difference
+(min / median / max), so that one lucky or unlucky round cannot make the figure.
 
 Scenarios (CPU training, 2 processes):
   prep     2 ranks, no loader workers, 25 ms of CPU per sample: preparation-bound
@@ -112,7 +117,7 @@ def make_dataset(python, root, images, size):
 
 def experiment(args, name, stallscope, train_flags, nproc=2, dataset=None, cluster=None,
                throttle=None, configs=None):
-    out_dir = os.path.join(args.out, name)
+    out_dir = os.path.join(args.out, name if args.round == 0 else "{}.{}".format(name, args.round))
     os.makedirs(out_dir, exist_ok=True)
     result = os.path.join(out_dir, "result.json")
     cmd = [stallscope, "experiment", "-q", "--nproc", str(nproc), "--iters", str(args.iters),
@@ -146,7 +151,40 @@ def experiment(args, name, stallscope, train_flags, nproc=2, dataset=None, clust
         return json.load(f)
 
 
+def mean_agreement(experiments):
+    """The experiments' agreement rows averaged per category (a differential absent in any
+    round is absent), and each round's largest difference in points."""
+    by_category = {}
+    worst = []
+    for e in experiments:
+        round_worst = 0.0
+        for a in e["agreement"]:
+            by_category.setdefault(a["category"], []).append(a)
+            d = a["differential"]
+            if d is not None:
+                round_worst = max(round_worst, abs(a["online"] - d) * 100)
+        worst.append(round_worst)
+    rows = []
+    for category, rows_of in by_category.items():
+        online = sum(a["online"] for a in rows_of) / len(rows_of)
+        diffs = [a["differential"] for a in rows_of]
+        differential = None if any(d is None for d in diffs) else sum(diffs) / len(diffs)
+        rows.append({"category": category, "online": online, "differential": differential})
+    return {"agreement": rows, "differential": experiments[0]["differential"]}, sorted(worst)
+
+
 def table(results):
+    rounds = {}
+    for name, e in results:
+        rounds.setdefault(name, []).append(e)
+    per_round_worst = {}
+    if any(len(es) > 1 for es in rounds.values()):
+        merged = []
+        for name, es in rounds.items():
+            mean, worst = mean_agreement(es)
+            merged.append((name, mean))
+            per_round_worst[name] = worst
+        results = merged
     lines = [
         "| scenario | category | online | differential | difference (points) |",
         "|---|---|---:|---:|---:|",
@@ -168,10 +206,19 @@ def table(results):
                 "-" if err is None else "{:.1f}".format(err)))
         summary.append((name, worst))
     lines.append("")
-    lines.append("| scenario | largest difference (points) |")
-    lines.append("|---|---:|")
-    for name, worst in summary:
-        lines.append("| {} | {:.1f} |".format(name, worst))
+    if per_round_worst:
+        lines.append("| scenario | largest difference of the means (points) | "
+                     "each round's largest: min / median / max | rounds |")
+        lines.append("|---|---:|---|---:|")
+        for name, worst in summary:
+            w = per_round_worst[name]
+            lines.append("| {} | {:.1f} | {:.1f} / {:.1f} / {:.1f} | {} |".format(
+                name, worst, w[0], w[len(w) // 2], w[-1], len(w)))
+    else:
+        lines.append("| scenario | largest difference (points) |")
+        lines.append("|---|---:|")
+        for name, worst in summary:
+            lines.append("| {} | {:.1f} |".format(name, worst))
     return "\n".join(lines)
 
 
@@ -182,6 +229,8 @@ def main():
     ap.add_argument("--iters", type=int, default=12)
     ap.add_argument("--only", default="prep,fetch,network,mixed,balanced")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run each scenario this many times, alternating, and average")
     ap.add_argument("--fetch-bps", type=int, default=400_000, help="blkio read limit, bytes/s")
     ap.add_argument("--rate", default="100mbit", help="tbf rate of the network scenarios")
     args = ap.parse_args()
@@ -196,36 +245,37 @@ def main():
     results = []
     small = make_dataset(args.python, data_root, 512, 64)
     common = ["--workers", "0", "--batch", "8", "--data-dir", data_root, "--images", "512"]
-    if "prep" in wanted:
-        results.append(("prep", experiment(args, "prep", args.stallscope,
-                                           common + ["--data-delay-ms", "25"], dataset=small)))
-    if "fetch" in wanted:
-        disk = LoopDisk(os.path.join(args.out, "fetch-disk"))
-        try:
-            big = make_dataset(args.python, disk.mount, 2048, 64)
-            throttle = Throttle(big, args.fetch_bps)
+    for args.round in range(max(1, args.rounds)):
+        if "prep" in wanted:
+            results.append(("prep", experiment(args, "prep", args.stallscope,
+                                               common + ["--data-delay-ms", "25"], dataset=small)))
+        if "fetch" in wanted:
+            disk = LoopDisk(os.path.join(args.out, "fetch-disk"))
             try:
-                flags = ["--workers", "0", "--batch", "8", "--data-dir", disk.mount,
-                         "--images", "2048"]
-                results.append(("fetch", experiment(args, "fetch", args.stallscope, flags,
-                                                    dataset=big, throttle=throttle)))
+                big = make_dataset(args.python, disk.mount, 2048, 64)
+                throttle = Throttle(big, args.fetch_bps)
+                try:
+                    flags = ["--workers", "0", "--batch", "8", "--data-dir", disk.mount,
+                             "--images", "2048"]
+                    results.append(("fetch", experiment(args, "fetch", args.stallscope, flags,
+                                                        dataset=big, throttle=throttle)))
+                finally:
+                    throttle.close()
             finally:
-                throttle.close()
-        finally:
-            disk.close()
-    for name, delay in (("network", "0"), ("mixed", "12")):
-        if name not in wanted:
-            continue
-        cluster = Cluster("ssacc", args.rate, 91)
-        try:
-            flags = common + ["--width", "32", "--data-delay-ms", delay]
-            results.append((name, experiment(args, name, args.stallscope, flags, dataset=small,
-                                             cluster=cluster)))
-        finally:
-            cluster.close()
-    if "balanced" in wanted:
-        results.append(("balanced", experiment(args, "balanced", args.stallscope,
-                                               common + ["--data-delay-ms", "4"], dataset=small)))
+                disk.close()
+        for name, delay in (("network", "0"), ("mixed", "12")):
+            if name not in wanted:
+                continue
+            cluster = Cluster("ssacc", args.rate, 91)
+            try:
+                flags = common + ["--width", "32", "--data-delay-ms", delay]
+                results.append((name, experiment(args, name, args.stallscope, flags, dataset=small,
+                                                 cluster=cluster)))
+            finally:
+                cluster.close()
+        if "balanced" in wanted:
+            results.append(("balanced", experiment(args, "balanced", args.stallscope,
+                                                   common + ["--data-delay-ms", "4"], dataset=small)))
     print(table(results))
     print("\n(results and profiles in {})".format(args.out))
     if not args.out.startswith(REPO):

@@ -14,10 +14,10 @@ TORCH2_PYTHON=$(bash scripts/install-torch2.sh)
 echo "== Rust: unit and end-to-end tests"
 # The scripted libnvidia-ml that the NVML end-to-end tests load (profiler/tests/nvml_library.rs).
 cargo build --locked -p stallscope-fake-nvml 2>&1
-cargo test --workspace --locked 2>&1
+cargo test --workspace --locked --no-fail-fast 2>&1
 
 echo "== Rust: the single-node end-to-end tests again, on torch 2.x ($TORCH2_PYTHON)"
-STALLSCOPE_TEST_PYTHON="$TORCH2_PYTHON" cargo test --locked -p stallscope \
+STALLSCOPE_TEST_PYTHON="$TORCH2_PYTHON" cargo test --locked --no-fail-fast -p stallscope \
     --test run_single_node --test run_two_local_ranks --test fsdp --test pipeline \
     --test slowdown --test hang --test hang_nodes --test pytorch_examples --test remote_data 2>&1
 

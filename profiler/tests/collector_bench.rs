@@ -10,19 +10,24 @@ use common::*;
 fn twenty_agents_for_a_second_deliver_every_record() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
-    let out = run_ok(stallscope().args([
-        "collector-bench",
-        "--agents",
-        "20",
-        "--seconds",
-        "1",
-        "--warmup",
-        "0.2",
-        "--p99-goal-ms",
-        "60000", // the latency is the benchmark's business, not CI's
-        "--json",
-        json.to_str().unwrap(),
-    ]));
+    // Exit code 1 says the bench's goal was not met (a window's rate under 99% of what was
+    // offered, which a loaded machine can make so): the test judges delivery, below.
+    let out = run_exiting_with(
+        stallscope().args([
+            "collector-bench",
+            "--agents",
+            "20",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.2",
+            "--p99-goal-ms",
+            "60000", // the latency is the benchmark's business, not CI's
+            "--json",
+            json.to_str().unwrap(),
+        ]),
+        &[0, 1],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let rows = read_json(&json);
     let row = &rows[0];

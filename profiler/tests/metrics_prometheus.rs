@@ -2,7 +2,10 @@
 //! a 1 s scrape interval) scrapes `stallscope run --metrics` around the real PyTorch example on
 //! the scripted GPU. The scrape passes `promtool check metrics`, every PromQL expression of the
 //! Grafana dashboard returns data (so the dashboard cannot silently rot), and the stall shares
-//! Prometheus holds match the run's summary. Polling is bounded; nothing waits on luck.
+//! Prometheus holds match the run's summary. The series added after the dashboard are queried
+//! too: a two-node DDP training's collectives, TCP flows and a slowdown (Prometheus inside one
+//! node's network namespace, with the report of that node's profile opened in Chromium), and
+//! a hang while it lasts and after it resumed. Polling is bounded; nothing waits on luck.
 
 mod common;
 
@@ -25,8 +28,22 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-fn curl(args: &[&str]) -> Option<Output> {
-    Command::new("curl")
+/// `command`, inside network namespace `netns` when given (`ip netns exec`, which execs it:
+/// the child's PID is the command's).
+fn inside(netns: Option<&str>, command: &str) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, command]);
+            c
+        }
+        None => Command::new(command),
+    }
+}
+
+/// curl, inside `netns` when given.
+fn curl_in(netns: Option<&str>, args: &[&str]) -> Option<Output> {
+    inside(netns, "curl")
         .args(["-sf", "--max-time", "5"])
         .args(args)
         .output()
@@ -38,11 +55,18 @@ fn curl(args: &[&str]) -> Option<Output> {
 struct Prometheus {
     child: Child,
     port: u16,
+    /// The network namespace it runs in, if not this process's.
+    netns: Option<String>,
     _dir: tempfile::TempDir,
 }
 
 impl Prometheus {
     fn start(target: &str) -> Prometheus {
+        Prometheus::start_in(None, target)
+    }
+
+    /// A Prometheus inside network namespace `netns` (when given) scraping `target` there.
+    fn start_in(netns: Option<&str>, target: &str) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("prometheus.yml");
         std::fs::write(
@@ -55,7 +79,7 @@ impl Prometheus {
         )
         .unwrap();
         let port = free_port();
-        let child = Command::new("prometheus")
+        let child = inside(netns, "prometheus")
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
@@ -69,10 +93,12 @@ impl Prometheus {
         let p = Prometheus {
             child,
             port,
+            netns: netns.map(String::from),
             _dir: dir,
         };
         assert!(
-            wait_for(Duration::from_secs(90), || curl(&[&p.url("/-/ready")])
+            wait_for(Duration::from_secs(90), || p
+                .curl(&[&p.url("/-/ready")])
                 .is_some()),
             "prometheus became ready"
         );
@@ -83,10 +109,16 @@ impl Prometheus {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
+    /// curl, in Prometheus's network namespace.
+    fn curl(&self, args: &[&str]) -> Option<Output> {
+        curl_in(self.netns.as_deref(), args)
+    }
+
     /// The result vector of an instant query (empty on any error).
     fn query(&self, expr: &str) -> Vec<Value> {
         let q = format!("query={expr}");
-        let Some(out) = curl(&["--get", "--data-urlencode", &q, &self.url("/api/v1/query")]) else {
+        let Some(out) = self.curl(&["--get", "--data-urlencode", &q, &self.url("/api/v1/query")])
+        else {
             return Vec::new();
         };
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
@@ -135,8 +167,13 @@ fn value(sample: &Value) -> f64 {
 /// on purpose: the GPU families carry dcgm-exporter's `modelName` label, spelled as
 /// dcgm-exporter spells it so that dashboards join the two, which promtool's lint calls
 /// camelCase.
-fn promtool_passes(addr: &str, dir: &Path) {
-    let out = curl(&[&format!("http://{addr}/metrics")]).expect("a scrape");
+fn promtool_passes(addr: &str, dir: &Path) -> String {
+    promtool_passes_in(None, addr, dir)
+}
+
+/// [`promtool_passes`] of a server in network namespace `netns`; the scrape it checked.
+fn promtool_passes_in(netns: Option<&str>, addr: &str, dir: &Path) -> String {
+    let out = curl_in(netns, &[&format!("http://{addr}/metrics")]).expect("a scrape");
     let file = dir.join("scrape.txt");
     std::fs::write(&file, &out.stdout).unwrap();
     let check = Command::new("promtool")
@@ -171,6 +208,7 @@ fn promtool_passes(addr: &str, dir: &Path) {
         check.status.success() || said.contains(camel),
         "promtool failed without saying why: {said}"
     );
+    scrape.into_owned()
 }
 
 #[test]
@@ -381,4 +419,243 @@ fn prometheus_scrapes_a_collector_with_two_agents() {
         "the collector ended"
     );
     shares_match(&prom, "ddp", &read_json(&d("job.json")));
+}
+
+/// The series the live model gained after the dashboard was written, in a real Prometheus
+/// (issue 31): a two-rank DDP training over gloo between two "nodes" (network namespaces
+/// joined by a veth), each rank under its own `stallscope run`; node A's serves `/metrics`
+/// to a Prometheus inside node A. Rank 0 turns slow at iteration 30 (its data preparation
+/// grows). Prometheus must hold its collectives (all four families), its TCP flows over the
+/// NIC per class and direction (the gradients: `collective`), the retransmits, and
+/// `stallscope_slowdown` of rank 0's data preparation above 1; a live scrape holding them
+/// passes `promtool check metrics`. The profile's report, opened in Chromium, shows the
+/// collectives table and the slowdown's row. Needs root (namespaces); CI runs as root.
+#[test]
+fn prometheus_holds_collectives_flows_and_a_slowdown_of_a_two_node_training() {
+    if !am_root("create network namespaces")
+        || !have_torch()
+        || !have("prometheus")
+        || !have("promtool")
+    {
+        skip("needs root, torch, prometheus and promtool (scripts/install-deps.sh)");
+        return;
+    }
+    generate_images();
+    let prefix = format!("mp{}", std::process::id() % 100_000);
+    let net = format!("{}", 60 + std::process::id() % 89);
+    let _cluster = Cluster::up(&prefix, &["--net", &net]);
+    let ns_a = format!("{prefix}a");
+    let addr_a = format!("10.77.{net}.1");
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n);
+    let metrics = "127.0.0.1:7572";
+    let prom = Prometheus::start_in(Some(&ns_a), metrics);
+
+    let mut ranks: Vec<Reaped> = (0..2)
+        .map(|rank| {
+            let ns = format!("{prefix}{}", if rank == 0 { "a" } else { "b" });
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &ns])
+                .arg(env!("CARGO_BIN_EXE_stallscope"))
+                .args(["run", "-q", "--job", "twonode", "-o"])
+                .arg(d(&format!("rank{rank}.stallscope")));
+            if rank == 0 {
+                c.args(["--metrics", metrics]);
+            }
+            c.args(["--", &python(), &example()])
+                .args(["--iters", "90", "--workers", "0", "--batch", "8"])
+                .args(["--images", "64", "--image-size", "32", "--width", "16"])
+                .args(["--slow-from", "30:0:data:25", "--data-dir", &data_dir()])
+                .env("GLOO_SOCKET_IFNAME", "eth0")
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", "0")
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", &addr_a)
+                .env("MASTER_PORT", "29561");
+            Reaped::spawn(&mut c, &d(&format!("rank{rank}.log")))
+        })
+        .collect();
+
+    // Once Prometheus holds the slowdown, a live scrape has every new family: promtool reads it.
+    let job = "job=\"twonode\"";
+    let slow = format!("stallscope_slowdown{{{job},rank=\"0\",category=\"data_prep\"}} > 1");
+    let mut scrape = None;
+    let deadline = Instant::now() + Duration::from_secs(400);
+    while scrape.is_none() && Instant::now() < deadline {
+        if ranks[0].0.try_wait().unwrap().is_some() {
+            break;
+        }
+        if !prom.query(&slow).is_empty() {
+            scrape = Some(promtool_passes_in(Some(&ns_a), metrics, dir.path()));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let scrape = scrape.unwrap_or_else(|| {
+        panic!(
+            "Prometheus never held {slow}; rank 0 said: {}",
+            log_of(&d("rank0.log"))
+        )
+    });
+    for family in [
+        "stallscope_collective_seconds_total{",
+        "stallscope_collective_waited_seconds_total{",
+        "stallscope_collective_bytes_total{",
+        "stallscope_collective_operations_total{",
+        "stallscope_flow_bytes_total{",
+        "stallscope_tcp_retransmits_total{",
+        "stallscope_slowdown{",
+    ] {
+        assert!(
+            scrape.contains(family),
+            "the live scrape checked by promtool has {family}"
+        );
+    }
+    for (r, rank) in ranks.iter_mut().enumerate() {
+        rank.wait_success(
+            Duration::from_secs(400),
+            "a rank",
+            &d(&format!("rank{r}.log")),
+        );
+    }
+
+    // What Prometheus kept of the run, read after it (the run's last scrapes).
+    let last = |series: &str| {
+        let held = prom.query(&format!("last_over_time({series}[10m])"));
+        assert!(!held.is_empty(), "Prometheus holds {series}");
+        held
+    };
+    // DDP's all-reduce, once an iteration: its four counters.
+    let ddp = |family: &str| {
+        let held = last(&format!(
+            "stallscope_collective_{family}_total{{{job},rank=\"0\",op=\"all_reduce\",group=\"ddp\",role=\"ddp\"}}"
+        ));
+        value(&held[0])
+    };
+    assert!(ddp("operations") >= 30.0, "an all-reduce an iteration");
+    assert!(ddp("bytes") > 0.0);
+    assert!(ddp("seconds") > 0.0);
+    ddp("waited_seconds");
+    // The gradients crossed the veth both ways, as collective flows, counted as counters.
+    for direction in ["rx", "tx"] {
+        let moved = last(&format!(
+            "stallscope_flow_bytes_total{{{job},class=\"collective\",direction=\"{direction}\"}}"
+        ));
+        assert!(value(&moved[0]) > 1e6, "{direction}: {moved:?}");
+    }
+    let rate = prom.query(&format!(
+        "max_over_time(rate(stallscope_flow_bytes_total{{{job},class=\"collective\"}}[10s])[10m:1s])"
+    ));
+    assert!(
+        rate.iter().any(|s| value(s) > 0.0),
+        "rate() of the flow counter: {rate:?}"
+    );
+    last(&format!(
+        "stallscope_tcp_retransmits_total{{{job},class=\"collective\"}}"
+    ));
+    let slowdown = last(&format!(
+        "stallscope_slowdown{{{job},rank=\"0\",category=\"data_prep\"}}"
+    ));
+    assert!(
+        value(&slowdown[0]) > 1.2,
+        "still slow at the end: {slowdown:?}"
+    );
+    assert!(
+        prom.query(&format!("stallscope_slowdown{{{job},rank=\"1\"}}"))
+            .is_empty(),
+        "rank 1 is not named: node A's run sees rank 0 only"
+    );
+
+    // The report of rank 0's profile, where people read it.
+    let profile = d("rank0.stallscope");
+    if let Some(dom) = report_in_chromium(dir.path(), "twonode", &[profile.as_os_str()]) {
+        assert!(
+            dom.contains("id=\"collectives\""),
+            "collectives table: {dom}"
+        );
+        assert!(
+            dom.contains("<td>all_reduce</td>"),
+            "the all-reduce is a row of it"
+        );
+        assert!(
+            dom.contains("<tr data-slowdown=\"0\">"),
+            "the slowdown's row: {dom}"
+        );
+        assert!(dom.contains("data_prep"), "what grew is named");
+    }
+}
+
+/// One loop whose dataset takes 15 s for the first sample of batch 6, then goes on for about
+/// 15 s more (0.1 s a sample), so that a hang is declared, lasts, and is seen to resume.
+const STALLING_DATASET: &str = r#"
+import time
+import torch
+
+class Stalling(torch.utils.data.Dataset):
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, i):
+        time.sleep(15 if i == 24 else 0.1)
+        return torch.randn(8)
+
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in torch.utils.data.DataLoader(Stalling(), batch_size=4, num_workers=0):
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+print("trained")
+"#;
+
+/// `stallscope_hang` in a real Prometheus: `stallscope run --hang-after 5 --metrics` of a
+/// loop that stalls 15 s in its data and then goes on; Prometheus holds 1 while the hang
+/// lasts (a live scrape with it passes promtool) and 0 once it resumed.
+#[test]
+fn prometheus_holds_a_hang_while_it_lasts_and_its_end() {
+    if !have_torch() || !have("prometheus") || !have("promtool") {
+        skip("needs torch, prometheus and promtool (scripts/install-deps.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("train.py");
+    std::fs::write(&script, STALLING_DATASET).unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let prom = Prometheus::start(&addr);
+    let log = dir.path().join("run.log");
+    let mut run = Reaped::spawn(
+        stallscope()
+            .args(["run", "-q", "--hang-after", "5", "--job", "stalls"])
+            .args(["--metrics", &addr, "-o"])
+            .arg(dir.path().join("p.stallscope"))
+            .arg("--")
+            .arg(python())
+            .arg(&script),
+        &log,
+    );
+    let hung = "stallscope_hang{job=\"stalls\"} == 1";
+    let mut checked = false;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !checked && Instant::now() < deadline {
+        if run.0.try_wait().unwrap().is_some() {
+            break;
+        }
+        if !prom.query(hung).is_empty() {
+            let scrape = promtool_passes(&addr, dir.path());
+            assert!(scrape.contains("stallscope_hang{"), "{scrape}");
+            checked = true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        checked,
+        "Prometheus never held {hung}; the run said: {}",
+        log_of(&log)
+    );
+    run.wait_success(Duration::from_secs(300), "the run", &log);
+    let last = prom.query("last_over_time(stallscope_hang{job=\"stalls\"}[10m])");
+    assert_eq!(
+        last.iter().map(value).collect::<Vec<_>>(),
+        [0.0],
+        "the hang resumed: {last:?}"
+    );
 }

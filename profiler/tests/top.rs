@@ -180,10 +180,23 @@ fn the_dashboard_closes_with_the_run_and_top_replays_its_profile() {
     pane.keys("Home");
     let (at_start, screen) = pane.wait_for(10, &["0 it × 0 ranks"]);
     assert!(at_start, "Home did not go to the start:\n{screen}");
-    for _ in 0..8 {
+    // → steps to the profile's next step, which is a second later on a quiet machine and
+    // more under load (a second without an iteration has no step): the position only grows.
+    let mut last_position = replay_position(&pane.screen()).unwrap_or(0.0);
+    for step in 1..=8 {
         pane.keys("Right");
+        let mut screen = String::new();
+        let moved = wait_for(Duration::from_secs(10), || {
+            screen = pane.screen();
+            replay_position(&screen).is_some_and(|p| p > last_position)
+        });
+        assert!(
+            moved,
+            "→ number {step} did not step forward from {last_position} s:\n{screen}"
+        );
+        last_position = replay_position(&screen).unwrap_or(last_position);
     }
-    let (moved, screen) = pane.wait_for(10, &["counted", "⏸ 9.0/"]);
+    let (moved, screen) = pane.wait_for(10, &["counted"]);
     assert!(moved, "→ did not step through the run:\n{screen}");
     let shown: u64 = screen
         .lines()
@@ -192,10 +205,20 @@ fn the_dashboard_closes_with_the_run_and_top_replays_its_profile() {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|n| n.replace(',', "").parse().ok())
         .unwrap_or_else(|| panic!("no iteration count in the header:\n{screen}"));
-    assert!(shown > 0 && shown < 120, "9 s into the run: {shown}");
+    assert!(
+        shown > 0 && shown < 120,
+        "{last_position} s into the run, 8 steps: {shown}"
+    );
     pane.keys("q");
     let (quit, screen) = pane.wait_for(10, &["EXIT=0"]);
     assert!(quit, "q did not end the replay:\n{screen}");
+}
+
+/// The replay's position in seconds, from the header's `replay FILE ⏸ 9.0/120.0 s`.
+fn replay_position(screen: &str) -> Option<f64> {
+    let header = screen.lines().next()?;
+    let after = header.split(['⏸', '▶']).nth(1)?;
+    after.trim_start().split('/').next()?.parse().ok()
 }
 
 #[test]
