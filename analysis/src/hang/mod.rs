@@ -313,20 +313,31 @@ pub fn ranks_at(markers: &MarkerLog, exited: &BTreeMap<u32, Nanos>) -> Vec<RankA
 }
 
 /// Corrects, from the stacks fetched at the hang (by rank, as the hook's `faulthandler`
-/// dumps them), the state of a rank its markers place nowhere (`compute_or_unknown`): when its
-/// main thread is inside a `DataLoader`'s `__next__`, it is `data_loading`.
+/// dumps them), the state of a rank whose main thread is inside a `DataLoader`'s `__next__`
+/// and in no `torch.distributed` call: it is `data_loading`, whatever its markers said
+/// (`compute_or_unknown`, or a collective it has since left).
 ///
-/// The markers can be short of the truth where the stack is not: a loop's `data` begin may
-/// still be in its own process, held because the profiler's socket was full (a loaded
-/// machine; see the marker package's `_held`) and sent with its next event, which a hung
-/// loop never sends. The stack is taken now.
+/// The markers can be behind the truth where the stack is not: a loop's last events (a
+/// collective's end, the next iterations, the `data` begin) may still be in its own process,
+/// held because the profiler's socket was full (a loaded machine; see the marker package's
+/// `_held`) and sent with its next event, which a hung loop never sends. The stack is taken
+/// now. The report's collective, waiting and missing ranks stay the markers' (a rank left
+/// behind in an earlier collective is missing from the latest either way).
 pub fn refine_by_stacks(ranks: &mut [RankAtHang], stacks: &BTreeMap<String, String>) {
-    for r in ranks.iter_mut().filter(|r| r.state == "compute_or_unknown") {
+    for r in ranks
+        .iter_mut()
+        .filter(|r| matches!(r.state.as_str(), "compute_or_unknown" | "collective"))
+    {
         let Some(text) = stacks.get(&r.rank.to_string()) else {
             continue;
         };
-        if main_threads(text).any(|t| t.iter().any(|f| in_dataloader_next(f))) {
+        let loading = |frames: &Vec<&str>| {
+            frames.iter().any(|f| in_dataloader_next(f))
+                && !frames.iter().any(|f| f.contains("torch/distributed/"))
+        };
+        if main_threads(text).any(|t| loading(&t)) {
             r.state = "data_loading".into();
+            r.collective = None;
         }
     }
 }

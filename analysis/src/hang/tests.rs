@@ -273,7 +273,7 @@ fn only_the_scripts_thread_and_only_unplaced_ranks_are_refined() {
     let other_thread_only = LOADING_DUMP
         .replace("line 628 in __next__", "line 628 in _get_batch")
         .replace("line 190 in __next__", "line 190 in step");
-    let mut ranks = vec![rank_in("compute_or_unknown", 0), rank_in("collective", 1)];
+    let mut ranks = vec![rank_in("compute_or_unknown", 0), rank_in("finishing", 1)];
     let stacks: BTreeMap<String, String> = [
         ("0".to_string(), other_thread_only),
         ("1".to_string(), LOADING_DUMP.to_string()),
@@ -281,5 +281,38 @@ fn only_the_scripts_thread_and_only_unplaced_ranks_are_refined() {
     .into();
     refine_by_stacks(&mut ranks, &stacks);
     assert_eq!(ranks[0].state, "compute_or_unknown");
-    assert_eq!(ranks[1].state, "collective");
+    assert_eq!(ranks[1].state, "finishing");
+}
+
+#[test]
+fn a_rank_the_markers_left_in_an_earlier_collective_is_data_loading_by_its_stack() {
+    // CI, loaded: rank 1's markers ended at all_reduce #10 (its end and two iterations were
+    // held in the process), while its stack sat in the DataLoader of iteration 12.
+    let mut stale = rank_in("collective", 1);
+    stale.collective = Some(Collective {
+        op: "all_reduce".into(),
+        group: 0,
+        seq: 10,
+    });
+    let mut inside = stale.clone();
+    inside.rank = 0;
+    let in_collective = LOADING_DUMP.replace(
+        "  File \"/tmp/train.py\", line 11 in __getitem__",
+        "  File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", \
+         line 1 in all_reduce",
+    );
+    let mut ranks = vec![inside, stale];
+    let stacks: BTreeMap<String, String> = [
+        ("0".to_string(), in_collective),
+        ("1".to_string(), LOADING_DUMP.to_string()),
+    ]
+    .into();
+    refine_by_stacks(&mut ranks, &stacks);
+    assert_eq!(
+        ranks[0].state, "collective",
+        "a collective called from a loader stays one"
+    );
+    assert!(ranks[0].collective.is_some());
+    assert_eq!(ranks[1].state, "data_loading");
+    assert_eq!(ranks[1].collective, None);
 }
