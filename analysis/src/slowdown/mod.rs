@@ -127,6 +127,37 @@ struct RankWatch {
     open: [Option<usize>; 7],
     /// The latest [`RECENT_KEPT`] iterations taken, by number: what its peers compare with.
     recent: VecDeque<(u64, Split)>,
+    /// `baseline`'s figures when last computed, and iterations it took since.
+    cached: Option<Baseline>,
+    joined_since: usize,
+}
+
+/// The reference window's figures are computed again once this many iterations joined it
+/// since the last time, not for every iteration: 22 medians of up to [`BASELINE_KEPT`]
+/// values for each iteration of each rank were a third of the collector's CPU at 10,000
+/// ranks. A median of 64 moves little in 8 iterations, and a slowdown's iterations never
+/// join the window.
+pub const BASELINE_REFRESH: usize = 8;
+
+impl RankWatch {
+    /// The reference window's figures, computed again when [`BASELINE_REFRESH`] iterations
+    /// joined it since.
+    fn baseline(&mut self) -> Baseline {
+        match self.cached {
+            Some(b) if self.joined_since < BASELINE_REFRESH => b,
+            _ => {
+                let b = baseline(&self.baseline);
+                self.cached = Some(b);
+                self.joined_since = 0;
+                b
+            }
+        }
+    }
+
+    /// The figures its peers compare with: the last computed, or now.
+    fn peer_baseline(&self) -> Baseline {
+        self.cached.unwrap_or_else(|| baseline(&self.baseline))
+    }
 }
 
 /// Iterations per rank kept for its peers to compare with.
@@ -141,6 +172,7 @@ struct Run {
 }
 
 /// The reference window's figures, ns.
+#[derive(Clone, Copy, Debug)]
 struct Baseline {
     iteration: f64,
     median: [f64; 7],
@@ -200,7 +232,7 @@ impl SlowdownWatch {
             w.baseline.push_back(b.split);
             return;
         }
-        let base = baseline(&w.baseline);
+        let base = w.baseline();
         let mut normal = true;
         for c in CANDIDATES {
             let k = c.index();
@@ -275,6 +307,7 @@ impl SlowdownWatch {
                 w.baseline.pop_front();
             }
             w.baseline.push_back(b.split);
+            w.joined_since += 1;
         }
     }
 }
@@ -317,7 +350,7 @@ impl SlowdownWatch {
             .iter()
             .filter(|((r, _), q)| *r != rank && q.baseline.len() >= BASELINE_MIN)
             .any(|(_, q)| {
-                let bar = baseline(&q.baseline).median[k] + growth / 2.0;
+                let bar = q.peer_baseline().median[k] + growth / 2.0;
                 let grown = q
                     .recent
                     .iter()

@@ -350,3 +350,29 @@ fn the_selected_median_is_the_sorted_one() {
         assert_eq!(median(v).to_bits(), want.to_bits(), "{n} values");
     }
 }
+
+/// The reference window's figures are recomputed every [`BASELINE_REFRESH`] iterations that
+/// join it, not for each: a rank that settles at a new normal speed (10% slower, below every
+/// bar) has it in its baseline within that many iterations of the window's turning over.
+#[test]
+fn the_baseline_follows_a_new_normal_within_its_refresh() {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(11);
+    let faster = |noise: &mut Noise| vec![(Category::Compute, 5.0 * (1.0 + 0.01 * noise.next()))];
+    let slower = |noise: &mut Noise| vec![(Category::Compute, 5.5 * (1.0 + 0.01 * noise.next()))];
+    let mut i = 0;
+    for _ in 0..(WARMUP_SKIPPED as usize + BASELINE_KEPT) {
+        w.take(&iteration(1, i, &faster(&mut noise)), 0);
+        i += 1;
+    }
+    let compute = Category::Compute.index();
+    let median = |w: &SlowdownWatch| w.ranks[&(1, 101)].cached.expect("computed").median[compute];
+    assert!((median(&w) - 5.0 * MS).abs() < 0.1 * MS, "{}", median(&w));
+    // More than half the window slower, plus one refresh: the median is the slower one's.
+    for _ in 0..(BASELINE_KEPT / 2 + 1 + BASELINE_REFRESH) {
+        w.take(&iteration(1, i, &slower(&mut noise)), 0);
+        i += 1;
+    }
+    assert!((median(&w) - 5.5 * MS).abs() < 0.1 * MS, "{}", median(&w));
+    assert!(w.found().is_empty(), "10% is no slowdown: {:?}", w.found());
+}
