@@ -1,8 +1,10 @@
 //! The marker listener: receives the training processes' datagrams on a Unix socket.
 //!
 //! A Unix datagram socket keeps each marker whole and lets senders stay non-blocking: when the
-//! listener falls behind, the kernel queue fills and the *sender* drops the event (and the gap
-//! in its sequence numbers tells us). The listener therefore does nothing but receive, parse
+//! listener falls behind, the kernel queue (`net.unix.max_dgram_qlen`, 10 on Debian) fills and
+//! the *sender* keeps the event (the Python package holds up to 1,024, sent first, in order,
+//! with its next event that finds room) or drops it (and the gap in its sequence numbers tells
+//! us). The listener therefore does nothing but receive, parse
 //! and hand on, on its own thread; a malformed datagram is counted and reported once, and the
 //! others go on.
 //!
