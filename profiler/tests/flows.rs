@@ -101,9 +101,7 @@ fn an_unrelated_transfer_is_other_and_the_finding_says_it_shared_the_link() {
     for node in 0..2 {
         let ns = format!("{prefix}{}", if node == 0 { "a" } else { "b" });
         let json = dir.path().join(format!("node{node}.json"));
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns])
-            .arg(env!("CARGO_BIN_EXE_stallscope"))
+        let child = stallscope_in(&ns)
             .args(["run", "-q", "-o"])
             .arg(dir.path().join(format!("node{node}.stallscope")))
             .arg("--summary-json")
@@ -190,12 +188,8 @@ fn an_unrelated_transfer_is_other_and_the_finding_says_it_shared_the_link() {
         "the bulk receiver",
         &dir.path().join("receiver.log"),
     );
-    let received: f64 = std::fs::read_to_string(&counted)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert_eq!(received as u64, bulk_bytes);
+    assert_eq!(count_written_in(&counted), bulk_bytes);
+    let received = bulk_bytes as f64;
 
     let s = read_json(&ranks[0].1);
     let nodes = s["nodes"].as_array().expect("nodes");

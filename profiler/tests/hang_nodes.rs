@@ -9,20 +9,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
 
 /// Rank 1 sleeps `STUCK_SECONDS` in `stuck_in_here` at iteration 12 (as in hang.rs).
 const STUCK_RANK: &str = include_str!("common/stuck_rank.py");
-
-/// `stallscope` in namespace `ns`.
-fn in_ns(ns: &str) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_stallscope")]);
-    c
-}
 
 #[test]
 fn the_collector_names_the_rank_that_never_arrives_at_its_node_with_its_stack() {
@@ -44,7 +36,7 @@ fn the_collector_names_the_rank_that_never_arrives_at_its_node_with_its_stack() 
     std::fs::write(d("train.py"), STUCK_RANK).unwrap();
 
     let mut col = Reaped::spawn(
-        in_ns(&nc)
+        stallscope_in(&nc)
             .args(["collector", "-q", "--hang-after", "8", "--listen", &listen])
             .arg("--token-file")
             .arg(d("token"))
@@ -63,7 +55,7 @@ fn the_collector_names_the_rank_that_never_arrives_at_its_node_with_its_stack() 
         .iter()
         .map(|(n, ns)| {
             Reaped::spawn(
-                in_ns(ns)
+                stallscope_in(ns)
                     .args(["agent", "--collector", &listen, "--token-file"])
                     .arg(d("token"))
                     .arg("--socket")
@@ -81,7 +73,7 @@ fn the_collector_names_the_rank_that_never_arrives_at_its_node_with_its_stack() 
         .iter()
         .map(|(r, ns, n)| {
             Reaped::spawn(
-                in_ns(ns)
+                stallscope_in(ns)
                     .args(["run", "-q", "--", &python()])
                     .arg(d("train.py"))
                     .env("STALLSCOPE_SOCKET", d(&format!("{n}.sock")))

@@ -227,6 +227,9 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
         cmd,
         dir.path(),
         &["--metrics", &addr, "--job", "train"],
+        // 20 ms of loader work a sample: the run lasts 12 s at least, however fast the
+        // machine (a quiet one ran the 150 iterations in 2.9 s, before Prometheus's first
+        // scrapes had 5 of them).
         &[
             "--iters",
             "150",
@@ -236,6 +239,8 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
             "4",
             "--images",
             "64",
+            "--data-delay-ms",
+            "20",
         ],
     )
     .stdout(Stdio::null())
@@ -454,10 +459,8 @@ fn prometheus_holds_collectives_flows_and_a_slowdown_of_a_two_node_training() {
     let mut ranks: Vec<Reaped> = (0..2)
         .map(|rank| {
             let ns = format!("{prefix}{}", if rank == 0 { "a" } else { "b" });
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", &ns])
-                .arg(env!("CARGO_BIN_EXE_stallscope"))
-                .args(["run", "-q", "--job", "twonode", "-o"])
+            let mut c = stallscope_in(&ns);
+            c.args(["run", "-q", "--job", "twonode", "-o"])
                 .arg(d(&format!("rank{rank}.stallscope")));
             if rank == 0 {
                 c.args(["--metrics", metrics]);

@@ -22,11 +22,7 @@ use common::*;
 
 fn in_ns(ns: Option<&str>) -> Command {
     match ns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_stallscope")]);
-            c
-        }
+        Some(ns) => stallscope_in(ns),
         None => stallscope(),
     }
 }

@@ -64,9 +64,7 @@ fn a_dataset_fetched_over_http_is_data_fetch_and_its_sockets_are_data_flows() {
     let json = dir.path().join("summary.json");
     let log = dir.path().join("run.log");
     let mut run = Reaped::spawn(
-        Command::new("ip")
-            .args(["netns", "exec", &format!("{prefix}a")])
-            .arg(env!("CARGO_BIN_EXE_stallscope"))
+        stallscope_in(&format!("{prefix}a"))
             .args(["run", "-q", "-o"])
             .arg(dir.path().join("run.stallscope"))
             .arg("--summary-json")

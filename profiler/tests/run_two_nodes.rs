@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -25,9 +25,7 @@ fn a_slow_network_makes_network_the_largest_category() {
     for node in 0..2 {
         let ns = format!("{prefix}{}", if node == 0 { "a" } else { "b" });
         let json = dir.path().join(format!("node{node}.json"));
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns])
-            .arg(env!("CARGO_BIN_EXE_stallscope"))
+        let child = stallscope_in(&ns)
             .args(["run", "-q", "-o"])
             .arg(dir.path().join(format!("node{node}.stallscope")))
             .arg("--summary-json")

@@ -86,9 +86,7 @@ fn a_udp_transfer_of_known_size_is_the_jobs_flow_with_its_bytes() {
     let json = dir.path().join("node.json");
     let log = dir.path().join("run.log");
     let mut run = Reaped::spawn(
-        Command::new("ip")
-            .args(["netns", "exec", &format!("{prefix}a")])
-            .arg(env!("CARGO_BIN_EXE_stallscope"))
+        stallscope_in(&format!("{prefix}a"))
             .args(["run", "-q", "-o"])
             .arg(dir.path().join("node.stallscope"))
             .arg("--summary-json")
@@ -110,11 +108,7 @@ fn a_udp_transfer_of_known_size_is_the_jobs_flow_with_its_bytes() {
         "the UDP receiver",
         &dir.path().join("receiver.log"),
     );
-    let received: u64 = std::fs::read_to_string(&counted)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let received = count_written_in(&counted);
 
     let s = read_json(&json);
     let nodes = s["nodes"].as_array().expect("nodes");

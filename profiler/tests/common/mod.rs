@@ -67,6 +67,22 @@ pub fn stallscope() -> Command {
     Command::new(env!("CARGO_BIN_EXE_stallscope"))
 }
 
+/// `stallscope` inside network namespace `ns` (`ip netns exec NS stallscope`): a node of the
+/// namespace tests.
+pub fn stallscope_in(ns: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_stallscope")]);
+    c
+}
+
+/// The count a test's receiver wrote into `path` when it finished (bytes it received).
+pub fn count_written_in(path: &Path) -> u64 {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}: {text:?}", path.display()))
+}
+
 /// A data folder shared by the tests of one run, so the images are generated once.
 pub fn data_dir() -> String {
     std::env::temp_dir()
