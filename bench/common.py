@@ -36,3 +36,10 @@ def overhead_job(python, iters, port):
     each, on the generated data set, rendezvous on `port`."""
     return [python, EXAMPLE, "--nproc", "2", "--workers", "2", "--iters", str(iters),
             "--data-dir", DATA, "--port", str(port)]
+
+
+def launch_job(python, iters, port, launcher, example_args):
+    """The issue-31 job: `stallscope launch` of 2 ranks with 2 loader workers each."""
+    return [launcher, "launch", "--nproc-per-node", "2", "--master-port", str(port), "--",
+            python, EXAMPLE, "--workers", "2", "--iters", str(iters), "--data-dir", DATA
+            ] + example_args

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from common import DATA, EXAMPLE, overhead_job, prepare_data
+from common import launch_job, overhead_job, prepare_data
 
 TIME_RE = re.compile(r"^iter (\d+) .*time_ms ([0-9.]+)", re.M)
 
@@ -46,13 +46,6 @@ def quartiles(xs):
         return (xs[0],) * 5
     q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
     return min(xs), q1, q2, q3, max(xs)
-
-
-def launch_job(python, iters, port, launcher, example_args):
-    """The issue-31 job: `stallscope launch` of 2 ranks with 2 loader workers each."""
-    return [launcher, "launch", "--nproc-per-node", "2", "--master-port", str(port), "--",
-            python, EXAMPLE, "--workers", "2", "--iters", str(iters), "--data-dir", DATA
-            ] + example_args
 
 
 def load1():

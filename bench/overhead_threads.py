@@ -5,9 +5,11 @@ Runs the example DDP training (2 ranks, 2 DataLoader workers each) under `stalls
 100 Hz and reads `/proc/PID/task/*/schedstat` of stallscope's threads at --start and --end
 seconds into the run: CPU as % of one core, and the CPU per wake-up (a thread's run count
 in schedstat). The startup of the training (imports, spawning) is left out, unlike
-bench/overhead.py, which averages over the whole run.
+bench/overhead.py, which averages over the whole run. With --launch, the issue-31 job
+(`stallscope launch --nproc-per-node 2`, the ranks' launcher being stallscope's own).
 
     python3 bench/overhead_threads.py [--stallscope target/release/stallscope] [--repeats 3]
+        [--launch] [--iters 150] [--start 6] [--end 20]
 """
 import argparse
 import os
@@ -17,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from common import add_binary_args, overhead_job, prepare_data
+from common import add_binary_args, launch_job, overhead_job, prepare_data
 
 
 def threads(pid):
@@ -36,7 +38,8 @@ def threads(pid):
 
 
 def one_run(args, tmp):
-    train = overhead_job(args.python, 150, 29622)
+    train = (launch_job(args.python, args.iters, 29622, args.stallscope, []) if args.launch
+             else overhead_job(args.python, args.iters, 29622))
     cmd = [args.stallscope, "run", "-q", "--rate", "100", "-o",
            os.path.join(tmp, "t.stallscope"), "--"] + train
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -59,6 +62,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start", type=float, default=6.0)
     ap.add_argument("--end", type=float, default=20.0)
+    ap.add_argument("--iters", type=int, default=150)
+    ap.add_argument("--launch", action="store_true",
+                    help="the issue-31 job: ranks started by `stallscope launch`")
     args = ap.parse_args()
     prepare_data(args.python)
     runs = []
@@ -78,7 +84,7 @@ def main():
         if cpu >= 0.005:
             print(f"| {n} | {cpu:.2f} | {per:.1f} |")
     print(f"| all | {total:.2f} | |")
-    print(f"\nmedian of {args.repeats} runs, {args.start:.0f}–{args.end:.0f} s into a 150-iteration "
+    print(f"\nmedian of {args.repeats} runs, {args.start:.0f}–{args.end:.0f} s into a {args.iters}-iteration "
           f"run at 100 Hz")
 
 
