@@ -264,8 +264,8 @@ pub struct RunArgs {
     pub hang_after: Option<f64>,
     /// The flight recorder: when a hang is declared or a rank turns slow, the trace of the
     /// run's last SECONDS is written beside the profile (PROFILE.hang-<at>s.trace.json,
-    /// PROFILE.slowdown-rank<r>-iter<i>.trace.json, see `stallscope trace`);
-    /// 0: never.
+    /// PROFILE.slowdown-rank<r>-iter<i>.trace.json, at most one a minute, see
+    /// `stallscope trace`); 0: never.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0, value_parser = seconds_up_to_a_day)]
     pub flight_recorder: f64,
     /// Write every raw sample and every iteration's markers to the profile. By default the

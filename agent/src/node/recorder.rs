@@ -121,10 +121,16 @@ pub struct Recorder {
     sample_keeper: Option<KeepHandle>,
     /// The slowdowns already said on stderr.
     slowdown_news: SlowdownNews,
+    /// When a slowdown last wrote the flight recorder's trace (ns, the monotonic clock).
+    last_slowdown_trace_ns: Option<u64>,
 }
 
 /// ns of raw samples kept in the profile before and after a slowdown is declared.
 const SAMPLES_AROUND_SLOWDOWN_NS: u64 = 60_000_000_000;
+/// ns after a slowdown's trace before another slowdown writes one: a trace is the last 60 s
+/// of the run (up to ~15 MB for a fast loop), and what a second one in that minute would hold
+/// the first mostly holds; its samples are kept in the profile all the same.
+const SLOWDOWN_TRACE_GAP_NS: u64 = 60_000_000_000;
 
 /// The flight recorder's hook: called, once the profile is flushed, with what happened
 /// (`hang-37s`, a file-name part) and ns now on the profile's clock. It must not block (it
@@ -164,6 +170,7 @@ impl Recorder {
             flight_recorder: None,
             sample_keeper: None,
             slowdown_news: SlowdownNews::default(),
+            last_slowdown_trace_ns: None,
         }
     }
 
@@ -404,7 +411,8 @@ impl Recorder {
     /// Says each rank that turned slow, and each that recovered, once (the job timeline finds
     /// them as it records iterations). A new slowdown also keeps the raw samples around `now`
     /// (ns, the monotonic clock) in the profile, and writes the recent trace beside it (the
-    /// flight recorder), as a hang does.
+    /// flight recorder), as a hang does, unless another slowdown wrote one in the last
+    /// [`SLOWDOWN_TRACE_GAP_NS`].
     fn say_slowdowns(&mut self, now: u64) {
         let job = self.journal.timeline();
         if job.summary.slowdowns.found().is_empty() {
@@ -417,8 +425,14 @@ impl Recorder {
                     now.saturating_sub(SAMPLES_AROUND_SLOWDOWN_NS),
                     now.saturating_add(SAMPLES_AROUND_SLOWDOWN_NS),
                 );
-                let what = format!("slowdown-rank{}-iter{}", s.rank, s.since_iteration);
-                self.record_flight(&what, now);
+                let recent = self
+                    .last_slowdown_trace_ns
+                    .is_some_and(|at| now.saturating_sub(at) < SLOWDOWN_TRACE_GAP_NS);
+                if !recent {
+                    self.last_slowdown_trace_ns = Some(now);
+                    let what = format!("slowdown-rank{}-iter{}", s.rank, s.since_iteration);
+                    self.record_flight(&what, now);
+                }
             }
         }
     }

@@ -6,7 +6,10 @@
 //! it began. [`SlowdownWatch`] takes every attributed iteration, rank by rank in iteration
 //! order, and runs a robust two-window test per category: the reference window is the rank's
 //! latest [`BASELINE_KEPT`] normal iterations (median and MAD per category, the median
-//! iteration); the test window is the latest [`PERSIST`] iterations. A category has grown when
+//! iteration); the test window is the latest [`PERSIST`] iterations, or more while they last
+//! less than [`MIN_TEST_WINDOW_NS`] together (a fast loop's run of grown iterations must last
+//! a quarter of a second: on a loaded machine a 5-ms loop had 4–14 iterations in a row stretched
+//! by the scheduler, named as slowdowns, each writing a 14 MB trace). A category has grown when
 //! each iteration of the test window holds, in that category, the first two of these, and
 //! the window the third:
 //! - at least [`MIN_GROWTH_SHARE`] of the baseline iteration more than its baseline median,
@@ -106,12 +109,28 @@ impl Slowdown {
     }
 }
 
+/// ns the grown iterations of a test window last together, at least: a stretch shorter than
+/// this is the scheduler's, not a rank turning slow, however many fast iterations it holds.
+/// Iterations of 63 ms or more fill it with [`PERSIST`].
+pub const MIN_TEST_WINDOW_NS: u64 = 250_000_000;
+
+/// Grown iterations a test window holds at most (a 1-ms loop's quarter of a second).
+const MAX_TEST_WINDOW: usize = 512;
+
 /// The slowdowns of every rank, found as iterations are attributed; see the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SlowdownWatch {
     ranks: BTreeMap<(u32, u32), RankWatch>,
     /// Every slowdown found, in the order declared (a recovered one updated in place).
     found: Vec<Slowdown>,
+    /// ns a test window lasts at least ([`MIN_TEST_WINDOW_NS`]).
+    min_window_ns: u64,
+}
+
+impl Default for SlowdownWatch {
+    fn default() -> SlowdownWatch {
+        SlowdownWatch::with_min_window(MIN_TEST_WINDOW_NS)
+    }
 }
 
 /// One loop's state.
@@ -167,8 +186,31 @@ const RECENT_KEPT: usize = 16;
 struct Run {
     /// The run's first iteration.
     first: u64,
-    /// Its latest iterations' parts, at most [`PERSIST`].
+    /// Its latest iterations' parts: the shortest latest stretch of at least [`PERSIST`]
+    /// that lasts the watch's test window together (at most [`MAX_TEST_WINDOW`]).
     splits: Vec<Split>,
+}
+
+impl Run {
+    /// Adds a grown iteration, then leaves out the earliest ones the window does not need.
+    fn push_grown(&mut self, split: Split, min_window_ns: u64) {
+        self.splits.push(split);
+        let mut wall: u64 = self.splits.iter().map(Split::total).sum();
+        while self.splits.len() > PERSIST
+            && (self.splits.len() > MAX_TEST_WINDOW
+                || wall - self.splits[0].total() >= min_window_ns)
+        {
+            wall -= self.splits.remove(0).total();
+        }
+    }
+
+    /// Whether the window is full: [`PERSIST`] iterations at least, lasting `min_window_ns`
+    /// together (or [`MAX_TEST_WINDOW`] of them).
+    fn is_full(&self, min_window_ns: u64) -> bool {
+        self.splits.len() >= PERSIST
+            && (self.splits.len() >= MAX_TEST_WINDOW
+                || self.splits.iter().map(Split::total).sum::<u64>() >= min_window_ns)
+    }
 }
 
 /// The reference window's figures, ns.
@@ -182,6 +224,16 @@ struct Baseline {
 }
 
 impl SlowdownWatch {
+    /// A watch whose test windows last `min_window_ns` at least (the default:
+    /// [`MIN_TEST_WINDOW_NS`]).
+    pub fn with_min_window(min_window_ns: u64) -> SlowdownWatch {
+        SlowdownWatch {
+            ranks: BTreeMap::new(),
+            found: Vec::new(),
+            min_window_ns,
+        }
+    }
+
     /// Every slowdown found so far, in the order declared.
     pub fn found(&self) -> &[Slowdown] {
         &self.found
@@ -266,10 +318,7 @@ impl SlowdownWatch {
                     if run.splits.is_empty() {
                         run.first = b.iter;
                     }
-                    run.splits.push(b.split);
-                    if run.splits.len() > PERSIST {
-                        run.splits.remove(0);
-                    }
+                    run.push_grown(b.split, self.min_window_ns);
                     let its_own = |watch: &SlowdownWatch, run: &Run| {
                         if watch.has_peers(b.rank) {
                             !watch.shared_with_peers(b.rank, &w.recent, &base, c)
@@ -281,7 +330,7 @@ impl SlowdownWatch {
                             c != Category::Compute && outgrew_the_rest(&base, &run.splits, c)
                         }
                     };
-                    if run.splits.len() == PERSIST && its_own(self, run) {
+                    if run.is_full(self.min_window_ns) && its_own(self, run) {
                         let walls: Vec<f64> = run.splits.iter().map(|s| s.total() as f64).collect();
                         let parts: Vec<f64> = run.splits.iter().map(|s| s.get(c) as f64).collect();
                         self.found.push(Slowdown {

@@ -32,13 +32,21 @@ fn iteration(rank: u32, iter: u64, parts: &[(Category, f64)]) -> IterationBreakd
     }
 }
 
+/// A watch whose test window is [`PERSIST`] iterations whatever they last: these tests' ranks
+/// step every ~6 ms, and they test what grows and who is named, iteration by iteration;
+/// `a_fast_loops_stretch_shorter_than_the_window_raises_nothing` and the tests after it keep
+/// the default window (a quarter of a second).
+fn by_iterations() -> SlowdownWatch {
+    SlowdownWatch::with_min_window(0)
+}
+
 /// Runs `n` iterations numbered from `first`, `parts(i, noise)` giving iteration `i`'s ms.
 fn watch(
     first: u64,
     n: u64,
     mut parts: impl FnMut(u64, &mut Noise) -> Vec<(Category, f64)>,
 ) -> Vec<Slowdown> {
-    let mut w = SlowdownWatch::default();
+    let mut w = by_iterations();
     let mut noise = Noise(7);
     for i in 0..n {
         w.take(&iteration(1, first + i, &parts(i, &mut noise)), 0);
@@ -183,7 +191,7 @@ fn single_odd_iterations_and_the_last_partial_one_raise_nothing() {
 fn a_step_numbered_ten_to_the_fourteen_does_not_walk() {
     let start = std::time::Instant::now();
     let first = 100_000_000_000_000;
-    let mut w = SlowdownWatch::default();
+    let mut w = by_iterations();
     let mut noise = Noise(3);
     // Iterations numbered 10^14 + 0..40, then a gap of 10^13, then the slow ones.
     for i in 0..80u64 {
@@ -209,7 +217,7 @@ fn a_step_numbered_ten_to_the_fourteen_does_not_walk() {
 
 #[test]
 fn ranks_are_watched_apart() {
-    let mut w = SlowdownWatch::default();
+    let mut w = by_iterations();
     let mut noise = Noise(11);
     for i in 0..60u64 {
         for rank in 0..2 {
@@ -276,7 +284,7 @@ fn other_growing_is_not_named() {
 /// all-reduce of `slow` ranks takes 8 ms more (rank 1's two iterations later: a machine
 /// whose load slowed both ranks' transfers).
 fn two_ranks_with_slower_transfers(slow: &[u32]) -> Vec<Slowdown> {
-    let mut w = SlowdownWatch::default();
+    let mut w = by_iterations();
     let mut noise = Noise(5);
     for i in 0..70u64 {
         let round: Vec<IterationBreakdown> = (0..2)
@@ -314,7 +322,7 @@ fn transfers_slower_on_one_rank_name_it() {
 
 #[test]
 fn load_that_slows_every_ranks_compute_is_the_machines() {
-    let mut w = SlowdownWatch::default();
+    let mut w = by_iterations();
     let mut noise = Noise(13);
     for i in 0..200u64 {
         // Stretches of heavy load triple both ranks' compute (their rest less so).
@@ -356,7 +364,7 @@ fn the_selected_median_is_the_sorted_one() {
 /// bar) has it in its baseline within that many iterations of the window's turning over.
 #[test]
 fn the_baseline_follows_a_new_normal_within_its_refresh() {
-    let mut w = SlowdownWatch::default();
+    let mut w = by_iterations();
     let mut noise = Noise(11);
     let faster = |noise: &mut Noise| vec![(Category::Compute, 5.0 * (1.0 + 0.01 * noise.next()))];
     let slower = |noise: &mut Noise| vec![(Category::Compute, 5.5 * (1.0 + 0.01 * noise.next()))];
@@ -375,4 +383,74 @@ fn the_baseline_follows_a_new_normal_within_its_refresh() {
     }
     assert!((median(&w) - 5.5 * MS).abs() < 0.1 * MS, "{}", median(&w));
     assert!(w.found().is_empty(), "10% is no slowdown: {:?}", w.found());
+}
+
+/// A 5-ms loop (as `bench/fast_loop.py` makes) whose data and communication sleeps are
+/// stretched by the scheduler for 4–14 iterations in a row (20–100 ms: what a loaded machine
+/// did to it, named as slowdowns before the window had a floor in time) raises nothing.
+#[test]
+fn a_fast_loops_stretch_shorter_than_the_window_raises_nothing() {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(5);
+    let fast = |i: u64, n: &mut Noise| {
+        let p = steady(n);
+        let hiccup = [(200..204), (900..914), (1500..1507)]
+            .iter()
+            .any(|r| r.contains(&i));
+        if hiccup {
+            with(p, Category::DataPrep, 2.5)
+        } else {
+            p
+        }
+    };
+    for i in 0..2000 {
+        w.take(&iteration(1, i, &fast(i, &mut noise)), 0);
+    }
+    assert!(w.found().is_empty(), "{:?}", w.found());
+}
+
+/// The same loop turning slow for good is named once its grown iterations last the window:
+/// a quarter of a second, ~30 iterations of ~8 ms.
+#[test]
+fn a_fast_loop_that_turns_slow_is_named_after_a_quarter_of_a_second() {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(5);
+    for i in 0..600 {
+        let p = steady(&mut noise);
+        let p = if i >= 300 {
+            with(p, Category::DataPrep, 2.5)
+        } else {
+            p
+        };
+        w.take(&iteration(1, i, &p), 0);
+    }
+    let found = w.found();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let s = &found[0];
+    assert_eq!(s.category, "data_prep");
+    assert!(s.since_iteration.abs_diff(300) <= 3, "{s:?}");
+    let took = s.detected_iteration - s.since_iteration;
+    assert!((25..=40).contains(&took), "30 iterations of ~8.3 ms: {s:?}");
+}
+
+/// Slow iterations fill the window with [`PERSIST`], as before it had a floor in time.
+#[test]
+fn slow_iterations_are_named_after_persist_of_them() {
+    let mut w = SlowdownWatch::default();
+    let mut noise = Noise(9);
+    for i in 0..100 {
+        let p: Vec<_> = steady(&mut noise)
+            .into_iter()
+            .map(|(c, ms)| (c, ms * 20.0))
+            .collect();
+        let p = if i >= 30 {
+            with(p, Category::DataPrep, 120.0)
+        } else {
+            p
+        };
+        w.take(&iteration(1, i, &p), 0);
+    }
+    let found = w.found();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].detected_iteration - found[0].since_iteration < PERSIST as u64);
 }
