@@ -10,18 +10,9 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use stallscope_agent::clock::thread_cpu_ns;
 use stallscope_agent::sources::flows::FlowSource;
 use stallscope_agent::sources::{Registry, Roots, Source, Watched};
-
-/// ns of CPU this thread has used: in user space, in the kernel.
-fn thread_cpu_ns() -> (u64, u64) {
-    // SAFETY: a zeroed rusage is valid for the call to fill.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid rusage pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
-    (ns(ru.ru_utime), ns(ru.ru_stime))
-}
 
 fn main() {
     let mut args = std::env::args().skip(1);

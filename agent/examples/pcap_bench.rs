@@ -21,12 +21,8 @@ use stallscope_agent::sources::{Registry, Roots, Source, Watched};
 
 /// ns of CPU this thread has used (user + kernel).
 fn thread_cpu_ns() -> u64 {
-    // SAFETY: a zeroed rusage is valid for the call to fill.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid rusage pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
-    ns(ru.ru_utime) + ns(ru.ru_stime)
+    let (user, kernel) = stallscope_agent::clock::thread_cpu_ns();
+    user + kernel
 }
 
 /// ns of CPU (user + kernel) of this process's thread named `name`, from /proc/self/task.

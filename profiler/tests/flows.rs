@@ -8,7 +8,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,14 +51,6 @@ c.shutdown(socket.SHUT_WR)
 c.recv(1)
 c.close()
 "#;
-
-fn wait_for_file(path: &Path, within: Duration, what: &str) {
-    let end = Instant::now() + within;
-    while !path.exists() {
-        assert!(Instant::now() < end, "{what} did not start in {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn flows_of(node: &Value) -> &Vec<Value> {
     node["flows"].as_array().expect("flows listed")

@@ -6,9 +6,8 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -52,14 +51,6 @@ while sent < n:
         time.sleep(0.002)
 time.sleep(2)
 "#;
-
-fn wait_for_file(path: &Path, within: Duration, what: &str) {
-    let end = Instant::now() + within;
-    while !path.exists() {
-        assert!(Instant::now() < end, "{what} did not start in {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn a_udp_transfer_of_known_size_is_the_jobs_flow_with_its_bytes() {

@@ -353,7 +353,6 @@ def step():
         _resend_meta()
 
 
-
 def _resend_meta():
     try:
         fields = dict(_unsent_meta)

@@ -75,6 +75,14 @@ pub fn stallscope_in(ns: &str) -> Command {
     c
 }
 
+/// Waits up to `within` for `path` to exist (a helper's "ready" file); fails naming `what`.
+pub fn wait_for_file(path: &Path, within: Duration, what: &str) {
+    assert!(
+        wait_for(within, || path.exists()),
+        "{what} did not start in {within:?}"
+    );
+}
+
 /// The count a test's receiver wrote into `path` when it finished (bytes it received).
 pub fn count_written_in(path: &Path) -> u64 {
     let text = std::fs::read_to_string(path).unwrap_or_default();
