@@ -173,6 +173,12 @@ impl Replay {
                 if start.is_none() {
                     journal.take_update();
                     start = Some(journal.view().clone());
+                    // Position 0 is the run's start, whatever happened in its first second
+                    // (Home showed 2 iterations of a loop that started at once).
+                    steps.push(Step {
+                        t_ns: first,
+                        update: ViewUpdate::default(),
+                    });
                 }
                 if t >= next {
                     // Whole steps passed: one cursor position at the last boundary before t.
@@ -230,7 +236,7 @@ impl Replay {
         self.steps[k].t_ns.saturating_sub(self.first_ns) as f64 / 1e9
     }
 
-    /// A cursor at position 0.
+    /// A cursor at position 0: the run's start, before its first frame of time.
     pub fn cursor(&self) -> ReplayCursor<'_> {
         let mut c = ReplayCursor {
             replay: self,
@@ -362,6 +368,22 @@ mod tests {
             ..RunEnd::default()
         }));
         frames
+    }
+
+    /// CI: a loop that stepped from its first frame on had 2 iterations at position 0, and
+    /// Home never showed the run's start.
+    #[test]
+    fn position_0_is_the_runs_start_even_when_the_loop_starts_at_once() {
+        let frames = fast_profile();
+        let replay = Replay::of_frames(&frames, "");
+        let mut cursor = replay.cursor();
+        assert_eq!(replay.seconds_at(0), 0.0);
+        assert_eq!(cursor.view().iterations(), 0);
+        assert!((replay.seconds_at(1) - 1.0).abs() < 1e-9);
+        cursor.seek(replay.len() - 1);
+        assert!(cursor.view().iterations() > 0);
+        cursor.seek(0);
+        assert_eq!(cursor.view().iterations(), 0);
     }
 
     #[test]
