@@ -22,6 +22,9 @@ Scenarios (CPU training, 2 processes):
   network  2 nodes in network namespaces, 1 rank each, eth0 shaped by tbf
   mixed    2 nodes, shaped, and 12 ms of CPU per sample
   balanced 2 ranks on one node, light preparation, nothing dominating
+  loaders  2 ranks, 2 loader workers each, 10 ms of CPU per sample: the loop waits for its
+           workers part of the time (not in the default set; the sampler reads the workers
+           every tick only inside those waits)
 Needs root (namespaces, cgroups, a loop device); what needs root and is not available is
 skipped with a reason.
 """
@@ -276,6 +279,10 @@ def main():
         if "balanced" in wanted:
             results.append(("balanced", experiment(args, "balanced", args.stallscope,
                                                    common + ["--data-delay-ms", "4"], dataset=small)))
+        if "loaders" in wanted:
+            flags = ["--workers", "2"] + common[2:] + ["--data-delay-ms", "10"]
+            results.append(("loaders", experiment(args, "loaders", args.stallscope, flags,
+                                                  dataset=small)))
     print(table(results))
     print("\n(results and profiles in {})".format(args.out))
     if not args.out.startswith(REPO):

@@ -15,6 +15,7 @@ use super::recorder::{Event, Inbox, Recorder, Stderr};
 use super::{header, GpuInput, NodeInputs, Samplers};
 use crate::clock::monotonic_ns;
 use crate::gpu::fake::{Activity, ScriptedGpu};
+use crate::loader_waits::LoaderWaits;
 use crate::markers::Datagram;
 use crate::sink::Sink;
 use crate::sources::fake::FakeRoots;
@@ -84,7 +85,15 @@ fn a_gpu_rank_flows_from_the_os_inputs_to_the_live_model() {
         roots: fake.roots.clone(),
         gpu: GpuInput::Backend(Box::new(gpu)),
     };
-    let samplers = Samplers::start(100.0, inputs, PID, None, recorder.loops.clone(), &inbox);
+    let samplers = Samplers::start(
+        100.0,
+        inputs,
+        PID,
+        None,
+        recorder.loops.clone(),
+        LoaderWaits::default(),
+        &inbox,
+    );
     assert!(
         samplers.gpu_described.is_some(),
         "the scripted GPU's thread runs"
