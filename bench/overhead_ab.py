@@ -19,7 +19,7 @@ runs are paired with the plain run of the same repeat. For each build:
 The load average (1 min) is printed at every run, and its min / median / max at the end.
 
     python3 bench/overhead_ab.py --a OLD/stallscope [--b NEW/stallscope] [--repeats 7] \
-        [--iters 60] [--launch] [--example-args "--width 8"]
+        [--iters 60] [--launch] [--example-args "--width 8"] [--a-env KEY=VALUE]
 """
 import argparse
 import json
@@ -56,6 +56,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--a", required=True, help="the first build (the baseline)")
     ap.add_argument("--b", help="a second build, to compare with the first")
+    ap.add_argument("--a-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for build A's runs only, e.g. STALLSCOPE_LOADER_GATE=off "
+                         "to compare a switch within one build (--b the same binary)")
     ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=7)
@@ -66,6 +69,7 @@ def main():
                     help="more flags for the example, e.g. '--width 8' for shorter iterations")
     args = ap.parse_args()
     extra = args.example_args.split()
+    a_env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.a_env))
     prepare_data(args.python)
     builds = [("A", args.a)] + ([("B", args.b)] if args.b else []) + [("plain", None)]
     cpu = {name: [] for name, _ in builds}
@@ -84,7 +88,8 @@ def main():
                     "--summary-json", js, "--"] + train
                 loads.append(load1())
                 t0 = time.monotonic()
-                out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                     env=a_env if name == "A" else None)
                 wall = time.monotonic() - t0
                 times = [float(ms) / 1000 for it, ms in TIME_RE.findall(out.stdout)
                          if int(it) >= args.warmup]
@@ -104,6 +109,7 @@ def main():
     job = "stallscope launch (issue 31)" if args.launch else "the example's --nproc 2"
     print(f"{args.repeats} rotated repeats of {args.iters} iterations each ({job}"
           f"{', ' + args.example_args if extra else ''}); A = {args.a}"
+          f"{' with ' + ' '.join(args.a_env) if args.a_env else ''}"
           f"{', B = ' + args.b if args.b else ''}; load average (1 min) at the runs' starts: "
           f"{spread(loads, '{:.1f}')}\n")
     print("| build | stallscope CPU, % of one core: min / median / max | median iteration (s): "

@@ -24,6 +24,10 @@ use crate::markers::Datagram;
 use crate::sink::Sink;
 use crate::sources::LoaderTick;
 
+/// The environment variable that, set to `off`, has the loaders read every tick whatever the
+/// loops do (to compare, or should a job's data waits be marked wrongly).
+pub const ENV_SWITCH: &str = "STALLSCOPE_LOADER_GATE";
+
 /// Ticks between two readings of the loaders while no loop waits for them (10 Hz at the
 /// default 100 Hz).
 pub const IDLE_EVERY: u64 = 10;
@@ -48,6 +52,11 @@ struct State {
 }
 
 impl LoaderWaits {
+    /// Whether the gate is on: [`ENV_SWITCH`] is not `off`.
+    pub fn enabled() -> bool {
+        std::env::var(ENV_SWITCH).map_or(true, |v| v != "off")
+    }
+
     /// Takes note of `m`: a data wait beginning or ending. Other markers change nothing.
     pub fn observe(&self, m: &Marker) {
         let (name, begins) = match &m.event {

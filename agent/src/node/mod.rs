@@ -176,7 +176,7 @@ impl Samplers {
             pids: Pids::DiscoverAndPublish(pids.clone()),
             extra_roots,
             loops: Some(loops),
-            loader_waits: Some(loader_waits),
+            loader_waits: LoaderWaits::enabled().then_some(loader_waits),
             ..SamplerConfig::new(root_pid)
         };
         let cpu = sampler::spawn(
