@@ -6,7 +6,9 @@
 //! and what is kept does not grow with the run (per iteration, only the last
 //! [`crate::critical::PENDING`] awaiting their last rank; the iteration times as running
 //! totals and a median that is exact up to 65,536 iterations), so `advise` and the report's
-//! advice read a profile of any size.
+//! advice read a profile of any size. A thinned profile (a fast loop's, whose per-iteration
+//! detail is kept at a bounded rate) gives its counts, mean, median and critical path from
+//! the live run's exact totals ([`Frame::IterationTotals`]), not from the sample it kept.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -15,7 +17,7 @@ use crate::aggregate::{WallMedian, EXACT_WALLS_JOB};
 use crate::attribution::IterationBreakdown;
 use crate::category::Split;
 use crate::critical::CriticalPath;
-use crate::frame::{Frame, Role};
+use crate::frame::{Frame, IterationTotals, Role};
 use crate::loops::ProcessMeta;
 use crate::marker::MarkerEvent;
 use crate::secs;
@@ -125,6 +127,34 @@ impl Iterations {
             .add((mean * 1e9).round() as u64);
     }
 
+    /// As [`Iterations::finish`], for a thinned profile: the counts, mean, median and critical
+    /// path are the live run's totals `t` (exact, where the kept iterations are a sample),
+    /// and `after` the iterations written after them (a profile cut before its last totals).
+    fn finish_with_totals(self, facts: &mut RunFacts, t: &IterationTotals, after: Iterations) {
+        self.finish(facts);
+        let mut later = RunFacts::default();
+        after.finish(&mut later);
+        let job = &t.totals.job;
+        let per_rank = t.totals.ranks.values().map(|r| r.iterations).max();
+        facts.iterations_counted = per_rank.unwrap_or(0) + later.iterations_counted;
+        let ranks = f64::from(facts.ranks.max(1));
+        let later_rank_iterations = later.iterations_counted as f64 * ranks;
+        let rank_iterations = job.iterations as f64 + later_rank_iterations;
+        if rank_iterations > 0.0 {
+            facts.mean_iteration_seconds = (secs(job.split.total())
+                + later.mean_iteration_seconds * later_rank_iterations)
+                / rank_iterations;
+        }
+        if job.iterations > 0 {
+            facts.median_iteration_seconds = secs(job.walls.median());
+        }
+        let mut critical = t.totals.critical.totals().0;
+        critical.add_split(&later.critical_path);
+        facts.critical_path = critical;
+        let progress = t.progress.iter().map(|(_, next)| *next).max();
+        facts.iterations_total = facts.iterations_total.max(progress.unwrap_or(0));
+    }
+
     fn finish(mut self, facts: &mut RunFacts) {
         for done in std::mem::take(&mut self.pending).into_values() {
             self.close(done);
@@ -146,8 +176,12 @@ impl Iterations {
 pub struct RunFactsFold {
     warmup: u32,
     cpus: u32,
-    /// The run's own attributed iterations.
+    /// The run's own attributed iterations (a thinned profile's: those kept).
     own: Iterations,
+    /// A thinned profile's latest live totals ([`Frame::IterationTotals`]).
+    totals: Option<Box<IterationTotals>>,
+    /// The run's own iterations written after those totals.
+    after_totals: Iterations,
     /// The iterations a job profile's agents shipped.
     shipped: Iterations,
     loaders: HashSet<u32>,
@@ -177,7 +211,16 @@ impl RunFactsFold {
     /// Takes the profile's next frame.
     pub fn ingest(&mut self, frame: &Frame) {
         match frame {
-            Frame::Breakdown(b) => self.own.add(b, self.warmup),
+            Frame::Breakdown(b) => {
+                self.own.add(b, self.warmup);
+                if self.totals.is_some() {
+                    self.after_totals.add(b, self.warmup);
+                }
+            }
+            Frame::IterationTotals(t) => {
+                self.totals = Some(t.clone());
+                self.after_totals = Iterations::default();
+            }
             Frame::Header(h) => self.cpus = h.cpus,
             Frame::Process(p) if p.role == Role::Loader => {
                 self.loaders.insert(p.pid);
@@ -236,7 +279,12 @@ impl RunFactsFold {
             ..RunFacts::default()
         };
         if self.own.seen {
-            self.own.finish(&mut facts);
+            match &self.totals {
+                Some(t) => self
+                    .own
+                    .finish_with_totals(&mut facts, t, self.after_totals),
+                None => self.own.finish(&mut facts),
+            }
         } else {
             self.shipped.finish(&mut facts);
         }

@@ -15,8 +15,21 @@ const S: Nanos = 1_000_000_000;
 /// every 10 ms, recorded through the flight recorder and [`Thinning`]: the live summary and
 /// the frames written.
 fn live_run(iter_ms: u64, seconds: u64) -> (crate::summary::Summary, Vec<Frame>) {
+    live_run_thinned(iter_ms, seconds, true)
+}
+
+/// [`live_run`], `thinned` or with every iteration kept.
+fn live_run_thinned(
+    iter_ms: u64,
+    seconds: u64,
+    thinned: bool,
+) -> (crate::summary::Summary, Vec<Frame>) {
     let out = CollectingSink::default();
-    let sink = Retention::new(Box::new(Thinning::new(Box::new(out.clone()))));
+    let sink = if thinned {
+        Retention::new(Box::new(Thinning::new(Box::new(out.clone()))))
+    } else {
+        Retention::new(Box::new(out.clone()))
+    };
     let header = RunHeader {
         warmup_iters: 5,
         ..RunHeader::default()
@@ -207,4 +220,50 @@ fn a_stretch_asked_for_keeps_its_iterations() {
     // Held for 2 s (2,000 iterations) before written: the 1,000 before the request too.
     assert!((8_999..10_500).all(|i| kept.contains(&i)), "{kept:?}");
     assert!(kept.len() < 8_000, "{}", kept.len());
+}
+
+/// Issue 31, item 2: `advise` and `experiment` read a profile through `run_facts`. A thinned
+/// one gives the whole run's count, mean, median and critical path (its live totals), not
+/// those of the iterations it kept.
+#[test]
+fn the_run_facts_of_a_thinned_profile_are_the_whole_runs() {
+    let (_, thinned) = live_run(5, 30);
+    let (_, whole) = live_run_thinned(5, 30, false);
+    assert!(breakdowns(&thinned).len() * 3 < breakdowns(&whole).len());
+    let (a, b) = (
+        crate::run_facts::run_facts(&thinned, 5),
+        crate::run_facts::run_facts(&whole, 5),
+    );
+    assert_eq!(a.ranks, b.ranks);
+    assert_eq!(a.iterations_counted, b.iterations_counted);
+    let close = |x: f64, y: f64| (x - y).abs() <= 0.005 * y;
+    assert!(
+        close(a.mean_iteration_seconds, b.mean_iteration_seconds),
+        "{} / {}",
+        a.mean_iteration_seconds,
+        b.mean_iteration_seconds
+    );
+    assert!(close(
+        a.median_iteration_seconds,
+        b.median_iteration_seconds
+    ));
+    let share = |f: &crate::run_facts::RunFacts, c| {
+        f.critical_path.get(c) as f64 / f.critical_path.total().max(1) as f64
+    };
+    for c in crate::category::Category::ALL {
+        assert!(
+            (share(&a, c) - share(&b, c)).abs() < 0.005,
+            "{c:?}: {} / {}",
+            share(&a, c),
+            share(&b, c)
+        );
+    }
+    assert!(a.critical_path.total() * 100 >= b.critical_path.total() * 99);
+    // Without the totals the kept sample alone counts far fewer.
+    let kept_only: Vec<Frame> = thinned
+        .into_iter()
+        .filter(|f| !matches!(f, Frame::IterationTotals(_)))
+        .collect();
+    let c = crate::run_facts::run_facts(&kept_only, 5);
+    assert!(c.iterations_counted * 2 < b.iterations_counted);
 }
