@@ -23,8 +23,9 @@ Scenarios (CPU training, 2 processes):
   mixed    2 nodes, shaped, and 12 ms of CPU per sample
   balanced 2 ranks on one node, light preparation, nothing dominating
   loaders  2 ranks, 2 loader workers each, 10 ms of CPU per sample: the loop waits for its
-           workers part of the time (not in the default set; the sampler reads the workers
-           every tick only inside those waits)
+           workers part of the time, and they share the cores with it (not in the default
+           set; the online shares are what to compare between builds: the differential
+           counts the workers' contention for the CPU as preparation)
 Needs root (namespaces, cgroups, a loop device); what needs root and is not available is
 skipped with a reason.
 """

@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--a", required=True, help="the first build (the baseline)")
     ap.add_argument("--b", help="a second build, to compare with the first")
     ap.add_argument("--a-env", action="append", default=[], metavar="KEY=VALUE",
-                    help="environment for build A's runs only, e.g. STALLSCOPE_LOADER_GATE=off "
+                    help="environment for build A's runs only, e.g. STALLSCOPE_PCAP=off "
                          "to compare a switch within one build (--b the same binary)")
     ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--iters", type=int, default=60)

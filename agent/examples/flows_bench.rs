@@ -30,7 +30,6 @@ fn main() {
         pids: vec![me],
         launchers: Vec::new(),
         loops: vec![me],
-        ..Watched::default()
     };
     println!("| TCP sockets read | reads | fd rescans | µs CPU per read (user + kernel) | % of one core at 10 Hz |");
     println!("|---|---|---|---|---|");

@@ -113,7 +113,6 @@ fn main() {
         pids: vec![me],
         launchers: Vec::new(),
         loops: vec![me],
-        ..Watched::default()
     };
     println!("| datagrams/s asked | reached | capture thread, % of one core | µs CPU per read (10 Hz) | bytes counted / sent | kernel drops | process % of one core: with capture / without |");
     println!("|---|---|---|---|---|---|---|");

@@ -8,7 +8,6 @@
 
 pub mod clock;
 pub mod gpu;
-pub mod loader_waits;
 pub mod markers;
 pub mod node;
 pub mod proctree;

@@ -23,7 +23,6 @@ use stallscope_analysis::series::{SampleBatch, SeriesDecl};
 use stallscope_analysis::Nanos;
 
 use crate::clock::monotonic_ns;
-use crate::loader_waits::LoaderWaits;
 use crate::proctree::{launchers, Discovery, ProcEntry};
 use crate::sink::Sink;
 use crate::sources::disk::DiskSource;
@@ -33,7 +32,7 @@ use crate::sources::packets::{self, PacketSource};
 use crate::sources::process::{ProcessSource, ProcessTotalsSource, WorkerThreadsSource};
 use crate::sources::psi::PsiSource;
 use crate::sources::rdma::{self, RdmaSource};
-use crate::sources::{LoaderTick, Registry, Roots, Source, Tier, Watched};
+use crate::sources::{Registry, Roots, Source, Tier, Watched};
 
 /// ns between two attempts to read a source that failed.
 const RETRY_NS: Nanos = 10_000_000_000;
@@ -67,9 +66,6 @@ pub struct SamplerConfig {
     /// them. Their ancestors in the job that run no loop are launchers, read on the slow tier
     /// only ([`Watched::launchers`]). `None`, or while empty: every process every tick.
     pub loops: Option<LoopPids>,
-    /// The loops' data waits, as the marker listener sees them: the loader workers are read
-    /// every tick only while one may matter ([`crate::loader_waits`]). `None`: every tick.
-    pub loader_waits: Option<LoaderWaits>,
 }
 
 /// The job's pids as last discovered, shared between samplers.
@@ -106,7 +102,6 @@ impl SamplerConfig {
             thread_name: "stallscope-sampler".into(),
             extra_roots: None,
             loops: None,
-            loader_waits: None,
         }
     }
 }
@@ -290,10 +285,6 @@ impl Sampler {
             if slow_due {
                 next_slow = next_after(next_slow, slow, deadline);
             }
-            self.watched.loaders = match &self.config.loader_waits {
-                None => LoaderTick::Always,
-                Some(w) => w.tick(tick),
-            };
             if self.round(slow_due).is_err() {
                 return;
             }

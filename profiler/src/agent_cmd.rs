@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use stallscope_agent::loader_waits::{LoaderWaits, ObservingLoaderWaits};
 use stallscope_agent::markers::MarkerListener;
 use stallscope_agent::node::feed::{self, FeedHub};
 use stallscope_agent::node::recorder::{Event, Inbox, Recorder, Stderr};
@@ -79,15 +78,11 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
     let (tx, rx) = channel::<Event>();
     let inbox = Inbox::default();
     let roots: ExtraRoots = Arc::new(Mutex::new(BTreeSet::new()));
-    let loader_waits = LoaderWaits::default();
     let listener = MarkerListener::bind(
         &socket,
-        ObservingLoaderWaits {
-            inner: TrackSenders {
-                inbox: inbox.clone(),
-                roots: roots.clone(),
-            },
-            waits: loader_waits.clone(),
+        TrackSenders {
+            inbox: inbox.clone(),
+            roots: roots.clone(),
         },
     )
     .with_context(|| format!("cannot listen for markers on {}", socket.display()))?;
@@ -132,7 +127,6 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         0,
         Some(roots),
         recorder.loops.clone(),
-        loader_waits,
         &inbox,
     );
     if let Some(what) = &samplers.gpu_described {

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use regex::bytes::Regex;
 use stallscope_agent::clock::monotonic_ns;
-use stallscope_agent::loader_waits::{LoaderWaits, ObservingLoaderWaits};
 use stallscope_agent::markers::MarkerListener;
 use stallscope_agent::node::feed::{self, FeedHub};
 use stallscope_agent::node::recorder::{Event, Inbox, Recorder};
@@ -189,8 +188,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
 
     let (tx, rx) = channel::<Event>();
     let inbox = Inbox::default();
-    let loader_waits = LoaderWaits::default();
-    let listener = listen(&socket, &inbox, &loader_waits);
+    let listener = listen(&socket, &inbox);
     let mut command = training_command(args, &socket, dir.path());
     command.envs(extra_env.iter().map(|(k, v)| (k, v)));
     let tui_log = (args.tui && run_tui::usable()).then(|| run_tui::log_path(&profile_path));
@@ -268,7 +266,6 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         pid,
         None,
         recorder.loops.clone(),
-        loader_waits,
         &inbox,
     );
     if let Some(why) = samplers.gpu_missing.as_ref().filter(|_| !args.quiet) {
@@ -324,13 +321,8 @@ fn iter_regex(args: &RunArgs) -> anyhow::Result<Option<Regex>> {
 }
 
 /// The marker listener on `socket`; without it (said once) the run goes on unmarked.
-/// The markers also tell `loader_waits` when the loops wait for data.
-fn listen(socket: &Path, inbox: &Inbox, loader_waits: &LoaderWaits) -> Option<MarkerListener> {
-    let sink = ObservingLoaderWaits {
-        inner: inbox.clone(),
-        waits: loader_waits.clone(),
-    };
-    match MarkerListener::bind(socket, sink) {
+fn listen(socket: &Path, inbox: &Inbox) -> Option<MarkerListener> {
+    match MarkerListener::bind(socket, inbox.clone()) {
         Ok(l) => Some(l),
         Err(e) => {
             eprintln!(

@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use stallscope_analysis::frame::RunHeader;
 
 use crate::clock::monotonic_ns;
-use crate::loader_waits::LoaderWaits;
 use crate::sampler::{self, LoopPids, Pids, SamplerConfig, SamplerHandle, SharedPids};
 use crate::sources::Roots;
 use recorder::Inbox;
@@ -158,15 +157,13 @@ pub struct Samplers {
 impl Samplers {
     /// Starts both at `rate_hz` into `inbox`, reading `inputs`, rooted at `root_pid` (0: none,
     /// the agent's case) plus `extra_roots`, telling `loops` which processes run training
-    /// loops and `loader_waits` when they wait for data (the marker listener's sink feeds it:
-    /// [`crate::loader_waits::ObservingLoaderWaits`]).
+    /// loops.
     pub fn start(
         rate_hz: f64,
         inputs: NodeInputs,
         root_pid: u32,
         extra_roots: Option<sampler::ExtraRoots>,
         loops: LoopPids,
-        loader_waits: LoaderWaits,
         inbox: &Inbox,
     ) -> Samplers {
         let pids = SharedPids::default();
@@ -176,7 +173,6 @@ impl Samplers {
             pids: Pids::DiscoverAndPublish(pids.clone()),
             extra_roots,
             loops: Some(loops),
-            loader_waits: LoaderWaits::enabled().then_some(loader_waits),
             ..SamplerConfig::new(root_pid)
         };
         let cpu = sampler::spawn(

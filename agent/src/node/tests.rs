@@ -15,7 +15,6 @@ use super::recorder::{Event, Inbox, Recorder, Stderr};
 use super::{header, GpuInput, NodeInputs, Samplers};
 use crate::clock::monotonic_ns;
 use crate::gpu::fake::{Activity, ScriptedGpu};
-use crate::loader_waits::LoaderWaits;
 use crate::markers::Datagram;
 use crate::sink::Sink;
 use crate::sources::fake::FakeRoots;
@@ -85,15 +84,7 @@ fn a_gpu_rank_flows_from_the_os_inputs_to_the_live_model() {
         roots: fake.roots.clone(),
         gpu: GpuInput::Backend(Box::new(gpu)),
     };
-    let samplers = Samplers::start(
-        100.0,
-        inputs,
-        PID,
-        None,
-        recorder.loops.clone(),
-        LoaderWaits::default(),
-        &inbox,
-    );
+    let samplers = Samplers::start(100.0, inputs, PID, None, recorder.loops.clone(), &inbox);
     assert!(
         samplers.gpu_described.is_some(),
         "the scripted GPU's thread runs"

@@ -52,21 +52,6 @@ pub struct Watched {
     pub launchers: Vec<u32>,
     /// Of `pids`, the training loops (processes that sent a step). Empty until one is known.
     pub loops: Vec<u32>,
-    /// Whether the loader workers are read this tick ([`crate::loader_waits`]).
-    pub loaders: LoaderTick,
-}
-
-/// Whether the loader workers ([`Watched::is_worker`]) are read in a round.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum LoaderTick {
-    /// Every round at each source's own rate: no loop has marked a data wait yet.
-    #[default]
-    Always,
-    /// This round, in full (state included): a loop waits for data, one began to, or the
-    /// idle rate's tick.
-    Due,
-    /// Not this round: no loop waits for data.
-    Skip,
 }
 
 impl Watched {
@@ -74,7 +59,8 @@ impl Watched {
     pub fn new(pids: Vec<u32>) -> Self {
         Watched {
             pids,
-            ..Watched::default()
+            launchers: Vec::new(),
+            loops: Vec::new(),
         }
     }
 

@@ -8,7 +8,6 @@ fn watched_loop(pid: u32) -> Watched {
         pids: vec![pid],
         launchers: Vec::new(),
         loops: vec![pid],
-        ..Watched::default()
     }
 }
 
@@ -96,7 +95,6 @@ fn the_store_port_is_control_workers_are_data_launchers_control() {
         pids: vec![1, 2, 3],
         launchers: vec![1],
         loops: vec![2],
-        ..Watched::default()
     };
     let a: SocketAddr = "10.0.0.1:41000".parse().unwrap();
     let store: SocketAddr = "10.0.0.2:29500".parse().unwrap();

@@ -158,7 +158,6 @@ fn datagrams_of_the_jobs_sockets_are_classed_and_counted_from_a_tally() {
         pids: vec![me],
         launchers: Vec::new(),
         loops: vec![me],
-        ..Watched::default()
     };
     let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
     let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -243,7 +242,6 @@ fn a_loopback_udp_transfer_is_captured_or_capture_is_said_off() {
         pids: vec![me],
         launchers: Vec::new(),
         loops: vec![me],
-        ..Watched::default()
     };
     let mut source = PacketSource::new(&Roots::default(), "any");
     let mut reg = Registry::default();

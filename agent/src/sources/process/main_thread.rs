@@ -16,7 +16,7 @@ use stallscope_analysis::series::{names, SeriesId, SeriesKind};
 
 use super::{open_failed, sync, unparsed, Failure};
 use crate::sources::text::{fields, parse_u64};
-use crate::sources::{pread_all, LoaderTick, Registry, Roots, Source, SourceError, Tier, Watched};
+use crate::sources::{pread_all, Registry, Roots, Source, SourceError, Tier, Watched};
 
 /// Main threads of the watched processes: `schedstat` and `stat` of `/proc/PID/task/PID`.
 pub struct ProcessSource {
@@ -180,14 +180,6 @@ impl Source for ProcessSource {
         let with_state = self.rounds % self.state_every == 0;
         self.rounds += 1;
         self.threads.retain_mut(|t| {
-            // A loader worker is read only when a loop may be waiting for it, and then in full
-            // (`crate::loader_waits`).
-            let with_state = match watched.loaders {
-                LoaderTick::Always => with_state,
-                _ if !watched.is_worker(t.pid) => with_state,
-                LoaderTick::Due => true,
-                LoaderTick::Skip => return true,
-            };
             let (sched, blocked) = match read_main_thread(t, buf, with_state) {
                 Ok(v) => v,
                 Err((Failure::Gone, _)) => return false,
@@ -398,31 +390,6 @@ mod tests {
         fast.sample(&watched(&[6971, 6885]), &mut reg).unwrap();
         let round = Round::take(&mut reg);
         assert!(round.get(names::PROC_CPU_NS, ("pid", "6885")).is_some());
-    }
-
-    /// Issue 31: once the loops mark their data waits, a loader worker's main thread is read
-    /// only on the ticks the sampler says (`crate::loader_waits`), and then with its state,
-    /// whatever the round's parity; the loop's is read every tick as before.
-    #[test]
-    fn a_loader_worker_is_read_only_when_due_and_then_with_its_state() {
-        let fake = fake_main_threads();
-        let mut job = watched(&[6971, 6885]);
-        job.loops = vec![6971];
-        let mut source = ProcessSource::new(&fake.roots);
-        let mut reg = Registry::default();
-        let (lp, worker) = (("pid", "6971"), ("pid", "6885"));
-        job.loaders = LoaderTick::Skip;
-        source.sample(&job, &mut reg).unwrap();
-        let round = Round::take(&mut reg);
-        assert!(round.get(names::PROC_CPU_NS, lp).is_some());
-        assert_eq!(round.get(names::PROC_CPU_NS, worker), None);
-        // The second round: no state read for the loop, but the worker's, due, is.
-        job.loaders = LoaderTick::Due;
-        source.sample(&job, &mut reg).unwrap();
-        let round = Round::take(&mut reg);
-        assert!(round.get(names::PROC_CPU_NS, worker).is_some());
-        assert_eq!(round.get(names::PROC_BLOCKED_IO, worker), Some(1));
-        assert_eq!(round.get(names::PROC_BLOCKED_IO, lp), None);
     }
 
     #[test]

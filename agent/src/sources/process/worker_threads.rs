@@ -8,9 +8,7 @@
 //! read, up to [`MAX_THREADS`] each. The main thread stays with [`super::ProcessSource`]; this
 //! source adds the others as three series per worker, declared once it has any.
 //!
-//! Once a loop marks its data waits, the threads are read when the sampler says the loaders
-//! are due ([`crate::loader_waits`]): every tick of a wait, and 10 times a second otherwise.
-//! Before that, they are read every [`READ_EVERY`] rounds (50 Hz at the default 100 Hz: a PyTorch
+//! The threads are read every [`READ_EVERY`] rounds (50 Hz at the default 100 Hz: a PyTorch
 //! worker has two threads beside its main one — the result queue's feeder among them — so the
 //! example's four workers add eight threads, and reading them every tick cost 0.17% of a core
 //! more over a run). The thread list is read again every [`LIST_EVERY`] reads (a directory
@@ -24,9 +22,7 @@ use stallscope_analysis::series::{names, SeriesId, SeriesKind};
 
 use super::main_thread::{parse_schedstat, stat_state, Schedstat, STATE_EVERY};
 use super::{open_failed, sync};
-use crate::sources::{
-    is_gone, pread_all, LoaderTick, Registry, Roots, Source, SourceError, Tier, Watched,
-};
+use crate::sources::{is_gone, pread_all, Registry, Roots, Source, SourceError, Tier, Watched};
 
 /// Threads read per worker at most (the first ones listed, main thread aside).
 pub const MAX_THREADS: usize = 32;
@@ -196,11 +192,7 @@ impl Source for WorkerThreadsSource {
             self.token = out.token();
             self.workers.iter_mut().for_each(|w| w.ids = None);
         }
-        let due = match watched.loaders {
-            LoaderTick::Always => self.rounds % READ_EVERY == 0,
-            LoaderTick::Due => true,
-            LoaderTick::Skip => false,
-        };
+        let due = self.rounds % READ_EVERY == 0;
         self.rounds += 1;
         if !due {
             return match failure {
@@ -266,7 +258,6 @@ mod tests {
             pids: pids.iter().chain(loops).copied().collect(),
             launchers: Vec::new(),
             loops: loops.to_vec(),
-            ..Watched::default()
         }
     }
 
@@ -323,27 +314,6 @@ mod tests {
             Some(35_000 + 1_000)
         );
         assert_eq!(third.get(names::PROC_THREADS_BLOCKED_IO, worker), Some(0));
-    }
-
-    /// Issue 31: with the loops' data waits known, the threads are read on the ticks the
-    /// sampler names (every one of them, not every other), and not at all on the others.
-    #[test]
-    fn with_data_waits_known_the_threads_are_read_when_due_only() {
-        let fake = FakeRoots::new();
-        thread(&fake, 500, 501, 10_000, 5, 'D');
-        let mut source = WorkerThreadsSource::new(&fake.roots);
-        let mut reg = Registry::default();
-        let mut watched = watched_workers(&[500], &[400]);
-        let worker = ("pid", "500");
-        let mut read = |loaders| {
-            watched.loaders = loaders;
-            source.sample(&watched, &mut reg).unwrap();
-            Round::take(&mut reg).get(names::PROC_THREADS_BLOCKED_IO, worker)
-        };
-        assert_eq!(read(LoaderTick::Skip), None);
-        assert_eq!(read(LoaderTick::Due), Some(1));
-        assert_eq!(read(LoaderTick::Due), Some(1), "the next tick too");
-        assert_eq!(read(LoaderTick::Skip), None);
     }
 
     /// Loops and launchers have many threads (intra-op pools, gloo) that the attribution does
