@@ -28,6 +28,7 @@ Usage::
 import collections
 import itertools
 import os
+import threading
 import socket
 import time
 
@@ -131,10 +132,19 @@ _MAX_UNSENT_META = 64
 # ``_MAX_HELD`` an event is dropped (and counted), as before; never waited for.
 _held = collections.deque()
 _MAX_HELD = 1024
+# One sender of held datagrams at a time, so that they leave in order; taken without waiting
+# (an event that finds it taken is held behind them).
+_flush_lock = threading.Lock()
+# While events are held and the training sends nothing more (a rank stuck in a collective or
+# in its DataLoader: just when the profiler needs its last events), a daemon thread sends them
+# once the socket has room. Started at the first event held; it naps 5 ms, doubling up to
+# 200 ms while the socket stays full, and waits on ``_flusher_wake`` while nothing is held.
+_flusher_wake = threading.Event()
+_flusher_pid = 0
 
 
 def _adopt(pid):
-    global _pid, _ident, _seq, _iter, _dropped
+    global _pid, _ident, _seq, _iter, _dropped, _flush_lock, _flusher_wake
     _pid = pid
     _ident = b"%d %d" % (pid, _rank)
     _seq = itertools.count()
@@ -142,6 +152,10 @@ def _adopt(pid):
     _dropped = 0
     _unsent_meta.clear()  # a fork's parent's facts are not its own
     _held.clear()  # nor its held events
+    # Nor its flusher (threads do not survive a fork) or its locks, which a parent's thread
+    # may have held at the fork.
+    _flush_lock = threading.Lock()
+    _flusher_wake = threading.Event()
 
 
 _adopt(_getpid())
@@ -160,8 +174,15 @@ def _send(tail, t_ns=None):
         if _getpid() != _pid:
             _adopt(_getpid())
         datagram = b"SS1 %d %d %s %d %s" % (next(_seq), t_ns, _ident, _iter, tail)
-        if _held and not _flush_held():
-            return _hold(datagram)
+        if _held or _flush_lock.locked():
+            if not _flush_lock.acquire(False):  # another thread is sending them now
+                return _hold(datagram, 2 * _MAX_HELD)
+            try:
+                flushed = _flush_held()
+            finally:
+                _flush_lock.release()
+            if not flushed:
+                return _hold(datagram)
         _sock.sendto(datagram, _addr)
         return True
     except BlockingIOError:  # full: the profiler is behind
@@ -171,12 +192,14 @@ def _send(tail, t_ns=None):
         return False
 
 
-def _hold(datagram):
+def _hold(datagram, bound=_MAX_HELD):
     """Keeps ``datagram`` for the next send that finds room; False (counted lost) when
-    :data:`_MAX_HELD` are held already."""
+    ``bound`` are held already (:data:`_MAX_HELD`, or twice that while another thread is
+    sending them: the queue is draining then, and this event could not send them itself)."""
     global _dropped
-    if len(_held) < _MAX_HELD:
+    if len(_held) < bound:
         _held.append(datagram)
+        _wake_flusher()
         return True
     _dropped += 1
     return False
@@ -184,22 +207,51 @@ def _hold(datagram):
 
 def _flush_held():
     """Sends the held datagrams, oldest first, while the socket takes them; True when none is
-    left. A socket that is gone loses them all (counted)."""
+    left. A socket that is gone loses them all (counted). Called with ``_flush_lock`` held."""
     global _dropped
-    while True:
+    while _held:
         try:
-            datagram = _held.popleft()  # atomic: two threads never send the same one
-        except IndexError:
-            return True
-        try:
-            _sock.sendto(datagram, _addr)
+            _sock.sendto(_held[0], _addr)
         except BlockingIOError:
-            _held.appendleft(datagram)  # first again (another thread's may pass it)
             return False
         except Exception:  # gone or refused: nobody will read them
-            _dropped += len(_held) + 1
+            _dropped += len(_held)
             _held.clear()
             return True
+        _held.popleft()
+    return True
+
+
+def _wake_flusher():
+    """Has the daemon thread send what is held, starting it in this process if need be."""
+    global _flusher_pid
+    try:
+        if _flusher_pid != _pid:
+            _flusher_pid = _pid
+            threading.Thread(target=_flush_in_background, name="stallscope-flush",
+                             daemon=True).start()
+        if not _flusher_wake.is_set():  # a flag read: the lock inside is taken once per wake
+            _flusher_wake.set()
+    except Exception:  # no thread: the next event that finds room sends them, as before
+        pass
+
+
+def _flush_in_background():
+    """The flusher: sends the held events whenever some are held and the socket has room."""
+    wake = _flusher_wake
+    while True:
+        wake.wait()
+        wake.clear()
+        nap = 0.005
+        while _held:
+            if _flush_lock.acquire(False):
+                try:
+                    if _flush_held():
+                        break
+                finally:
+                    _flush_lock.release()
+            time.sleep(nap)
+            nap = min(nap * 2, 0.2)
 
 
 def _clean(text, allowed, limit):
@@ -446,13 +498,19 @@ def _goodbye(sleep=time.sleep):
         return
     _held.append(datagram)  # the last one, past the bound if need be
     deadline = _monotonic_ns() + int(_GOODBYE_PATIENCE_S * 1e9)
-    while not _flush_held():  # full: the profiler is behind; wait a little
-        if _monotonic_ns() >= deadline:
-            break
-        try:
-            sleep(0.005)
-        except Exception:
-            break
+    # The flusher may be sending: take the lock (within the patience) so that the order holds.
+    locked = _flush_lock.acquire(timeout=_GOODBYE_PATIENCE_S)
+    try:
+        while not _flush_held():  # full: the profiler is behind; wait a little
+            if _monotonic_ns() >= deadline:
+                break
+            try:
+                sleep(0.005)
+            except Exception:
+                break
+    finally:
+        if locked:
+            _flush_lock.release()
     _dropped += len(_held)
     _held.clear()
 

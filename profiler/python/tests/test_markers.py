@@ -336,6 +336,7 @@ class MarkerTest(unittest.TestCase):
             self._assert_never_blocks_or_raises(ss)
             queued = 0
             unread.setblocking(False)
+            held, dropped = len(ss._held), ss.dropped()  # the flusher finds the socket full
             while True:
                 try:
                     parse(unread.recv(65536))
@@ -345,8 +346,8 @@ class MarkerTest(unittest.TestCase):
         finally:
             unread.close()
         self.assertGreater(queued, 0)
-        self.assertEqual(len(ss._held), ss._MAX_HELD)
-        self.assertEqual(queued + len(ss._held) + ss.dropped(), 10000)
+        self.assertEqual(held, ss._MAX_HELD)
+        self.assertEqual(queued + held + dropped, 10000)
 
     def test_events_a_full_socket_refused_arrive_in_order_once_it_has_room(self):
         # A profiler descheduled for a moment (a loaded machine) leaves its socket full: a Unix
@@ -380,6 +381,35 @@ class MarkerTest(unittest.TestCase):
         self.assertFalse(ss._held)
         self.assertEqual([m.seq for m in received], list(range(70)))
         self.assertEqual([m.iter for m in received], list(range(70)))
+
+    def test_events_held_while_the_training_sends_nothing_more_still_arrive(self):
+        # A rank stuck in a collective sends nothing after its begin: if that begin met a full
+        # socket, the hang would be reported at the rank's previous event. The flusher thread
+        # sends what is held once the profiler reads again, with no further event.
+        unread = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        unread.bind(self.path)
+        unread.setblocking(False)
+        received = []
+        try:
+            ss = load(self.path)
+            for _ in range(30):
+                ss.step()
+            ss.begin("comm")  # the last event before the "hang"
+            self.assertTrue(ss._held)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the profiler reads; the training sends nothing
+                try:
+                    received.append(parse(unread.recv(65536)))
+                except BlockingIOError:
+                    if len(received) == 31:
+                        break
+                    time.sleep(0.01)
+        finally:
+            unread.close()
+        self.assertEqual([m.seq for m in received], list(range(31)))
+        self.assertEqual((received[-1].event, received[-1].phase), ("B", "comm"))
+        self.assertFalse(ss._held)
+        self.assertEqual(ss.dropped(), 0)
 
     def test_a_fact_refused_by_a_full_socket_is_sent_after_the_next_step_that_finds_room(self):
         # DDP's bytes are said once; if that datagram meets a full socket (the profiler fell
