@@ -28,8 +28,8 @@ Usage::
 import collections
 import itertools
 import os
-import threading
 import socket
+import threading
 import time
 
 __all__ = ["step", "phase", "begin", "end", "meta", "set_rank", "dropped", "enabled"]
