@@ -217,11 +217,19 @@ pub enum WireError {
 
 /// The bytes to write for one message: length prefix and payload.
 pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
-    let mut out = vec![0u8; 4];
-    let payload = postcard::to_extend(msg, Vec::new()).expect("messages always encode");
-    out[..4].copy_from_slice(&(payload.len() as u32).to_be_bytes());
-    out.extend_from_slice(&payload);
+    let mut out = Vec::new();
+    encode_into(msg, &mut out);
     out
+}
+
+/// Appends [`encode`]'s bytes of `msg` to `out`: the payload written in place after its
+/// length, not copied there (a sender of many messages reuses one buffer).
+pub fn encode_into<T: Serialize>(msg: &T, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    *out = postcard::to_extend(msg, std::mem::take(out)).expect("messages always encode");
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
 }
 
 /// The payload length a prefix announces, refused when over [`MAX_MESSAGE`].
@@ -273,6 +281,32 @@ mod tests {
         assert_eq!(len, bytes.len() - 4);
         let back: AgentMsg = decode(&bytes[4..]).unwrap();
         assert_eq!(back, hello(PROTOCOL_VERSION));
+    }
+
+    /// Messages appended one after the other to one buffer are each the length, then the
+    /// payload, as a stream carries them.
+    #[test]
+    fn messages_encoded_into_one_buffer_are_their_framings_one_after_the_other() {
+        let msgs = [
+            hello(PROTOCOL_VERSION),
+            AgentMsg::Pong {
+                t1: 1,
+                t2: 2,
+                t3: 3,
+            },
+            AgentMsg::Bye,
+        ];
+        let mut out = vec![7u8];
+        let mut want = vec![7u8];
+        for m in &msgs {
+            encode_into(m, &mut out);
+            let payload = postcard::to_allocvec(m).unwrap();
+            want.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            want.extend_from_slice(&payload);
+        }
+        assert_eq!(out, want);
+        let first = u32::from_be_bytes(want[1..5].try_into().unwrap()) as usize;
+        assert_eq!(encode(&msgs[0]), want[1..5 + first]);
     }
 
     #[test]

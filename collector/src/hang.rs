@@ -12,6 +12,7 @@
 //!
 //! [`Frame::NodeHang`]: stallscope_analysis::frame::Frame::NodeHang
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use stallscope_analysis::hang::{
@@ -86,14 +87,19 @@ impl JobHangs {
         duration_ns: Nanos,
         now: Nanos,
     ) {
-        if !self.latest.contains_key(node) {
-            self.latest.insert(node.to_string(), BTreeMap::new());
+        let ranks = match self.latest.get_mut(node) {
+            Some(ranks) => ranks,
+            None => self.latest.entry(node.to_string()).or_default(),
+        };
+        match ranks.entry(rank) {
+            Entry::Occupied(latest) if *latest.get() >= iter => return,
+            Entry::Occupied(mut latest) => {
+                latest.insert(iter);
+            }
+            Entry::Vacant(v) => {
+                v.insert(iter);
+            }
         }
-        let ranks = self.latest.get_mut(node).expect("inserted above");
-        if ranks.get(&rank).is_some_and(|l| *l >= iter) {
-            return;
-        }
-        ranks.insert(rank, iter);
         self.watch.observe(Some(duration_ns), now);
         self.asking = None;
         self.quiet = false;

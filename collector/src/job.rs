@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stallscope_analysis::frame::{Frame, RunEnd, RunHeader};
+use stallscope_analysis::frame::{Frame, NodeClock, RunEnd, RunHeader};
 use stallscope_analysis::journal::{Breakdowns, Journal};
 use stallscope_analysis::slowdown::SlowdownNews;
 use stallscope_analysis::summary::{self, Summary};
@@ -55,6 +55,16 @@ pub struct JobTask {
     connected: BTreeMap<String, usize>,
     /// Each node's name as the iteration events share it, made once per node.
     node_names: HashMap<String, Arc<str>>,
+    /// The name [`JobTask::node_name`] gave last.
+    last_name: Option<Arc<str>>,
+}
+
+/// What the records of one [`Ingest::Records`] share: looked up once for them all.
+struct Batch {
+    /// Whether anyone subscribes to the iteration events.
+    watched: bool,
+    /// The node's clock estimate, once looked up (`Some(None)`: none yet).
+    clock: Option<Option<NodeClock>>,
 }
 
 impl JobTask {
@@ -79,6 +89,7 @@ impl JobTask {
             stacks_asks: None,
             connected: BTreeMap::new(),
             node_names: HashMap::new(),
+            last_name: None,
         }
     }
 
@@ -129,8 +140,14 @@ impl JobTask {
                 let Some(last) = records.last().map(|r| r.0) else {
                     return;
                 };
+                // One connection's records: one node, whose clock no record changes (an
+                // agent sends no clock estimates), so its name and clock are looked up once.
+                let mut batch = Batch {
+                    watched: self.iterations.receiver_count() > 0,
+                    clock: None,
+                };
                 for (i, (_, frame)) in records.into_iter().enumerate() {
-                    self.on_record(frame, encoded.get(i));
+                    self.on_record(frame, encoded.get(i), &mut batch);
                 }
                 self.unflushed_upto(ack, last);
             }
@@ -149,7 +166,7 @@ impl JobTask {
 
     /// Takes one frame from a node: the profile (`encoded`: its encoding, when the
     /// connection made it from the bytes received) and the timeline, and the live feed.
-    fn on_record(&mut self, frame: Frame, encoded: Option<&[u8]>) {
+    fn on_record(&mut self, frame: Frame, encoded: Option<&[u8]>, batch: &mut Batch) {
         let now = monotonic_ns();
         if let Some(it) = frame.node_iteration() {
             let b = &it.breakdown;
@@ -160,14 +177,22 @@ impl JobTask {
         if let Frame::NodeHang(h) = &frame {
             self.hangs.on_answer((**h).clone(), now);
         }
-        let watched = self.iterations.receiver_count() > 0;
-        let update = if let Some(it) = frame.node_iteration().filter(|_| watched) {
-            let end_ns = self
-                .journal
-                .timeline()
-                .nodes
-                .clocks
-                .get(&it.node)
+        let update = if let Some(it) = frame.node_iteration().filter(|_| batch.watched) {
+            let journal = &self.journal;
+            let clock = batch.clock.get_or_insert_with(|| {
+                // The figures `to_collector` reads, without a copy of the node's name.
+                journal
+                    .timeline()
+                    .nodes
+                    .clocks
+                    .get(&it.node)
+                    .map(|c| NodeClock {
+                        node: String::new(),
+                        ..*c
+                    })
+            });
+            let end_ns = clock
+                .as_ref()
                 .map_or(it.breakdown.end_ns, |c| c.to_collector(it.breakdown.end_ns));
             Some(JobEvent::Iteration {
                 node: self.node_name(&it.node),
@@ -204,11 +229,17 @@ impl JobTask {
 
     /// `node`'s name, shared.
     fn node_name(&mut self, node: &str) -> Arc<str> {
+        // A connection's records come together: most often the name of the one before.
+        if let Some(name) = self.last_name.as_ref().filter(|n| ***n == *node) {
+            return name.clone();
+        }
         if let Some(name) = self.node_names.get(node) {
+            self.last_name = Some(name.clone());
             return name.clone();
         }
         let name: Arc<str> = Arc::from(node);
         self.node_names.insert(node.to_string(), name.clone());
+        self.last_name = Some(name.clone());
         name
     }
 

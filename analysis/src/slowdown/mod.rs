@@ -120,7 +120,11 @@ const MAX_TEST_WINDOW: usize = 512;
 /// The slowdowns of every rank, found as iterations are attributed; see the module docs.
 #[derive(Debug)]
 pub struct SlowdownWatch {
-    ranks: BTreeMap<(u32, u32), RankWatch>,
+    /// Boxed: a rank's watch is moved out and back for each of its iterations (it reads its
+    /// peers'), a pointer rather than its ~600 bytes.
+    ranks: BTreeMap<(u32, u32), Box<RankWatch>>,
+    /// An empty watch, left in a rank's place while its iteration is taken.
+    spare: Option<Box<RankWatch>>,
     /// Every slowdown found, in the order declared (a recovered one updated in place).
     found: Vec<Slowdown>,
     /// ns a test window lasts at least ([`MIN_TEST_WINDOW_NS`]).
@@ -229,6 +233,7 @@ impl SlowdownWatch {
     pub fn with_min_window(min_window_ns: u64) -> SlowdownWatch {
         SlowdownWatch {
             ranks: BTreeMap::new(),
+            spare: None,
             found: Vec::new(),
             min_window_ns,
         }
@@ -267,11 +272,17 @@ impl SlowdownWatch {
         }
         for b in new {
             let key = (b.rank, b.pid);
-            let Some(mut w) = self.ranks.remove(&key) else {
+            // Taken out while its iteration is taken (it reads its peers): the empty watch
+            // left in its place has no baseline, so no peer sees it, as if it were removed.
+            let Some(slot) = self.ranks.get_mut(&key) else {
                 continue;
             };
+            let empty = self.spare.take().unwrap_or_default();
+            let mut w = std::mem::replace(slot, empty);
             self.take_one(&mut w, b, warmup);
-            self.ranks.insert(key, w);
+            if let Some(slot) = self.ranks.get_mut(&key) {
+                self.spare = Some(std::mem::replace(slot, w));
+            }
         }
     }
 
@@ -462,29 +473,87 @@ fn is_above(base: &Baseline, split: &Split, c: Category, part: f64) -> bool {
 }
 
 fn baseline(window: &VecDeque<Split>) -> Baseline {
-    // One buffer for the 22 medians: this runs for every iteration of every rank (at 10,000
-    // ranks it was 40% of the collector's job thread with a vector and a sort per median).
-    let mut buf: Vec<f64> = Vec::with_capacity(window.len());
-    let mut median_of = |values: &mut dyn Iterator<Item = f64>| {
-        buf.clear();
-        buf.extend(values);
-        median_in(&mut buf)
-    };
+    // One buffer for the 22 medians' values: this runs every [`BASELINE_REFRESH`]
+    // iterations of every rank (at 10,000 ranks a selection over `f64`s per median was
+    // still a quarter of the collector's instructions). The values are taken as integers
+    // (ns: their order is that of the `f64`s the figures are made of) and sorted (fewer
+    // instructions than a selection, at 64 values), which gives each median and, by a
+    // merge of the two sides of a part's median, the median of its deviations: the figures
+    // the selections over `f64`s gave, bit for bit ([`median_sorted`],
+    // [`deviation_median_sorted`]).
+    let mut col: Vec<u64> = Vec::with_capacity(window.len());
+    fn sorted(col: &mut Vec<u64>, values: impl Iterator<Item = u64>) -> &[u64] {
+        col.clear();
+        col.extend(values);
+        col.sort_unstable();
+        col
+    }
     let mut median_ns = [0.0; 7];
     let mut sigma = [0.0; 7];
     let mut rest = [0.0; 7];
     for c in Category::ALL {
         let k = c.index();
-        let m = median_of(&mut window.iter().map(|s| s.get(c) as f64));
+        let v = sorted(&mut col, window.iter().map(|s| s.get(c)));
+        let m = median_sorted(v);
         median_ns[k] = m;
-        sigma[k] = 1.4826 * median_of(&mut window.iter().map(|s| (s.get(c) as f64 - m).abs()));
-        rest[k] = median_of(&mut window.iter().map(|s| rest_of(s, c) as f64));
+        sigma[k] = 1.4826 * deviation_median_sorted(v, m);
+        rest[k] = median_sorted(sorted(&mut col, window.iter().map(|s| rest_of(s, c))));
     }
     Baseline {
-        iteration: median_of(&mut window.iter().map(|s| s.total() as f64)),
+        iteration: median_sorted(sorted(&mut col, window.iter().map(Split::total))),
         median: median_ns,
         sigma,
         rest,
+    }
+}
+
+/// [`median`] of the values of `v` (sorted, ascending) as `f64`s: the conversion keeps their
+/// order, so the middle values are the converted middle ones.
+fn median_sorted(v: &[u64]) -> f64 {
+    let n = v.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let upper = v[n / 2] as f64;
+    if n % 2 == 1 {
+        return upper;
+    }
+    (v[n / 2 - 1] as f64 + upper) / 2.0
+}
+
+/// [`median`] of `|x - m|` over the values `x` of `v` (sorted, ascending) as `f64`s, without
+/// sorting the deviations: they fall going up to `m` and rise going up from it, so the two
+/// sides, read outwards from `m`, are merged until the middle.
+fn deviation_median_sorted(v: &[u64], m: f64) -> f64 {
+    let n = v.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let dev = |x: u64| (x as f64 - m).abs();
+    // Below `m`: indices `..split`, read downwards; from `m` up: `split..`, read upwards.
+    let split = v.partition_point(|&x| (x as f64) < m);
+    let (mut down, mut up) = (split, split);
+    let mut lower = 0.0;
+    let mut upper = 0.0;
+    for _ in 0..=n / 2 {
+        lower = upper;
+        let take_down = match (down > 0, up < n) {
+            (true, true) => dev(v[down - 1]) <= dev(v[up]),
+            (true, false) => true,
+            _ => false,
+        };
+        if take_down {
+            down -= 1;
+            upper = dev(v[down]);
+        } else {
+            upper = dev(v[up]);
+            up += 1;
+        }
+    }
+    if n % 2 == 1 {
+        upper
+    } else {
+        (lower + upper) / 2.0
     }
 }
 

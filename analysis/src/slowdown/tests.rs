@@ -454,3 +454,77 @@ fn slow_iterations_are_named_after_persist_of_them() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].detected_iteration - found[0].since_iteration < PERSIST as u64);
 }
+
+/// The reference window's figures as they were computed before the columns were sorted: a
+/// selection over `f64`s per median ([`median`]).
+fn baseline_by_selection(window: &VecDeque<Split>) -> Baseline {
+    let med = |values: Vec<f64>| median(values);
+    let mut out = Baseline {
+        iteration: med(window.iter().map(|s| s.total() as f64).collect()),
+        median: [0.0; 7],
+        sigma: [0.0; 7],
+        rest: [0.0; 7],
+    };
+    for c in Category::ALL {
+        let k = c.index();
+        let m = med(window.iter().map(|s| s.get(c) as f64).collect());
+        out.median[k] = m;
+        out.sigma[k] = 1.4826 * med(window.iter().map(|s| (s.get(c) as f64 - m).abs()).collect());
+        out.rest[k] = med(window.iter().map(|s| rest_of(s, c) as f64).collect());
+    }
+    out
+}
+
+/// The sorted columns give the figures the selections gave, bit for bit: windows of every
+/// length up to [`BASELINE_KEPT`], with ties, zeros, equal halves and values past 2^53 (where
+/// `f64` rounds).
+#[test]
+fn the_sorted_baseline_is_the_selected_one_bit_for_bit() {
+    let mut noise = Noise(23);
+    let bits = |b: &Baseline| {
+        let mut v = vec![b.iteration.to_bits()];
+        for k in 0..7 {
+            v.extend([
+                b.median[k].to_bits(),
+                b.sigma[k].to_bits(),
+                b.rest[k].to_bits(),
+            ]);
+        }
+        v
+    };
+    for scale in [0.0, 3.0, 1e6, 1e9, 1e17] {
+        for n in 0..=BASELINE_KEPT {
+            let window: VecDeque<Split> = (0..n)
+                .map(|i| {
+                    let mut split = Split::default();
+                    for c in Category::ALL {
+                        // Few distinct values at small scales (ties), many at large ones.
+                        let x = ((noise.next() + 1.0) * scale).round() as u64 + (i % 2) as u64;
+                        split.add(c, x);
+                    }
+                    split
+                })
+                .collect();
+            assert_eq!(
+                bits(&baseline(&window)),
+                bits(&baseline_by_selection(&window)),
+                "{n} iterations at scale {scale}"
+            );
+        }
+    }
+    // A column whose median falls between two values, deviations tied on both sides.
+    for values in [
+        vec![1u64, 3],
+        vec![1, 2, 3, 4],
+        vec![5, 5, 5, 9],
+        vec![0, 10, 10, 20, 30, 40],
+    ] {
+        let m = median_sorted(&values);
+        let want = median(values.iter().map(|&x| (x as f64 - m).abs()).collect());
+        assert_eq!(
+            deviation_median_sorted(&values, m).to_bits(),
+            want.to_bits(),
+            "{values:?}"
+        );
+    }
+}

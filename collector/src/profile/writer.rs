@@ -235,13 +235,21 @@ impl ProfileWriter {
             });
         }
         let len = (payload.len() as u32).to_le_bytes();
+        let mut header = [0u8; FRAME_HEADER_LEN];
+        header[..2].copy_from_slice(&FRAME_MAGIC);
+        header[2] = FORMAT_VERSION;
+        header[3..7].copy_from_slice(&len);
+        header[7..].copy_from_slice(&frame_crc(FORMAT_VERSION, len, payload).to_le_bytes());
+        // Where the whole frame fits in the buffer, its two pieces go there one after the
+        // other (no copy through `scratch`); otherwise the buffer could be written between
+        // them, and a frame is never split between two writes.
+        if self.out.capacity() - self.out.buffer().len() >= FRAME_HEADER_LEN + payload.len() {
+            self.out.write_all(&header).map_err(|e| self.io(e))?;
+            return self.out.write_all(payload).map_err(|e| self.io(e));
+        }
         self.scratch.clear();
         self.scratch.reserve(FRAME_HEADER_LEN + payload.len());
-        self.scratch.extend_from_slice(&FRAME_MAGIC);
-        self.scratch.push(FORMAT_VERSION);
-        self.scratch.extend_from_slice(&len);
-        self.scratch
-            .extend_from_slice(&frame_crc(FORMAT_VERSION, len, payload).to_le_bytes());
+        self.scratch.extend_from_slice(&header);
         self.scratch.extend_from_slice(payload);
         self.out.write_all(&self.scratch).map_err(|e| self.io(e))
     }

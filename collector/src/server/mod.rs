@@ -162,11 +162,23 @@ fn splice_node(msg: &[u8], node: &str, out: &mut Vec<u8>) -> Option<(u32, u32)> 
     // An empty name is its length, 0, alone.
     let rest = after_tag.strip_prefix(&[0])?;
     let start = out.len();
+    out.reserve(frame.len() + node.len() + 10);
     out.extend_from_slice(&frame[..frame.len() - after_tag.len()]);
-    let mut spliced = postcard::to_extend(node, std::mem::take(out)).ok()?;
-    spliced.extend_from_slice(rest);
-    *out = spliced;
+    // The name as postcard writes a `str`: its length (a varint), then its bytes.
+    push_varint(out, node.len() as u64);
+    out.extend_from_slice(node.as_bytes());
+    out.extend_from_slice(rest);
     Some((u32::try_from(start).ok()?, u32::try_from(out.len()).ok()?))
+}
+
+/// Appends `v` as postcard writes an unsigned integer: 7 bits a byte, lowest first, the top
+/// bit set on every byte but the last.
+fn push_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
 }
 
 /// Why a connection ends.
@@ -551,9 +563,19 @@ where
     let (msg_tx, msgs) = mpsc::channel::<Received>(64);
     let reader = tokio::spawn(async move {
         let mut inbox: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+        // Records the previous read held: the room made for the next read's, which an agent
+        // writing a step of its ranks at a time makes alike.
+        let mut last_count = 0;
         loop {
-            let mut records = Vec::new();
-            let mut encoded = Encoded::default();
+            let mut records = Vec::with_capacity(last_count);
+            let mut encoded = Encoded {
+                // Their encodings are the bytes received and the node's name in each.
+                bytes: Vec::with_capacity(match inbox.len() {
+                    n if n < 4 => 0,
+                    n => n + last_count.max(1) * (node.len() + 1),
+                }),
+                spans: Vec::with_capacity(last_count),
+            };
             let mut taken = 0;
             let mut failed = None;
             while inbox.len() - taken >= 4 {
@@ -605,6 +627,7 @@ where
                 }
             }
             inbox.drain(..taken);
+            last_count = records.len();
             if !send_records(&job, &mut records, &mut encoded, &ack).await {
                 return;
             }
@@ -978,6 +1001,33 @@ mod tests {
         };
         assert_eq!(m.node, "node-a");
         assert_eq!(m.fields, vec![("comm_bytes".into(), "4916000".into())]);
+    }
+
+    #[test]
+    fn a_varint_is_postcards() {
+        for v in [
+            0u64,
+            1,
+            63,
+            64,
+            127,
+            128,
+            300,
+            16_383,
+            16_384,
+            u32::MAX as u64,
+            u64::MAX,
+        ] {
+            let mut out = vec![9];
+            push_varint(&mut out, v);
+            assert_eq!(out[1..], postcard::to_allocvec(&v).unwrap()[..], "{v}");
+        }
+        // A name longer than a one-byte length.
+        let name = "n".repeat(200);
+        let mut out = Vec::new();
+        push_varint(&mut out, name.len() as u64);
+        out.extend_from_slice(name.as_bytes());
+        assert_eq!(out, postcard::to_allocvec(name.as_str()).unwrap());
     }
 
     #[test]

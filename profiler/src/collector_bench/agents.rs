@@ -203,11 +203,12 @@ impl Conn {
         self.write(&out).await
     }
 
-    /// Appends `frame` to `out` as the next numbered record.
+    /// Appends `frame` to `out` as the next numbered record (the bytes [`wire::encode`]
+    /// makes, written in place).
     fn queue(&mut self, frame: Frame, out: &mut Vec<u8>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        out.extend_from_slice(&wire::encode(&AgentMsg::Record { seq, frame }));
+        wire::encode_into(&AgentMsg::Record { seq, frame }, out);
     }
 
     async fn write(&mut self, bytes: &[u8]) -> Result<(), String> {

@@ -103,7 +103,19 @@ impl Side {
         let exe = std::env::current_exe().context("cannot find this executable")?;
         let log = std::fs::File::create(log)
             .with_context(|| format!("cannot create {}", log.display()))?;
-        let mut child = Command::new(exe)
+        // `STALLSCOPE_BENCH_SIDE_WRAPPER`, words split on spaces: a command the collector side
+        // runs under (`valgrind --tool=callgrind`, to count its instructions).
+        let wrapper = std::env::var("STALLSCOPE_BENCH_SIDE_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut command = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = command
             .args(["collector-bench", "--collector-side"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
