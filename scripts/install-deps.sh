@@ -3,7 +3,9 @@
 # PyTorch and torchvision from Debian (CPU), Pillow, OpenBLAS, iproute2 (network namespaces
 # and tc for scripts/netns.sh), tmux, procps, a C toolchain, curl, Prometheus, Chromium
 # (headless: the report is checked where people read it), openssl (TLS test certificates),
-# libpcap (the `pcap` crate links it: the UDP packet source), Node and pip, then the Perfetto UI
+# libpcap (the `pcap` crate links it: the UDP packet source), clang and libbpf's headers (the
+# agent's build compiles its eBPF thread-state program; without them it polls /proc), Node and
+# pip, then the Perfetto UI
 # (scripts/install-perfetto-ui.sh: the tests open `stallscope trace` output in it).
 #
 # Idempotent: packages already installed are left alone, and `apt-get update` runs only when
@@ -33,6 +35,8 @@ PACKAGES=(
     sshfs
     openssh-server
     libpcap-dev
+    clang
+    libbpf-dev
 )
 
 dry_run=0
@@ -40,7 +44,7 @@ for arg in "$@"; do
     case "$arg" in
         -n | --dry-run) dry_run=1 ;;
         -h | --help)
-            sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+            sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         -*)

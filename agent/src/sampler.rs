@@ -10,7 +10,11 @@
 //!
 //! The thread is part of what it measures (the goal: under 1% of one core at 100 Hz for a job
 //! of ~6 processes), so a round reuses one [`Registry`], opens no files once the sources hold
-//! them, and allocates only the batch it sends.
+//! them, and allocates only the batch it sends. Waking 100 times a second was itself most of
+//! the cost (a thread waking cold beside a training), so when a source rebuilds the fast
+//! tier's instants from the kernel's record (the eBPF thread states,
+//! [`Source::replaces_polling`]) the thread wakes at the slow tier's rate and sends those
+//! past instants, in order, before each round's batch.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +36,7 @@ use crate::sources::packets::{self, PacketSource};
 use crate::sources::process::{ProcessSource, ProcessTotalsSource, WorkerThreadsSource};
 use crate::sources::psi::PsiSource;
 use crate::sources::rdma::{self, RdmaSource};
+use crate::sources::thread_states::ThreadStateSource;
 use crate::sources::{Registry, Roots, Source, Tier, Watched};
 
 /// ns between two attempts to read a source that failed.
@@ -163,17 +168,42 @@ impl Drop for SamplerHandle {
 /// The sources every node reads: processes (fast, and launchers and totals slow), network,
 /// TCP flows (slow), disks, PSI; and RDMA ports (bytes fast, the other counters slow) on a node that has
 /// `<sys>/class/infiniband` — none, and nothing said, on one that has not.
+///
+/// The job's threads come from the kernel's scheduler events through eBPF where it can be
+/// loaded ([`ThreadStateSource`]; the sampler then wakes at the slow tier's rate), else from
+/// `/proc` every tick ([`polling_sources`]), the process source saying why.
 pub fn default_sources(roots: &Roots) -> Vec<Box<dyn Source>> {
-    let mut sources: Vec<Box<dyn Source>> = vec![
-        Box::new(ProcessSource::new(roots)),
-        Box::new(WorkerThreadsSource::new(roots)),
+    match ThreadStateSource::load(&roots.proc) {
+        Ok(source) => node_sources(roots, vec![Box::new(source)]),
+        Err(why) => polling_sources(roots, Some(format!("eBPF not used: {why}"))),
+    }
+}
+
+/// The sources of [`default_sources`] with the job's threads read from `/proc` every tick;
+/// `note` says why, after what the process source reads.
+pub fn polling_sources(roots: &Roots, note: Option<String>) -> Vec<Box<dyn Source>> {
+    let process = ProcessSource::new(roots);
+    let process = match note {
+        Some(note) => process.noting(note),
+        None => process,
+    };
+    node_sources(
+        roots,
+        vec![Box::new(process), Box::new(WorkerThreadsSource::new(roots))],
+    )
+}
+
+/// `threads`, then the sources that do not read the job's threads.
+fn node_sources(roots: &Roots, threads: Vec<Box<dyn Source>>) -> Vec<Box<dyn Source>> {
+    let mut sources = threads;
+    sources.extend::<[Box<dyn Source>; 6]>([
         Box::new(NetSource::new(roots)),
         Box::new(FlowSource::new(roots)),
         Box::new(ProcessSource::launchers(roots)),
         Box::new(ProcessTotalsSource::new(roots)),
         Box::new(DiskSource::new(roots)),
         Box::new(PsiSource::new(roots)),
-    ];
+    ]);
     if packets::wanted(roots) {
         sources.push(Box::new(PacketSource::new(roots, "any")));
     }
@@ -202,9 +232,14 @@ fn spawn_with_retry(
 ) -> SamplerHandle {
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
+    let period = period_ns(config.rate_hz);
     let sampler = Sampler {
         slots: sources
             .into_iter()
+            .map(|mut source| {
+                source.set_period(period);
+                source
+            })
             .map(|source| Slot {
                 tier: source.tier(),
                 source,
@@ -220,6 +255,8 @@ fn spawn_with_retry(
         retry_ns,
         tx: Box::new(tx),
         config,
+        backfill: Vec::new(),
+        last_sent_at: None,
     };
     let thread = thread::Builder::new()
         .name(sampler.config.thread_name.clone())
@@ -243,6 +280,10 @@ struct Sampler {
     /// ns between two attempts to read a failed source ([`RETRY_NS`]).
     retry_ns: Nanos,
     tx: Box<dyn Sink<SamplerEvent>>,
+    /// Past batches the sources rebuilt this round ([`Source::take_backfill`]).
+    backfill: Vec<SampleBatch>,
+    /// ns, the instant of the last batch sent: batches go out in time order.
+    last_sent_at: Option<Nanos>,
 }
 
 struct Slot {
@@ -259,8 +300,15 @@ struct Stopped;
 
 impl Sampler {
     fn run(mut self, stop: Arc<AtomicBool>) {
-        let period = period_ns(self.config.rate_hz);
-        let slow = (self.config.slow_interval.as_nanos() as Nanos).max(period);
+        let fast = period_ns(self.config.rate_hz);
+        let slow = (self.config.slow_interval.as_nanos() as Nanos).max(fast);
+        // A source that rebuilds the fast tier's instants from the kernel's record lets the
+        // thread wake at the slow rate: the wake-ups, not the reads, were the cost.
+        let period = if self.slots.iter().any(|s| s.source.replaces_polling()) {
+            slow
+        } else {
+            fast
+        };
         let discovery = (self.config.discovery_interval.as_nanos() as Nanos).max(period);
         let start = monotonic_ns();
         if self.discover().is_err() {
@@ -314,6 +362,7 @@ impl Sampler {
             let status = match slot.source.sample(&self.watched, &mut self.registry) {
                 Ok(()) => {
                     read_any = true;
+                    slot.source.take_backfill(&mut self.backfill);
                     if let Some(flows) = slot.source.take_flows() {
                         send(self.tx.as_ref(), SamplerEvent::Flows(flows))?;
                     }
@@ -338,7 +387,7 @@ impl Sampler {
                 )?;
             }
         }
-        let decls = self.registry.take_new_decls();
+        let mut decls = self.registry.take_new_decls();
         if !read_any && decls.is_empty() {
             return Ok(());
         }
@@ -349,6 +398,22 @@ impl Sampler {
             dur_ns,
             values,
         };
+        // Past batches first, in order, with the round's declarations on the first; one at
+        // or before the last batch sent would be out of order for every reader, and is left.
+        let mut backfill = std::mem::take(&mut self.backfill);
+        for past in backfill.drain(..) {
+            if past.at() >= batch.at() || self.last_sent_at.is_some_and(|t| past.at() <= t) {
+                continue;
+            }
+            self.last_sent_at = Some(past.at());
+            let decls = std::mem::take(&mut decls);
+            send(
+                self.tx.as_ref(),
+                SamplerEvent::Samples { decls, batch: past },
+            )?;
+        }
+        self.backfill = backfill;
+        self.last_sent_at = Some(batch.at());
         send(self.tx.as_ref(), SamplerEvent::Samples { decls, batch })
     }
 
@@ -469,6 +534,7 @@ fn next_after(next: Nanos, interval: Nanos, now: Nanos) -> Nanos {
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
+    use std::path::Path;
     use std::process::Command;
     use std::sync::atomic::AtomicU32;
     use std::sync::mpsc;
@@ -646,7 +712,7 @@ mod tests {
         };
         let (tx, rx) = mpsc::channel();
         let started = Instant::now();
-        let handle = spawn(config.clone(), default_sources(&config.roots), tx);
+        let handle = spawn(config.clone(), polling_sources(&config.roots, None), tx);
         thread::sleep(Duration::from_millis(200));
         child.kill().unwrap();
         child.wait().unwrap();
@@ -706,6 +772,63 @@ mod tests {
         let my_cpu = c.series(names::PROC_ALL_CPU_NS, me);
         let burned = my_cpu.last().unwrap() - my_cpu.first().unwrap();
         assert!(burned >= 50_000_000, "our burner thread: {burned} ns");
+    }
+
+    /// The sampler with the eBPF thread states (where they load: root, a kernel with BTF):
+    /// it wakes at the slow rate, and the child's main thread still comes at the fast one,
+    /// in time order with the rest.
+    #[test]
+    fn live_sampling_with_the_kernels_thread_states() {
+        let Ok(threads) = ThreadStateSource::load(Path::new("/proc")) else {
+            let root = unsafe { libc::geteuid() } == 0;
+            assert!(
+                !(root && Path::new("/sys/kernel/btf/vmlinux").exists()),
+                "eBPF should load as root on a kernel with BTF"
+            );
+            eprintln!("skipped: eBPF cannot load here");
+            return;
+        };
+        let mut child = Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("sh");
+        let config = SamplerConfig {
+            discovery_interval: Duration::from_millis(100),
+            ..config(100.0)
+        };
+        let (tx, rx) = mpsc::channel();
+        let started = Instant::now();
+        let handle = spawn(
+            config.clone(),
+            node_sources(&config.roots, vec![Box::new(threads)]),
+            tx,
+        );
+        thread::sleep(Duration::from_millis(600));
+        handle.stop();
+        let ran = started.elapsed().as_secs_f64();
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        let c = Collected::from(&rx);
+        let status: Vec<_> = c
+            .statuses
+            .iter()
+            .filter(|s| s.source == "thread_states")
+            .collect();
+        assert!(status.len() == 1 && status[0].up, "{status:?}");
+        assert!(c.batches.windows(2).all(|w| w[0].at() < w[1].at()));
+        let child_cpu = c.series(names::PROC_CPU_NS, child.id());
+        // Rounds every 100 ms, ticks every 10: the child's series has many more points than
+        // there were rounds.
+        let rounds = (ran * 10.0).ceil() as usize + 1;
+        assert!(
+            child_cpu.len() > 2 * rounds,
+            "{} points of the child's CPU in {ran:.2} s ({rounds} rounds at most)",
+            child_cpu.len()
+        );
+        assert!(child_cpu.windows(2).all(|w| w[0] <= w[1]));
+        let burned = child_cpu.last().unwrap() - child_cpu.first().unwrap();
+        assert!(burned > 20_000_000, "child main thread burned {burned} ns");
     }
 
     /// What a round costs on this machine, and the sampler thread's CPU at 100 Hz.

@@ -87,6 +87,7 @@ fn node_sources_report(out: &mut String, roots: &Roots) {
         }
         let label = match source.name() {
             "process" => "cpu (process schedstat, state)",
+            "thread_states" => "cpu (thread states from the scheduler's events, eBPF)",
             "process_launchers" => "cpu (launchers, at the slow tier)",
             "process_totals" => "cpu (process totals, io)",
             "net" => "nic (interface byte counters)",

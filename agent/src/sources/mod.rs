@@ -21,6 +21,7 @@ pub mod process;
 pub mod psi;
 pub mod rdma;
 pub(crate) mod text;
+pub mod thread_states;
 
 /// Where /proc and /sys are (`/proc`, `/sys` on a live machine).
 #[derive(Clone, Debug)]
@@ -209,7 +210,8 @@ pub enum SourceError {
 /// How often a source is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tier {
-    /// Every tick (`--rate`, 100 Hz by default).
+    /// Every time the sampler wakes: every tick (`--rate`, 100 Hz by default), or every
+    /// 100 ms when a source gives the ticks' instants itself ([`Source::replaces_polling`]).
     Fast,
     /// About every 100 ms.
     Slow,
@@ -232,6 +234,17 @@ pub trait Source: Send {
     fn take_flows(&mut self) -> Option<stallscope_analysis::flows::NodeFlows> {
         None
     }
+    /// Batches of past instants this source rebuilt in its last read (the eBPF thread
+    /// states, [`thread_states`]), oldest first, all before the read; the sampler sends them
+    /// ahead of the round's own batch.
+    fn take_backfill(&mut self, _out: &mut Vec<stallscope_analysis::series::SampleBatch>) {}
+    /// Whether this source gives the fast tier's instants itself ([`Self::take_backfill`]),
+    /// so that the sampler need wake only at the slow tier's rate.
+    fn replaces_polling(&self) -> bool {
+        false
+    }
+    /// Tells the source the fast tier's period, ns (before the first read).
+    fn set_period(&mut self, _period: stallscope_analysis::Nanos) {}
 }
 
 /// Reads a file kept open from offset 0 (`pread`) into `buf`, which grows as needed and is

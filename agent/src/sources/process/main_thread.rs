@@ -30,6 +30,8 @@ pub struct ProcessSource {
     rounds: u64,
     /// [`STATE_EVERY`] on the fast tier, 1 on the slow one.
     state_every: u64,
+    /// Said after what it reads (why the eBPF thread states are not used).
+    note: Option<String>,
 }
 
 /// The thread state (for I/O blocking) is read every this many fast rounds: 50 Hz at the
@@ -59,13 +61,13 @@ struct LastState {
 
 /// A parsed `schedstat` line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Schedstat {
+pub(crate) struct Schedstat {
     /// ns on the CPU (`sum_exec_runtime`).
-    pub(super) cpu_ns: u64,
+    pub(crate) cpu_ns: u64,
     /// ns waiting on a run queue (`run_delay`).
-    pub(super) runq_ns: u64,
+    pub(crate) runq_ns: u64,
     /// Times scheduled in (`pcount`); 0 throughout on a kernel that keeps no scheduler info.
-    pub(super) scheduled: u64,
+    pub(crate) scheduled: u64,
 }
 
 impl LastState {
@@ -92,6 +94,15 @@ impl ProcessSource {
             token: 0,
             rounds: 0,
             state_every: STATE_EVERY,
+            note: None,
+        }
+    }
+
+    /// The same, saying `note` after what it reads when it comes up.
+    pub fn noting(self, note: String) -> Self {
+        ProcessSource {
+            note: Some(note),
+            ..self
         }
     }
 
@@ -156,10 +167,14 @@ impl Source for ProcessSource {
         } else {
             "main-thread"
         };
-        format!(
+        let mut what = format!(
             "{whose} CPU, run-queue delay and I/O blocking from {}/PID/task/PID/{{schedstat,stat}}",
             self.proc_root.display()
-        )
+        );
+        if let Some(note) = &self.note {
+            what.push_str(&format!(" ({note})"));
+        }
+        what
     }
 
     fn sample(&mut self, watched: &Watched, out: &mut Registry) -> Result<(), SourceError> {
@@ -249,7 +264,7 @@ fn read_main_thread(
 }
 
 /// `schedstat`: three decimal numbers separated by spaces, then a newline.
-pub(super) fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
+pub(crate) fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
     let mut fields = fields(bytes);
     let mut next = || parse_u64(fields.next()?);
     let sched = Schedstat {
@@ -262,7 +277,7 @@ pub(super) fn parse_schedstat(bytes: &[u8]) -> Option<Schedstat> {
 
 /// The state letter of a `stat` line: field 3, after the parenthesised `comm` (which may
 /// itself hold `)` and spaces, hence the last `)`). The hot path needs only this field.
-pub(super) fn stat_state(bytes: &[u8]) -> Option<char> {
+pub(crate) fn stat_state(bytes: &[u8]) -> Option<char> {
     let close = bytes.iter().rposition(|b| *b == b')')?;
     match bytes.get(close + 1..close + 3) {
         Some([b' ', s]) if s.is_ascii_alphabetic() => Some(*s as char),

@@ -29,6 +29,7 @@ mod main_thread;
 mod totals;
 mod worker_threads;
 
+pub(crate) use main_thread::{parse_schedstat, stat_state};
 pub use main_thread::{ProcessSource, STATE_EVERY};
 pub use totals::ProcessTotalsSource;
 pub use worker_threads::WorkerThreadsSource;
