@@ -114,12 +114,19 @@ fn series(reg: &Registry, batches: &[SampleBatch], name: &str, pid: &str) -> Vec
         .collect()
 }
 
+/// The job's captured `/proc`, a script of events, and the source reading both (on the
+/// test's clock: hold `CLOCK_LOCK`).
+fn started() -> (FakeRoots, Script, ThreadStateSource) {
+    let fake = fake_job();
+    let script = Script::default();
+    let source = ThreadStateSource::with_feed(&fake.roots.proc, Box::new(script.clone()), now);
+    (fake, script, source)
+}
+
 #[test]
 fn ticks_at_the_fast_rate_carry_exact_totals_rebuilt_from_the_events() {
     let _clock = CLOCK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let fake = fake_job();
-    let script = Script::default();
-    let mut source = ThreadStateSource::with_feed(&fake.roots.proc, Box::new(script.clone()), now);
+    let (_fake, script, mut source) = started();
     let mut reg = Registry::default();
     let mut batches = Vec::new();
 
@@ -196,9 +203,7 @@ fn ticks_at_the_fast_rate_carry_exact_totals_rebuilt_from_the_events() {
 #[test]
 fn dropped_events_send_the_source_back_to_proc() {
     let _clock = CLOCK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let fake = fake_job();
-    let script = Script::default();
-    let mut source = ThreadStateSource::with_feed(&fake.roots.proc, Box::new(script.clone()), now);
+    let (fake, script, mut source) = started();
     let mut reg = Registry::default();
     let mut batches = Vec::new();
     NOW.store(1_000 * MS, Ordering::SeqCst);
@@ -232,9 +237,7 @@ fn dropped_events_send_the_source_back_to_proc() {
 #[test]
 fn processes_that_leave_the_job_are_no_longer_watched() {
     let _clock = CLOCK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let fake = fake_job();
-    let script = Script::default();
-    let mut source = ThreadStateSource::with_feed(&fake.roots.proc, Box::new(script.clone()), now);
+    let (_fake, script, mut source) = started();
     let mut reg = Registry::default();
     NOW.store(1_000 * MS, Ordering::SeqCst);
     source.sample(&job(), &mut reg).unwrap();
