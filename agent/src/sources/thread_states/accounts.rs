@@ -149,7 +149,10 @@ impl Thread {
         let next = match kind {
             EventKind::On => State::Running,
             EventKind::Off { state } if state & (TASK_DEAD | TASK_EXITED) != 0 => {
+                // Nothing accrues after its last switch out, even while its process is
+                // still listed (discovery forgets it within a second).
                 self.close(ns);
+                self.state = State::Sleeping;
                 return false;
             }
             EventKind::Off { state: 0 } => State::Runnable,
@@ -303,6 +306,18 @@ impl Process {
         tick
     }
 
+    /// Reports its main thread only from `t` on: the other threads' totals so far stay in
+    /// its sums, and they are followed no more (no events of theirs will come).
+    pub fn narrow(&mut self, t: Nanos) {
+        for thread in std::mem::take(&mut self.others).into_values() {
+            let at = thread.at(t);
+            self.exited.cpu_ns += at.cpu_ns;
+            self.exited.runq_ns += at.runq_ns;
+            self.exited.blocked_ns += at.blocked_ns;
+        }
+        self.scope = Scope::Main;
+    }
+
     /// Takes over the other threads' totals of `old` at `t` (exited and live), so that their
     /// sums go on from there when the threads are read again from `/proc`.
     pub fn carry_others_from(&mut self, old: &Process, t: Nanos) {
@@ -391,6 +406,13 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_that_exited_accrues_nothing_more() {
+        let mut t = Thread::new(State::Running, 0, 0, 0);
+        assert!(!t.apply(off(TASK_DEAD), 3 * MS));
+        assert_eq!(t.at(50 * MS).cpu_ns, 3 * MS);
+    }
+
+    #[test]
     fn a_wakeup_of_a_running_thread_changes_nothing() {
         let mut t = Thread::new(State::Running, 0, 0, 0);
         t.apply(EventKind::Wake, MS);
@@ -421,6 +443,15 @@ mod tests {
         assert_eq!(s.others.runq_ns, MS);
         assert_eq!(s.other_threads, 1);
         assert_eq!(s.main.map(|m| m.cpu_ns), Some(0));
+    }
+
+    #[test]
+    fn a_narrowed_process_keeps_its_other_threads_sums_and_stops_following_them() {
+        let mut p = Process::new(10, Scope::All, 0, None);
+        p.seed_other(11, State::Running, 0);
+        p.narrow(4 * MS);
+        let tick = p.tick(20 * MS, 0);
+        assert_eq!((tick.others.cpu_ns, tick.other_threads), (4 * MS, 0));
     }
 
     #[test]

@@ -127,9 +127,11 @@ impl ThreadStateSource {
                     self.feed
                         .watch(pid, scope)
                         .map_err(SourceError::Unsupported)?;
-                    w.process.scope = scope;
                     if scope == Scope::All {
+                        w.process.scope = scope;
                         seed_others(&self.proc_root, &mut w.process, &mut self.buf, now);
+                    } else {
+                        w.process.narrow(now);
                     }
                 }
                 continue;
