@@ -4,7 +4,7 @@
 The thread-state programs run at every context switch and wake-up on the machine (in the
 context of whichever thread switches: mostly the training's), so their time is charged to
 those threads, not to stallscope. This runs the issue-31 job (`stallscope launch`, 2 ranks,
-2 loader workers each) under `stallscope run` with `kernel.bpf_stats_enabled` = 1 (restored
+2 loader workers each) under `stallscope run` (with `STALLSCOPE_EBPF=on`) with `kernel.bpf_stats_enabled` = 1 (restored
 afterwards), and reads each of stallscope's programs' `run_time_ns` and `run_cnt` from
 `/proc/PID/fdinfo` at --start and --end seconds into the run: the kernel time as % of one
 core, calls per second and ns per call, beside stallscope's own threads' CPU in the same
@@ -56,7 +56,8 @@ def one_run(args, tmp):
     train = launch_job(args.python, args.iters, 29624, args.stallscope, [])
     cmd = [args.stallscope, "run", "-q", "--rate", "100", "-o",
            os.path.join(tmp, "t.stallscope"), "--"] + train
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, STALLSCOPE_EBPF="on"))
     try:
         time.sleep(args.start)
         t0, progs0, own0 = time.monotonic(), programs(proc.pid), own_cpu_ns(proc.pid)

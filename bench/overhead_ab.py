@@ -20,6 +20,7 @@ The load average (1 min) is printed at every run, and its min / median / max at 
 
     python3 bench/overhead_ab.py --a OLD/stallscope [--b NEW/stallscope] [--repeats 7] \
         [--iters 60] [--launch] [--example-args "--width 8"] [--a-env KEY=VALUE]
+        [--b-env KEY=VALUE]
 """
 import argparse
 import json
@@ -59,6 +60,8 @@ def main():
     ap.add_argument("--a-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for build A's runs only, e.g. STALLSCOPE_PCAP=off "
                          "to compare a switch within one build (--b the same binary)")
+    ap.add_argument("--b-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for build B's runs only, e.g. STALLSCOPE_EBPF=on")
     ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=7)
@@ -70,6 +73,7 @@ def main():
     args = ap.parse_args()
     extra = args.example_args.split()
     a_env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.a_env))
+    b_env = dict(os.environ, **dict(kv.split("=", 1) for kv in args.b_env))
     prepare_data(args.python)
     builds = [("A", args.a)] + ([("B", args.b)] if args.b else []) + [("plain", None)]
     cpu = {name: [] for name, _ in builds}
@@ -89,7 +93,7 @@ def main():
                 loads.append(load1())
                 t0 = time.monotonic()
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                                     env=a_env if name == "A" else None)
+                                     env={"A": a_env, "B": b_env}.get(name))
                 wall = time.monotonic() - t0
                 times = [float(ms) / 1000 for it, ms in TIME_RE.findall(out.stdout)
                          if int(it) >= args.warmup]
@@ -110,7 +114,8 @@ def main():
     print(f"{args.repeats} rotated repeats of {args.iters} iterations each ({job}"
           f"{', ' + args.example_args if extra else ''}); A = {args.a}"
           f"{' with ' + ' '.join(args.a_env) if args.a_env else ''}"
-          f"{', B = ' + args.b if args.b else ''}; load average (1 min) at the runs' starts: "
+          f"{', B = ' + args.b if args.b else ''}"
+          f"{' with ' + ' '.join(args.b_env) if args.b_env else ''}; load average (1 min) at the runs' starts: "
           f"{spread(loads, '{:.1f}')}\n")
     print("| build | stallscope CPU, % of one core: min / median / max | median iteration (s): "
           "min / median / max | per-pair ratio to plain: median | min / Q1 / Q3 / max |")

@@ -169,11 +169,12 @@ impl Drop for SamplerHandle {
 /// TCP flows (slow), disks, PSI; and RDMA ports (bytes fast, the other counters slow) on a node that has
 /// `<sys>/class/infiniband` — none, and nothing said, on one that has not.
 ///
-/// The job's threads come from the kernel's scheduler events through eBPF where it can be
-/// loaded ([`ThreadStateSource`]; the sampler then wakes at the slow tier's rate), else from
-/// `/proc` every tick ([`polling_sources`]), the process source saying why.
+/// The job's threads come from the kernel's scheduler events through eBPF when asked for
+/// (`STALLSCOPE_EBPF=on`) and it can be loaded ([`ThreadStateSource`]; the sampler then wakes at
+/// the slow tier's rate), else from `/proc` every tick ([`polling_sources`]), the process
+/// source saying why.
 pub fn default_sources(roots: &Roots) -> Vec<Box<dyn Source>> {
-    match ThreadStateSource::load(&roots.proc) {
+    match ThreadStateSource::wanted().and_then(|()| ThreadStateSource::load(&roots.proc)) {
         Ok(source) => node_sources(roots, vec![Box::new(source)]),
         Err(why) => polling_sources(roots, Some(format!("eBPF not used: {why}"))),
     }

@@ -140,7 +140,13 @@ mod tests {
         for source in ["cpu (process", "nic (", "disk (", "psi (", "perf", "rdma"] {
             assert!(text.contains(source), "{source} in {text}");
         }
-        assert!(text.contains("present  cpu (process schedstat"), "{text}");
+        // Polled, saying why not from eBPF, unless STALLSCOPE_EBPF=on loaded the programs.
+        let polled =
+            text.contains("present  cpu (process schedstat") && text.contains("eBPF not used");
+        assert!(
+            polled || text.contains("present  cpu (thread states"),
+            "{text}"
+        );
     }
 
     /// Issue 29: each RDMA port with the counters read of it, on the recorded mlx5 and EFA
