@@ -239,13 +239,12 @@ fn spawn_with_retry(
             .into_iter()
             .map(|mut source| {
                 source.set_period(period);
-                source
-            })
-            .map(|source| Slot {
-                tier: source.tier(),
-                source,
-                reported_up: None,
-                retry_at: 0,
+                Slot {
+                    tier: source.tier(),
+                    source,
+                    reported_up: None,
+                    retry_at: 0,
+                }
             })
             .collect(),
         registry: Registry::default(),

@@ -247,7 +247,12 @@ fn nonce() -> std::io::Result<Vec<u8>> {
 }
 
 async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &CollectorMsg) -> std::io::Result<()> {
-    w.write_all(&wire::encode(msg)).await?;
+    send_bytes(w, &wire::encode(msg)).await
+}
+
+/// Writes an encoded message and flushes it.
+async fn send_bytes<W: AsyncWrite + Unpin>(w: &mut W, message: &[u8]) -> std::io::Result<()> {
+    w.write_all(message).await?;
     // Over TLS the bytes may wait in the session's buffer until flushed.
     w.flush().await
 }

@@ -70,12 +70,6 @@ pub(super) async fn watch<W: AsyncWrite + Unpin>(
     }
 }
 
-/// Writes an encoded message (flushed, as [`send`] does).
-async fn send_bytes<W: AsyncWrite + Unpin>(w: &mut W, message: &[u8]) -> std::io::Result<()> {
-    w.write_all(message).await?;
-    w.flush().await
-}
-
 /// Variant index of [`CollectorMsg::Feed`] in postcard's encoding.
 const FEED_VARIANT: u64 = 4;
 

@@ -101,6 +101,15 @@ pub struct Totals {
     pub blocked_ns: u64,
 }
 
+impl Totals {
+    /// Adds `other`'s totals.
+    fn add(&mut self, other: Totals) {
+        self.cpu_ns += other.cpu_ns;
+        self.runq_ns += other.runq_ns;
+        self.blocked_ns += other.blocked_ns;
+    }
+}
+
 impl Thread {
     /// A thread in `state` since `since`, with the totals it had then.
     pub fn new(state: State, since: Nanos, cpu_ns: u64, runq_ns: u64) -> Self {
@@ -274,10 +283,7 @@ impl Process {
         };
         if !alive {
             if let Some(t) = self.others.remove(&e.tid) {
-                let at = t.at(e.ns);
-                self.exited.cpu_ns += at.cpu_ns;
-                self.exited.runq_ns += at.runq_ns;
-                self.exited.blocked_ns += at.blocked_ns;
+                self.exited.add(t.at(e.ns));
             }
         }
     }
@@ -298,9 +304,7 @@ impl Process {
         }
         for thread in self.others.values_mut() {
             let at = thread.at(t);
-            tick.others.cpu_ns += at.cpu_ns;
-            tick.others.runq_ns += at.runq_ns;
-            tick.others.blocked_ns += at.blocked_ns;
+            tick.others.add(at);
             tick.others_blocked += u64::from(mostly_blocked(thread, at, span));
         }
         tick
@@ -309,31 +313,24 @@ impl Process {
     /// Reports its main thread only from `t` on: the other threads' totals so far stay in
     /// its sums, and they are followed no more (no events of theirs will come).
     pub fn narrow(&mut self, t: Nanos) {
-        for thread in std::mem::take(&mut self.others).into_values() {
-            let at = thread.at(t);
-            self.exited.cpu_ns += at.cpu_ns;
-            self.exited.runq_ns += at.runq_ns;
-            self.exited.blocked_ns += at.blocked_ns;
-        }
+        self.exited = self.others_at(t);
+        self.others.clear();
         self.scope = Scope::Main;
     }
 
     /// Takes over the other threads' totals of `old` at `t` (exited and live), so that their
     /// sums go on from there when the threads are read again from `/proc`.
     pub fn carry_others_from(&mut self, old: &Process, t: Nanos) {
-        let mut sum = old.exited;
-        for thread in old.others.values() {
-            let at = thread.at(t);
-            sum.cpu_ns += at.cpu_ns;
-            sum.runq_ns += at.runq_ns;
-            sum.blocked_ns += at.blocked_ns;
-        }
-        self.exited = sum;
+        self.exited = old.others_at(t);
     }
 
-    /// Its main thread, when known.
-    pub fn main(&self) -> Option<&Thread> {
-        self.main.as_ref()
+    /// The other threads' totals at `t`, exited ones included.
+    fn others_at(&self, t: Nanos) -> Totals {
+        let mut sum = self.exited;
+        for thread in self.others.values() {
+            sum.add(thread.at(t));
+        }
+        sum
     }
 }
 
