@@ -56,6 +56,9 @@ pub struct SamplerConfig {
     pub root_pid: u32,
     /// Between two slow-tier reads; never shorter than a fast tick. Default 100 ms.
     pub slow_interval: Duration,
+    /// Between two reads of the meter tier ([`Tier::Meter`]); never shorter than a slow
+    /// read. Default 500 ms.
+    pub meter_interval: Duration,
     /// Between two process discoveries. Default 1 s.
     pub discovery_interval: Duration,
     /// The job's pids: published here after each discovery, or, with
@@ -102,6 +105,7 @@ impl SamplerConfig {
             roots: Roots::default(),
             root_pid,
             slow_interval: Duration::from_millis(100),
+            meter_interval: Duration::from_millis(500),
             discovery_interval: Duration::from_secs(1),
             pids: Pids::Discover,
             thread_name: "stallscope-sampler".into(),
@@ -169,12 +173,13 @@ impl Drop for SamplerHandle {
 /// TCP flows (slow), disks, PSI; and RDMA ports (bytes fast, the other counters slow) on a node that has
 /// `<sys>/class/infiniband` — none, and nothing said, on one that has not.
 ///
-/// The job's threads come from the kernel's scheduler events through eBPF when asked for
-/// (`STALLSCOPE_EBPF=on`) and it can be loaded ([`ThreadStateSource`]; the sampler then wakes at
-/// the slow tier's rate), else from `/proc` every tick ([`polling_sources`]), the process
-/// source saying why.
+/// The job's threads come from the kernel's scheduler events through eBPF where it can be
+/// loaded and is not turned off (`STALLSCOPE_EBPF=off`; [`ThreadStateSource::wanted`]; the
+/// sampler then wakes at the slow tier's rate), else from `/proc` every tick
+/// ([`polling_sources`]), the process source saying why.
 pub fn default_sources(roots: &Roots) -> Vec<Box<dyn Source>> {
-    match ThreadStateSource::wanted().and_then(|()| ThreadStateSource::load(&roots.proc)) {
+    match ThreadStateSource::wanted(&roots.proc).and_then(|()| ThreadStateSource::load(&roots.proc))
+    {
         Ok(source) => node_sources(roots, vec![Box::new(source)]),
         Err(why) => polling_sources(roots, Some(format!("eBPF not used: {why}"))),
     }
@@ -309,12 +314,14 @@ impl Sampler {
         } else {
             fast
         };
+        let meter = (self.config.meter_interval.as_nanos() as Nanos).max(slow);
         let discovery = (self.config.discovery_interval.as_nanos() as Nanos).max(period);
         let start = monotonic_ns();
         if self.discover().is_err() {
             return;
         }
         let (mut tick, mut next_slow, mut next_discovery) = (0, start, start + discovery);
+        let mut next_meter = start;
         loop {
             let deadline = start + tick * period;
             // Parking is a plain futex wait; a channel's timed receive spins and yields first,
@@ -333,7 +340,11 @@ impl Sampler {
             if slow_due {
                 next_slow = next_after(next_slow, slow, deadline);
             }
-            if self.round(slow_due).is_err() {
+            let meter_due = slow_due && deadline >= next_meter;
+            if meter_due {
+                next_meter = next_after(next_meter, meter, deadline);
+            }
+            if self.round(slow_due, meter_due).is_err() {
                 return;
             }
             let now = monotonic_ns();
@@ -348,11 +359,16 @@ impl Sampler {
     }
 
     /// Reads the due sources into one batch and sends it.
-    fn round(&mut self, slow_due: bool) -> Result<(), Stopped> {
+    fn round(&mut self, slow_due: bool, meter_due: bool) -> Result<(), Stopped> {
         let t_ns = monotonic_ns();
         let mut read_any = false;
         for slot in &mut self.slots {
-            if slot.tier == Tier::Slow && !slow_due {
+            let due = match slot.tier {
+                Tier::Fast => true,
+                Tier::Slow => slow_due,
+                Tier::Meter => meter_due,
+            };
+            if !due {
                 continue;
             }
             if slot.reported_up == Some(false) && t_ns < slot.retry_at {

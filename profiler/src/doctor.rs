@@ -140,7 +140,7 @@ mod tests {
         for source in ["cpu (process", "nic (", "disk (", "psi (", "perf", "rdma"] {
             assert!(text.contains(source), "{source} in {text}");
         }
-        // Polled, saying why not from eBPF, unless STALLSCOPE_EBPF=on loaded the programs.
+        // From eBPF where it could be loaded (root, BTF), else polled, saying why not.
         let polled =
             text.contains("present  cpu (process schedstat") && text.contains("eBPF not used");
         assert!(

@@ -3,8 +3,9 @@
 //! Whole devices only: a partition's traffic is already in its disk's, and counting both would
 //! double it. A name in `diskstats` is a whole device when `<sys>/block/NAME` exists; loop,
 //! ram and zram devices are left out (they are memory or files, their traffic is counted again
-//! on the device beneath). Slow tier: `diskstats` is a table of every device, and storage stalls
-//! last far longer than 100 ms.
+//! on the device beneath). Meter tier (every 500 ms): `diskstats` is a table of every device,
+//! and only the node's one-second readings read it (the attribution tells a fetch from the
+//! loader's own threads and reads, not from the disks).
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -82,7 +83,7 @@ impl Source for DiskSource {
     }
 
     fn tier(&self) -> Tier {
-        Tier::Slow
+        Tier::Meter
     }
 
     fn describe(&self) -> String {

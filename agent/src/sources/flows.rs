@@ -14,7 +14,9 @@
 //! - `data`: a data-loader worker's own sockets;
 //! - `other`: not the job's. stallscope's own sockets are left out.
 //!
-//! Read on the slow tier (every 100 ms), it records per class and link (`nic` or `loopback`)
+//! Read on the slow tier (every 100 ms) while the job has a flow the attribution reads tick
+//! by tick (a collective over a NIC, a loader's own), else every [`QUIET_READ_EVERY_NS`], it
+//! records per class and link (`nic` or `loopback`)
 //! the bytes moved as counters (`flow.rx_bytes`, `flow.tx_bytes`, `flow.retransmits`): the
 //! attribution reads the job's collective bytes from them instead of the NIC's, and the
 //! `data` class's received bytes as a loader's network fetch. Every half
@@ -69,6 +71,13 @@ pub const DUMP_EVERY_NS: Nanos = 1_000_000_000;
 /// ns of reads that all dump, after a dump that found a new flow of the job: a job that
 /// keeps opening connections (a loader fetching sample by sample) has each seen at once.
 pub const UNSETTLED_NS: Nanos = 10_000_000_000;
+
+/// ns between two reads while the job has no flow the attribution reads tick by tick (a
+/// collective's over a NIC, or a loader's own: [`Track::is_per_tick`]): its other flows (the
+/// collectives over loopback of a job on one node, the store's) are shown per flow and per
+/// second, so reading them ten times a second bought nothing, and the look-ups were a third
+/// of the sampler's CPU on the issue-31 job (one node, 2 ranks).
+pub const QUIET_READ_EVERY_NS: Nanos = 500_000_000;
 
 /// More known flows of the job than this, and every read dumps (the dump costs the same
 /// whatever the number of sockets; the look-ups grow with them).
@@ -356,6 +365,17 @@ impl Track {
     fn is_job(&self) -> bool {
         matches!(self.sample.class, Some(c) if c != FlowClass::Other)
     }
+
+    /// Whether the attribution reads its class's bytes tick by tick: a collective over a NIC
+    /// (the network's share of an exposed collective) or a loader's own socket (a fetch over
+    /// the network).
+    fn is_per_tick(&self) -> bool {
+        match self.sample.class {
+            Some(FlowClass::Data) => true,
+            Some(FlowClass::Collective) => !self.sample.loopback,
+            _ => false,
+        }
+    }
 }
 
 /// Per class (index in [`FlowClass::ALL`]) and link (0 `nic`, 1 `loopback`): bytes in, out.
@@ -381,10 +401,20 @@ pub struct FlowSource {
     last_dump_ns: Option<Nanos>,
     /// ns, until when every read dumps ([`UNSETTLED_NS`]).
     unsettled_until_ns: Nanos,
+    /// ns, the last read (`None`: none yet).
+    last_read_ns: Option<Nanos>,
+    /// ns, until when the source reads at every call: [`UNSETTLED_NS`] after it last saw a
+    /// flow the attribution reads tick by tick ([`Track::is_per_tick`]); after that, every
+    /// [`QUIET_READ_EVERY_NS`].
+    per_tick_until_ns: Nanos,
     /// Whole-table dumps so far (for tests and the benchmark).
     pub dumps: u64,
     /// ns between two dumps while the job's flows hold still ([`DUMP_EVERY_NS`]).
     pub dump_every_ns: Nanos,
+    /// ns between two reads while no flow is read tick by tick ([`QUIET_READ_EVERY_NS`]).
+    pub quiet_read_every_ns: Nanos,
+    /// Calls that read (a dump or look-ups; for tests and the benchmark).
+    pub reads_made: u64,
 }
 
 impl FlowSource {
@@ -405,9 +435,23 @@ impl FlowSource {
             pending: None,
             last_dump_ns: None,
             unsettled_until_ns: 0,
+            last_read_ns: None,
+            per_tick_until_ns: 0,
             dumps: 0,
             dump_every_ns: DUMP_EVERY_NS,
+            quiet_read_every_ns: QUIET_READ_EVERY_NS,
+            reads_made: 0,
         }
+    }
+
+    /// Whether the call at `t_ns` reads at all: every call (the slow tier's 100 ms) while the
+    /// job has a flow the attribution reads tick by tick, or had one in the last
+    /// [`UNSETTLED_NS`]; else every [`QUIET_READ_EVERY_NS`].
+    fn read_due(&self, t_ns: Nanos) -> bool {
+        t_ns < self.per_tick_until_ns
+            || self
+                .last_read_ns
+                .is_none_or(|last| t_ns >= last.saturating_add(self.quiet_read_every_ns))
     }
 
     /// Whether the read at `t_ns` dumps the whole table rather than asking for the job's
@@ -446,6 +490,7 @@ impl FlowSource {
             self.listed = sockets.len();
         }
         let read = self.reads;
+        self.last_read_ns = Some(t_ns);
         let mut new_job_flow = false;
         for s in &sockets {
             if s.inode == 0 || self.owners.is_own(s.inode) {
@@ -514,6 +559,13 @@ impl FlowSource {
         // A flow not seen has closed; between dumps, only the job's were asked for.
         self.flows
             .retain(|_, t| t.read == read || (!dumped && !t.is_job()));
+        if self
+            .flows
+            .values()
+            .any(|t| t.read == read && t.is_per_tick())
+        {
+            self.per_tick_until_ns = t_ns + UNSETTLED_NS;
+        }
         if dumped {
             self.last_dump_ns = Some(t_ns);
             if new_job_flow {
@@ -583,6 +635,10 @@ impl Source for FlowSource {
                 })?);
         }
         let t_ns = monotonic_ns();
+        if !self.read_due(t_ns) {
+            return Ok(());
+        }
+        self.reads_made += 1;
         let mut sockets = std::mem::take(&mut self.sockets);
         let dump = self.dump_due(t_ns);
         let diag = self.diag.as_mut().expect("opened above");

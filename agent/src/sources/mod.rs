@@ -213,8 +213,13 @@ pub enum Tier {
     /// Every time the sampler wakes: every tick (`--rate`, 100 Hz by default), or every
     /// 100 ms when a source gives the ticks' instants itself ([`Source::replaces_polling`]).
     Fast,
-    /// About every 100 ms.
+    /// About every 100 ms: what the attribution reads over an iteration (link bytes, storage
+    /// reads, launchers).
     Slow,
+    /// About every 500 ms: what only the node's one-second readings read (the disks, PSI):
+    /// the views show them per second, and reading them ten times a second cost a tenth of
+    /// the sampler.
+    Meter,
 }
 
 /// One area of the machine.

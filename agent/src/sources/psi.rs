@@ -4,7 +4,8 @@
 //! the per-process evidence (a data stall with high I/O pressure is a fetch stall). The
 //! cumulative `total` (us) is kept, not the kernel's 10/60/300 s averages, which are far too
 //! coarse for iterations of tens of milliseconds. Kernels without PSI (or booted with psi=0)
-//! have no `/proc/pressure`: that is reported once as unsupported.
+//! have no `/proc/pressure`: that is reported once as unsupported. Read on the meter tier
+//! (every 500 ms): only the node's one-second readings read it.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -62,7 +63,7 @@ impl Source for PsiSource {
     }
 
     fn tier(&self) -> Tier {
-        Tier::Slow
+        Tier::Meter
     }
 
     fn describe(&self) -> String {

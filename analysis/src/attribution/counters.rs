@@ -14,12 +14,39 @@ pub(super) fn delta(store: &SeriesStore, id: Option<SeriesId>, a: Nanos, b: Nano
 }
 
 /// ns the process's main thread (and a loader worker's other threads) ran or waited to run
-/// in `[a, b]`.
-pub(super) fn busy_ns(store: &SeriesStore, t: &ThreadSeries, a: Nanos, b: Nanos) -> f64 {
-    delta(store, t.cpu, a, b)
-        + delta(store, t.runq, a, b)
-        + delta(store, t.others[0], a, b)
-        + delta(store, t.others[1], a, b)
+/// in `[a, b]`: (on a CPU, on a run queue). Waiting to run is busy by the rules (the work was
+/// ready; the CPU was not), and is told apart as [`super::Basis::CounterRunQueue`] and
+/// [`super::Basis::LoaderRunQueue`]: another process's load, or more threads than cores.
+pub(super) fn busy_parts(store: &SeriesStore, t: &ThreadSeries, a: Nanos, b: Nanos) -> (f64, f64) {
+    (
+        delta(store, t.cpu, a, b) + delta(store, t.others[0], a, b),
+        delta(store, t.runq, a, b) + delta(store, t.others[1], a, b),
+    )
+}
+
+/// What the loader the loop waited for was seen doing over a span, ns: on a CPU, waiting for
+/// one, blocked on I/O.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct LoaderActivity {
+    pub(super) cpu: f64,
+    pub(super) queued: f64,
+    pub(super) io: f64,
+}
+
+impl LoaderActivity {
+    /// ns it ran or waited to run.
+    pub(super) fn busy(&self) -> f64 {
+        self.cpu + self.queued
+    }
+
+    /// The share of its busy time spent waiting for a CPU, 0–1.
+    pub(super) fn queued_share(&self) -> f64 {
+        if self.busy() > 0.0 {
+            self.queued / self.busy()
+        } else {
+            0.0
+        }
+    }
 }
 
 /// ns its threads spent blocked on I/O in `[a, b]` (state D, as sampled; two threads blocked
@@ -33,21 +60,25 @@ pub(super) fn io_ns(store: &SeriesStore, t: &ThreadSeries, a: Nanos, b: Nanos) -
         .sum()
 }
 
-/// CPU and I/O-blocked ns of what the loop waits for in `[a, b]`: the worker it named
-/// (`worker`, when it is one of the rank's loaders: the others are preparing later batches,
-/// which is not what the loop waits for), else every loader, else the loop's own thread (it
-/// loads itself).
+/// What the loop waits for did in `[a, b]`: the worker it named (`worker`, when it is one of
+/// the rank's loaders: the others are preparing later batches, which is not what the loop
+/// waits for), else every loader, else the loop's own thread (it loads itself).
 pub(super) fn loader_activity(
     store: &SeriesStore,
     rank: &RankSeries,
     worker: Option<u32>,
     a: Nanos,
     b: Nanos,
-) -> (f64, f64) {
+) -> LoaderActivity {
     awaited(rank, worker)
         .iter()
-        .fold((0.0, 0.0), |(cpu, io), t| {
-            (cpu + busy_ns(store, t, a, b), io + io_ns(store, t, a, b))
+        .fold(LoaderActivity::default(), |sum, t| {
+            let (cpu, queued) = busy_parts(store, t, a, b);
+            LoaderActivity {
+                cpu: sum.cpu + cpu,
+                queued: sum.queued + queued,
+                io: sum.io + io_ns(store, t, a, b),
+            }
         })
 }
 

@@ -45,6 +45,7 @@ fn is_data(basis: Basis) -> bool {
     matches!(
         basis,
         Basis::DataLoaderCpu
+            | Basis::LoaderRunQueue
             | Basis::DataLoaderIo
             | Basis::DataLoaderNet
             | Basis::DataLoaderReads
@@ -75,7 +76,9 @@ fn keep_rank(basis: Basis, gpu_comm: bool) -> Option<u8> {
     match basis {
         Basis::H2dPcieBytes => Some(0),
         Basis::CounterNic | Basis::CounterLocal | Basis::CounterGpuLink if !gpu_comm => Some(1),
-        Basis::ComputeMarker | Basis::CounterBusy | Basis::GpuBusy => Some(2),
+        Basis::ComputeMarker | Basis::CounterBusy | Basis::CounterRunQueue | Basis::GpuBusy => {
+            Some(2)
+        }
         _ => None,
     }
 }

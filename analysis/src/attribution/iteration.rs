@@ -156,7 +156,8 @@ fn attribute_data(
     if waited == 0 {
         return;
     }
-    let (cpu, io) = loader_activity(store, rank, worker, a, b);
+    let loader = loader_activity(store, rank, worker, a, b);
+    let (cpu, io) = (loader.busy(), loader.io);
     // What the loader was seen doing explains at most the wait; the rest of it (a worker
     // asleep in state S, or nothing sampled) is a network fetch when the loader workers'
     // sockets received bytes meanwhile (an object-store or HTTP read), a storage fetch when
@@ -177,10 +178,12 @@ fn attribute_data(
     } else {
         (0.0, 0.0, asleep)
     };
+    let queued = cpu * loader.queued_share();
     parts.apportion(
         waited,
         &[
-            (Category::DataPrep, Basis::DataLoaderCpu, cpu),
+            (Category::DataPrep, Basis::DataLoaderCpu, cpu - queued),
+            (Category::DataPrep, Basis::LoaderRunQueue, queued),
             (Category::DataFetch, Basis::DataLoaderIo, io),
             (Category::DataFetch, Basis::DataLoaderNet, net),
             (Category::DataFetch, Basis::DataLoaderReads, reads),

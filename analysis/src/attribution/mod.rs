@@ -15,7 +15,7 @@ use crate::Nanos;
 /// The rule that decided a part of an iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Basis {
-    /// `data` marker while loader threads ran or waited to run.
+    /// `data` marker while loader threads ran (waiting to run: [`Basis::LoaderRunQueue`]).
     DataLoaderCpu,
     /// `data` marker while loader threads were blocked on I/O (state D).
     DataLoaderIo,
@@ -34,7 +34,8 @@ pub enum Basis {
     PeerArrival,
     /// `compute` or `h2d` marker.
     ComputeMarker,
-    /// No marker: the rank's main thread was on the CPU.
+    /// No marker: the rank's main thread was on the CPU (waiting for one:
+    /// [`Basis::CounterRunQueue`]).
     CounterBusy,
     /// No marker: the rank idle while NIC bytes flowed.
     CounterNic,
@@ -76,6 +77,15 @@ pub enum Basis {
     /// the throttled or slow reads were waited in state D between the state samples (the
     /// state is read at 50 Hz; a 4 kB read at 400 kB/s takes 10 ms).
     DataLoaderReads,
+    /// No marker: the rank's main thread was ready to run but waited on a run queue (another
+    /// process held the CPU, or the job has more busy threads than the node has cores). It is
+    /// compute by rule 4 (the loop was busy); told apart so that it can be seen, and so that
+    /// the slowdown watch does not take the node's load for the rank turning slow.
+    CounterRunQueue,
+    /// The loader the loop waited for (in a `data` span, or while the loop idled) was ready to
+    /// run but waited on a run queue: `data_prep`, as loader CPU is, told apart as
+    /// [`Basis::CounterRunQueue`] is.
+    LoaderRunQueue,
 }
 
 /// How much of one category one rule decided.

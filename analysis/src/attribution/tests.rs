@@ -700,3 +700,64 @@ fn an_unseen_sleep_while_the_loop_reads_from_storage_is_fetch() {
     let b = attribute(&late, &s.store, &reading, &Links::default());
     assert_eq!(ms(&b, DataFetch), 0.0);
 }
+
+/// ns of `b`'s evidence with `basis` in category `c`, in ms.
+fn evidence_ms(b: &IterationBreakdown, c: Category, basis: Basis) -> f64 {
+    b.evidence
+        .iter()
+        .filter(|e| e.category == c && e.basis == basis)
+        .map(|e| e.ns)
+        .sum::<u64>() as f64
+        / MS as f64
+}
+
+/// The kernel's thread states say when a thread waited on a run queue rather than ran. That
+/// wait stays where rule 4 and rule 2 put it (the loop busy: compute; the loader busy:
+/// `data_prep`), and the evidence tells it apart from time on a CPU.
+#[test]
+fn time_waiting_for_a_cpu_is_busy_and_told_apart() {
+    let mut s = Script::new();
+    // The loop: on a CPU 0-30 ms, queued 30-50 ms, asleep after; in `data` from 60 ms.
+    let mut main = s.thread(|ms| ms < 30, |_| false, 200);
+    main.runq = Some(s.series(
+        SeriesKind::Counter,
+        |ms| {
+            if (30..50).contains(&ms) {
+                MS as f64
+            } else {
+                0.0
+            }
+        },
+        200,
+    ));
+    // Its loader worker: on a CPU 60-80 ms, queued 80-100 ms.
+    let mut loader = s.thread(|ms| (60..80).contains(&ms), |_| false, 200);
+    loader.runq = Some(s.series(
+        SeriesKind::Counter,
+        |ms| {
+            if (80..100).contains(&ms) {
+                MS as f64
+            } else {
+                0.0
+            }
+        },
+        200,
+    ));
+    let b = attribute(
+        &input(0, 100, &[("data", 60, 100)]),
+        &s.store,
+        &RankSeries {
+            main,
+            loaders: vec![loader],
+            gpu: None,
+        },
+        &Links::default(),
+    );
+    assert_eq!(ms(&b, Compute), 50.0);
+    assert_eq!(evidence_ms(&b, Compute, Basis::CounterBusy), 30.0);
+    assert_eq!(evidence_ms(&b, Compute, Basis::CounterRunQueue), 20.0);
+    assert_eq!(ms(&b, Other), 10.0);
+    assert_eq!(ms(&b, DataPrep), 40.0);
+    assert_eq!(evidence_ms(&b, DataPrep, Basis::DataLoaderCpu), 20.0);
+    assert_eq!(evidence_ms(&b, DataPrep, Basis::LoaderRunQueue), 20.0);
+}

@@ -9,7 +9,8 @@ use crate::timeline::SeriesStore;
 use crate::Nanos;
 
 use super::counters::{
-    busy_ns, gpu_busy, gpu_link_bytes, link_bytes, loader_activity, per, transfer_weights,
+    busy_parts, gpu_busy, gpu_link_bytes, link_bytes, loader_activity, per, transfer_weights,
+    LoaderActivity,
 };
 use super::inputs::{Links, RankSeries, IDLE_LOADER_CORES, QUIET_LINK_BYTES_PER_S};
 use super::parts::Parts;
@@ -69,8 +70,23 @@ fn tick(
         weights.add(Category::Other, Basis::Unexplained, len);
         return;
     }
-    let cpu_busy = (busy_ns(store, &rank.main, x, y) / len).clamp(0.0, 1.0);
-    weights.add(Category::Compute, Basis::CounterBusy, cpu_busy * len);
+    let (ran, queued) = busy_parts(store, &rank.main, x, y);
+    let cpu_busy = ((ran + queued) / len).clamp(0.0, 1.0);
+    let queued_share = if ran + queued > 0.0 {
+        queued / (ran + queued)
+    } else {
+        0.0
+    };
+    weights.add(
+        Category::Compute,
+        Basis::CounterBusy,
+        cpu_busy * (1.0 - queued_share) * len,
+    );
+    weights.add(
+        Category::Compute,
+        Basis::CounterRunQueue,
+        cpu_busy * queued_share * len,
+    );
     let gpu_busy = rank
         .gpu
         .as_ref()
@@ -139,22 +155,21 @@ fn idle_tick(
         }
         return;
     }
-    let (loader_cpu, loader_io) = if rank.loaders.is_empty() {
-        (0.0, 0.0) // the loop itself is the loader, and it was idle
+    let loader = if rank.loaders.is_empty() {
+        LoaderActivity::default() // the loop itself is the loader, and it was idle
     } else {
         loader_activity(store, rank, None, x, y)
     };
-    if loader_cpu + loader_io > IDLE_LOADER_CORES * len {
-        let total = loader_cpu + loader_io;
-        weights.add(
-            Category::DataPrep,
-            Basis::CounterLoader,
-            idle * loader_cpu / total,
-        );
+    if loader.busy() + loader.io > IDLE_LOADER_CORES * len {
+        let total = loader.busy() + loader.io;
+        let prep = idle * loader.busy() / total;
+        let queued = prep * loader.queued_share();
+        weights.add(Category::DataPrep, Basis::CounterLoader, prep - queued);
+        weights.add(Category::DataPrep, Basis::LoaderRunQueue, queued);
         weights.add(
             Category::DataFetch,
             Basis::CounterLoader,
-            idle * loader_io / total,
+            idle * loader.io / total,
         );
     } else if link_bytes(store, &links.data_rx, x, y) > 0.0 {
         // The loader asleep while its sockets received: fetching over the network.

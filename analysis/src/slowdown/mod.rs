@@ -26,6 +26,10 @@
 //!   its compute: other processes' load on the CPU stretches compute first and unevenly, and
 //!   with no peer nothing tells the rank's own slowdown from the machine's.
 //!
+//! Time a rank's threads spent ready to run but waiting on a run queue (the evidence's
+//! run-queue bases) counts as `other` here ([`watched_split`]): it is the node's CPU being
+//! short, which lands on whichever rank the scheduler queued.
+//!
 //! `peer_wait` is never the category that grew: a rank waits for a slow peer, so it is the
 //! peer's slowdown, named on the peer. Nor is `other` (nothing seen explains it): a rank that
 //! waits for a slow peer outside a marked collective (DDP's backward waiting for its
@@ -43,7 +47,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::attribution::IterationBreakdown;
+use crate::attribution::{Basis, IterationBreakdown};
 use crate::category::{Category, Split};
 
 /// Normal iterations per rank the reference window holds, the latest.
@@ -268,7 +272,7 @@ impl SlowdownWatch {
             if w.recent.len() == RECENT_KEPT {
                 w.recent.pop_front();
             }
-            w.recent.push_back((b.iter, b.split));
+            w.recent.push_back((b.iter, watched_split(b)));
         }
         for b in new {
             let key = (b.rank, b.pid);
@@ -291,6 +295,13 @@ impl SlowdownWatch {
         if w.taken <= warmup.max(WARMUP_SKIPPED) || b.split.total() == 0 {
             return;
         }
+        let split = watched_split(b);
+        let b = Taken {
+            rank: b.rank,
+            pid: b.pid,
+            iter: b.iter,
+            split,
+        };
         if w.baseline.len() < BASELINE_MIN {
             w.baseline.push_back(b.split);
             return;
@@ -419,6 +430,34 @@ impl SlowdownWatch {
                 grown >= SHARED_BY
             })
     }
+}
+
+/// What the watch reads of one breakdown: its parts as [`watched_split`] gives them.
+struct Taken {
+    rank: u32,
+    pid: u32,
+    iter: u64,
+    split: Split,
+}
+
+/// The parts of `b` the watch tests: time a rank's threads spent ready to run but waiting on a
+/// run queue ([`Basis::CounterRunQueue`], [`Basis::LoaderRunQueue`]) counts as `other`, as it
+/// did when the threads were polled (a thread queued through a whole tick looked idle, and its
+/// wait fell to `other`). That wait is the node's CPU being short, other processes' load or the
+/// job's own threads outnumbering the cores: it stretches whichever rank the scheduler happened
+/// to queue, and is no more the rank turning slow than a machine slowing down as a whole is
+/// (the peers' comparison catches that, but not load that lands on one rank at a time).
+fn watched_split(b: &IterationBreakdown) -> Split {
+    let mut split = b.split;
+    for e in &b.evidence {
+        if matches!(e.basis, Basis::CounterRunQueue | Basis::LoaderRunQueue) {
+            let k = e.category.index();
+            let moved = e.ns.min(split.ns[k]);
+            split.ns[k] -= moved;
+            split.add(Category::Other, moved);
+        }
+    }
+    split
 }
 
 /// Iterations of the same numbers in which a peer's part grew too, for the growth to be the

@@ -125,6 +125,7 @@ fn between_dumps_the_jobs_flows_are_looked_up_and_closed_ones_dropped() {
     let key = (rx.local_addr().unwrap(), rx.peer_addr().unwrap());
     let mut source = FlowSource::new(&Roots::default());
     source.dump_every_ns = Nanos::MAX;
+    source.quiet_read_every_ns = 0;
     let mut reg = Registry::default();
     source.sample(&watched_loop(me), &mut reg).unwrap();
     assert_eq!(source.dumps, 1, "the first read dumps");
@@ -152,6 +153,46 @@ fn between_dumps_the_jobs_flows_are_looked_up_and_closed_ones_dropped() {
         !source.flows.contains_key(&key),
         "the closed connection is dropped"
     );
+}
+
+/// A job whose flows are all collectives over loopback (one node) is read every half second,
+/// not at every call: the attribution reads none of them tick by tick. Once one of its
+/// processes is a loader worker holding a connection (a flow of class `data`), every call
+/// reads, and the bytes it received are counted at once.
+#[test]
+fn flows_the_attribution_reads_per_tick_are_read_at_every_call_the_others_twice_a_second() {
+    let me = std::process::id();
+    let (mut tx, mut rx) = transfer(1000);
+    let mut source = FlowSource::new(&Roots::default());
+    let mut reg = Registry::default();
+    source.sample(&watched_loop(me), &mut reg).unwrap();
+    for _ in 0..5 {
+        source.sample(&watched_loop(me), &mut reg).unwrap();
+    }
+    assert_eq!(
+        source.reads_made, 1,
+        "loopback collectives: no read within 500 ms"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(550));
+    source.sample(&watched_loop(me), &mut reg).unwrap();
+    assert_eq!(source.reads_made, 2, "and one once they passed");
+    // The same process as a loader worker: its connection is the loader's own (`data`).
+    let worker = Watched {
+        pids: vec![1, me],
+        launchers: Vec::new(),
+        loops: vec![1],
+    };
+    assert!(worker.is_worker(me));
+    std::thread::sleep(std::time::Duration::from_millis(550));
+    source.sample(&worker, &mut reg).unwrap();
+    assert_eq!(source.reads_made, 3);
+    let key = (rx.local_addr().unwrap(), rx.peer_addr().unwrap());
+    assert_eq!(source.flows[&key].sample.class, Some(FlowClass::Data));
+    tx.write_all(&[7u8; 5000]).unwrap();
+    rx.read_exact(&mut [0u8; 5000]).unwrap();
+    source.sample(&worker, &mut reg).unwrap();
+    assert_eq!(source.reads_made, 4, "a data flow: every call reads");
+    assert_eq!(source.flows[&key].sample.bytes_in, 5000);
 }
 
 /// What a whole-table dump (both families) and a look-up of the known sockets cost here, with

@@ -32,12 +32,13 @@ pub mod kernel;
 use accounts::{Event, Process, Scope, State, Thread};
 use kernel::{EventFeed, Kernel};
 
-/// Environment variable that turns the eBPF source on (`on`). Off by default for now: each
-/// instance attaches programs of its own, so every context switch on the machine runs every
-/// instance's, and with the test suite's many runs at once on two cores the loops' waits grew
-/// enough to raise slowdown alarms on steady jobs. On by default once instances share one
-/// set of programs.
+/// Environment variable that turns the eBPF source off (`off`): the threads are then polled
+/// from `/proc`, as where eBPF cannot be loaded.
 pub const ENABLE_ENV: &str = "STALLSCOPE_EBPF";
+
+/// The inode of the initial pid namespace (`PROC_PID_INIT_INO`): `/proc/self/ns/pid` of a
+/// process in it reads `pid:[4026531836]`.
+const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
 
 /// Thread states from the kernel's scheduler events.
 pub struct ThreadStateSource {
@@ -72,11 +73,27 @@ struct Watch {
 }
 
 impl ThreadStateSource {
-    /// Whether the user asked for the eBPF source ([`ENABLE_ENV`] is `on`); why not.
-    pub fn wanted() -> Result<(), String> {
-        match std::env::var(ENABLE_ENV) {
-            Ok(v) if v == "on" => Ok(()),
-            _ => Err(format!("off unless {ENABLE_ENV}=on")),
+    /// Whether to read the threads of the job under `proc_root` from the kernel's events;
+    /// why not. Yes unless [`ENABLE_ENV`] is `off`, as long as `proc_root` is this kernel's
+    /// `/proc` and this process is in the initial pid namespace: the programs see the
+    /// kernel's own pids, and a container's `/proc` numbers its processes otherwise.
+    pub fn wanted(proc_root: &Path) -> Result<(), String> {
+        if std::env::var(ENABLE_ENV).is_ok_and(|v| v == "off") {
+            return Err(format!("{ENABLE_ENV}=off"));
+        }
+        if proc_root != Path::new("/proc") {
+            return Err(format!(
+                "{} is not this kernel's /proc",
+                proc_root.display()
+            ));
+        }
+        match std::fs::read_link("/proc/self/ns/pid") {
+            Ok(ns) if ns.as_os_str() == INITIAL_PID_NAMESPACE => Ok(()),
+            Ok(ns) => Err(format!(
+                "in a pid namespace of its own ({}): the kernel's events name other pids",
+                ns.display()
+            )),
+            Err(e) => Err(format!("cannot read /proc/self/ns/pid: {e}")),
         }
     }
 
