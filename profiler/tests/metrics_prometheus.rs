@@ -105,6 +105,13 @@ impl Prometheus {
         p
     }
 
+    /// The end of Prometheus's own log, for a failure's message.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self._dir.path().join("log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(10)..].join("\n")
+    }
+
     fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
@@ -251,11 +258,16 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
     missing.push(gpu_named("train"));
     missing.push(per_device("train"));
     let mut checked = false;
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(300);
+    let mut ended = None;
+    let mut iterations_seen = Vec::new();
     while !missing.is_empty() && Instant::now() < deadline {
-        if run.try_wait().unwrap().is_some() {
+        if let Some(status) = run.try_wait().unwrap() {
+            ended = Some((status, started.elapsed()));
             break;
         }
+        iterations_seen = prom.query("stallscope_iterations_total");
         if !checked && !prom.query("stallscope_iterations_total > 5").is_empty() {
             promtool_passes(&addr, dir.path());
             checked = true;
@@ -265,7 +277,10 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_has_data() {
     }
     assert!(
         checked,
-        "a scrape of the live run was checked with promtool"
+        "a scrape of the live run was checked with promtool; the run ended {ended:?}, \
+         Prometheus last held stallscope_iterations_total {iterations_seen:?}, \
+         its log: {}",
+        prom.log_tail()
     );
     assert!(
         missing.is_empty(),

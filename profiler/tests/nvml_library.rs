@@ -107,7 +107,12 @@ fn without_a_loaded_driver_doctor_says_so_and_still_lists_the_node() {
         t.contains("Driver Not Loaded") || t.contains("not loaded"),
         "{t}"
     );
-    assert!(t.contains("present  cpu (process schedstat, state)"), "{t}");
+    // The job's threads: from eBPF where it could be loaded (root, BTF), else polled.
+    assert!(
+        t.contains("present  cpu (thread states from the scheduler's events, eBPF)")
+            || t.contains("present  cpu (process schedstat, state)"),
+        "{t}"
+    );
 }
 
 #[test]

@@ -156,6 +156,9 @@ struct Tracks<W: Write> {
     /// A job profile's newest iteration per rank whose collectives were written (reports
     /// come in order per rank; an agent's resends are skipped).
     comm_written: HashMap<u32, u64>,
+    /// ns, the end of the latest slice on each track whose slices follow one another (a
+    /// rank's iterations, their categories, the communication observed): [`Self::in_turn`].
+    track_ends: HashMap<(u32, u32), Nanos>,
     iterations: u64,
     hangs: usize,
 }
@@ -173,6 +176,7 @@ impl<W: Write> Tracks<W> {
             pid_ranks: HashMap::new(),
             open: BTreeMap::new(),
             comm_written: HashMap::new(),
+            track_ends: HashMap::new(),
             iterations: 0,
             hangs: 0,
         }
@@ -258,6 +262,21 @@ impl<W: Write> Tracks<W> {
         })
     }
 
+    /// `[begin, end]` of the next slice on `track`, whose slices follow one another, moved to
+    /// begin no earlier than the previous one ended. A job profile's times come from each
+    /// node's clock through the collector's estimate of it, which moves between two
+    /// iterations (by microseconds on a quiet machine, more under load): one iteration's end
+    /// and the next one's start, the same instant on the node, could then overlap on the
+    /// trace's clock, and the viewer drops a slice that overlaps its neighbour rather than
+    /// nesting in it (Perfetto's `slice_drop_overlapping_complete_event`).
+    fn in_turn(&mut self, track: (u32, u32), begin: Nanos, end: Nanos) -> (Nanos, Nanos) {
+        let previous = self.track_ends.get(&track).copied().unwrap_or(0);
+        let begin = begin.max(previous);
+        let end = end.max(begin);
+        self.track_ends.insert(track, end);
+        (begin, end)
+    }
+
     /// A complete slice `[begin, end]` on a thread, when it ends in the window.
     #[allow(clippy::too_many_arguments)]
     fn slice(
@@ -315,6 +334,7 @@ impl<W: Write> Tracks<W> {
                 for span in &it.comm {
                     let begin = self.on_trace_clock(&it.node, span.begin);
                     let end = self.on_trace_clock(&it.node, span.end);
+                    let (begin, end) = self.in_turn(track, begin, end);
                     self.slice(
                         track,
                         "comm",
@@ -408,9 +428,10 @@ impl<W: Write> Tracks<W> {
         args.insert("largest".into(), json!(b.split.largest().name()));
         let name = format!("iteration {}", b.iter);
         let args = Value::Object(args);
-        self.slice((pid, tid), &name, "iteration", b.start_ns, b.end_ns, args)?;
+        let (start, end) = self.in_turn((pid, tid), b.start_ns, b.end_ns);
+        self.slice((pid, tid), &name, "iteration", start, end, args)?;
         self.iterations += 1;
-        let mut at = b.start_ns;
+        let mut at = start;
         for c in Category::ALL {
             let ns = b.split.get(c);
             if ns == 0 {
@@ -418,15 +439,10 @@ impl<W: Write> Tracks<W> {
             }
             let args = json!({ "iteration": b.iter, "ms": ns as f64 / 1e6,
                 "share": ns as f64 / b.wall_ns().max(1) as f64 });
-            self.slice(
-                (pid, tid + CATEGORIES),
-                c.name(),
-                "category",
-                at,
-                at + ns,
-                args,
-            )?;
-            at += ns;
+            let track = (pid, tid + CATEGORIES);
+            let (begin, end) = self.in_turn(track, at, at + ns);
+            self.slice(track, c.name(), "category", begin, end, args)?;
+            at = end;
         }
         Ok(())
     }
