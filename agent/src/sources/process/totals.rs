@@ -12,6 +12,14 @@ use crate::sources::{pread_all, Registry, Roots, Source, SourceError, Tier, Watc
 
 /// Whole-process totals of the watched processes: `/proc/PID/stat` utime+stime and
 /// `/proc/PID/io` read_bytes.
+///
+/// `read_bytes` is read at every call: the attribution reads it over a loader's waits. The CPU
+/// total of a loader worker too (`stallscope experiment` and the advisor take the loaders'
+/// CPU from its last value); that of the other processes (the loops, the launchers) every
+/// [`OTHERS_CPU_EVERY`] calls: only the node's one-second readings and the advisor's CPU per
+/// iteration (a rate) read it, and a whole-process `stat` of a loop walks its every thread
+/// (a training's dozens of intra-op and autograd threads): a fifth of the sampler's CPU at
+/// every call.
 pub struct ProcessTotalsSource {
     proc_root: PathBuf,
     procs: Vec<Totals>,
@@ -19,7 +27,13 @@ pub struct ProcessTotalsSource {
     token: u64,
     /// ns per clock tick (`sysconf(_SC_CLK_TCK)`), to convert utime and stime.
     ns_per_tick: u64,
+    /// Calls so far.
+    calls: u64,
 }
+
+/// Calls of [`ProcessTotalsSource`] per read of the CPU total of a process that is not a
+/// loader worker: every 500 ms on the slow tier.
+pub const OTHERS_CPU_EVERY: u64 = 5;
 
 struct Totals {
     pid: u32,
@@ -46,6 +60,7 @@ impl ProcessTotalsSource {
             buf: Vec::new(),
             token: 0,
             ns_per_tick: 1_000_000_000 / ticks_per_s,
+            calls: 0,
         }
     }
 
@@ -94,11 +109,16 @@ impl Source for ProcessTotalsSource {
             self.procs.iter_mut().for_each(|p| p.ids = None);
         }
         let (buf, ns_per_tick) = (&mut self.buf, self.ns_per_tick);
+        let others_due = self.calls % OTHERS_CPU_EVERY == 0;
+        self.calls += 1;
         self.procs.retain_mut(|p| {
-            let cpu_ticks = match read_cpu_ticks(&p.stat, buf) {
-                Ok(ticks) => ticks,
-                Err(Failure::Gone) => return false,
-                Err(Failure::Other(e)) => {
+            let first = p.ids.is_none();
+            let cpu_due = first || others_due || watched.is_worker(p.pid);
+            let cpu_ticks = match cpu_due.then(|| read_cpu_ticks(&p.stat, buf)) {
+                None => None,
+                Some(Ok(ticks)) => Some(ticks),
+                Some(Err(Failure::Gone)) => return false,
+                Some(Err(Failure::Other(e))) => {
                     failure.get_or_insert(e.with_path(proc_root.join(format!("{}/stat", p.pid))));
                     return false;
                 }
@@ -113,7 +133,9 @@ impl Source for ProcessTotalsSource {
                 None => None,
             };
             let ids = *p.ids.get_or_insert_with(|| declare_totals(out, p.pid));
-            out.push(ids[0], cpu_ticks * ns_per_tick);
+            if let Some(ticks) = cpu_ticks {
+                out.push(ids[0], ticks * ns_per_tick);
+            }
             if let Some(bytes) = read_bytes {
                 out.push(ids[1], bytes);
             }
@@ -200,6 +222,38 @@ mod tests {
         assert_eq!(round.get(names::PROC_READ_BYTES, dd), Some(90_112));
         assert_eq!(round.get(names::PROC_ALL_CPU_NS, ("pid", "6885")), Some(0));
         assert_eq!(round.get(names::PROC_READ_BYTES, ("pid", "6885")), None);
+    }
+
+    /// The loop's CPU total is read every fifth call (its `stat` walks all its threads); the
+    /// loader worker's, which `experiment` takes at its last value, and every process's
+    /// storage reads, which the attribution reads over a wait, at every call.
+    #[test]
+    fn a_loops_cpu_total_is_read_every_fifth_call_a_workers_and_the_reads_at_every_one() {
+        let fake = FakeRoots::new();
+        for pid in [6971, 7000] {
+            fake.proc(&format!("{pid}/stat"), "dd_stat.txt");
+            fake.proc(&format!("{pid}/io"), "dd_io.txt");
+        }
+        let job = Watched {
+            pids: vec![6971, 7000],
+            launchers: Vec::new(),
+            loops: vec![6971],
+        };
+        let mut source = ProcessTotalsSource::new(&fake.roots);
+        let mut reg = Registry::default();
+        let (the_loop, worker) = (("pid", "6971"), ("pid", "7000"));
+        let mut loop_cpu_reads = Vec::new();
+        for call in 0..11 {
+            source.sample(&job, &mut reg).unwrap();
+            let round = Round::take(&mut reg);
+            if round.get(names::PROC_ALL_CPU_NS, the_loop).is_some() {
+                loop_cpu_reads.push(call);
+            }
+            assert!(round.get(names::PROC_ALL_CPU_NS, worker).is_some());
+            assert_eq!(round.get(names::PROC_READ_BYTES, the_loop), Some(90_112));
+            assert_eq!(round.get(names::PROC_READ_BYTES, worker), Some(90_112));
+        }
+        assert_eq!(loop_cpu_reads, [0, 5, 10]);
     }
 
     #[test]
