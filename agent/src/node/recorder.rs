@@ -16,7 +16,7 @@ use stallscope_analysis::hang::{self, HangEvent, HangWatch};
 use stallscope_analysis::job::JobTimeline;
 use stallscope_analysis::journal::retention::KeepHandle;
 use stallscope_analysis::journal::{Breakdowns, FrameSink, Journal};
-use stallscope_analysis::marker::{Marker, MarkerEvent};
+use stallscope_analysis::marker::{Marker, MarkerEvent, MAX_DATAGRAM};
 use stallscope_analysis::process::ancestors;
 use stallscope_analysis::slowdown::{self, SlowdownNews};
 use stallscope_analysis::summary::{self, Summary};
@@ -24,7 +24,7 @@ use stallscope_analysis::view::JobView;
 
 use super::feed::FeedHub;
 use crate::clock::monotonic_ns;
-use crate::markers::Datagram as Received;
+use crate::markers::{Channel, Datagram as Received};
 use crate::proctree::ProcEntry;
 use crate::sampler::{LoopPids, SamplerEvent};
 use crate::sink::{Mailbox, Sink};
@@ -99,6 +99,10 @@ pub struct Recorder {
     status: Box<dyn StatusOut>,
     feed: Option<Arc<FeedHub>>,
     pending_markers: Vec<Marker>,
+    /// The processes' own marker channels, read at every round ([`Recorder::read_channels`]).
+    channels: Vec<Channel>,
+    /// Where a channel's markers are read into.
+    channel_buf: Vec<u8>,
     /// `--iter-regex`: steps come from stdout, not from the hook.
     regex_steps: bool,
     emitted: BTreeMap<u32, ProcessInfo>,
@@ -160,6 +164,8 @@ impl Recorder {
             status,
             feed: None,
             pending_markers: Vec::new(),
+            channels: Vec::new(),
+            channel_buf: vec![0; MAX_DATAGRAM + 1],
             regex_steps,
             emitted: BTreeMap::new(),
             descendants: Arc::default(),
@@ -264,10 +270,27 @@ impl Recorder {
             Event::Marker(Received::Rejected(why)) => self.status.say(&format!(
                 "stallscope: rejected a malformed marker ({why}); further ones are only counted"
             )),
+            Event::Marker(Received::Channel(c)) => self.channels.push(c),
             Event::RegexStep(m) => self.on_marker(m),
             Event::Finish(code) => return Some(code),
         }
         None
+    }
+
+    /// Reads what every process's own channel holds, in the order the channels came, as if
+    /// each marker had come through the listener; forgets the channels their processes closed.
+    /// A channel comes after the markers its process sent before it (they reached the
+    /// listener first), and is read after them.
+    fn read_channels(&mut self) {
+        let mut channels = std::mem::take(&mut self.channels);
+        let mut buf = std::mem::take(&mut self.channel_buf);
+        channels.retain_mut(|c| {
+            c.drain(&mut buf, |d| {
+                self.on_event(Event::Marker(d));
+            })
+        });
+        self.channels = channels;
+        self.channel_buf = buf;
     }
 
     /// Queues a marker for the next frame; a step makes its sender a training loop.
@@ -459,6 +482,7 @@ impl Recorder {
                 for ev in inbox.0.take_all() {
                     self.on_event(ev);
                 }
+                self.read_channels();
                 self.attribute(false);
                 last_attr = Instant::now();
             }
@@ -480,6 +504,7 @@ impl Recorder {
         for ev in inbox.0.take_all().into_iter().chain(rx.try_iter()) {
             let _ = self.on_event(ev);
         }
+        self.read_channels();
         self.attribute(true);
         let end = RunEnd {
             ended_mono_ns: monotonic_ns(),

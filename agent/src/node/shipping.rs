@@ -267,9 +267,14 @@ pub struct TrackSenders {
 
 impl Sink<Datagram> for TrackSenders {
     fn put(&self, item: Datagram) -> bool {
-        if let Datagram::Marker(m) = &item {
+        let sender = match &item {
+            Datagram::Marker(m) => Some(m.pid),
+            Datagram::Channel(c) => Some(c.pid),
+            Datagram::Rejected(_) => None,
+        };
+        if let Some(pid) = sender {
             if let Ok(mut r) = self.roots.lock() {
-                r.insert(m.pid);
+                r.insert(pid);
             }
         }
         self.inbox.put(item)

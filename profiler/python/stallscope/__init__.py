@@ -9,6 +9,15 @@ named by ``$STALLSCOPE_SOCKET``, in the wire format that ``analysis/src/marker.r
 
 Profiling must never slow down or break the trainer, so a send never blocks and never raises:
 a missing, stale or full socket costs one failed system call and is counted by ``dropped()``.
+
+Each process then moves to a channel of its own: a connected ``SOCK_SEQPACKET`` pair whose two
+ends it sends to the profiler with a ``SSR1`` datagram (``SCM_RIGHTS``). The shared socket
+queues only ten datagrams whoever sends them, so the profiler had to wake for each burst of
+events; a connected pair holds what its sender's buffer holds, and the profiler reads it ten
+times a second. Once the profiler has answered (one byte on the pair), the process sends
+``SSC1`` on the shared socket, the last datagram there, and every later event on its pair, so
+its events keep their order. A profiler that does not answer leaves the process on the shared
+socket, as before.
 Without ``$STALLSCOPE_SOCKET`` events go to a node agent's socket when one exists: a root
 agent's (``/run/stallscope/agent.sock``), else this user's own (``agent.sock`` under
 ``$XDG_RUNTIME_DIR/stallscope`` or ``/tmp/stallscope-UID``), each only from a directory that
@@ -25,6 +34,7 @@ Usage::
         stallscope.step()
 """
 
+import array
 import collections
 import itertools
 import os
@@ -142,9 +152,25 @@ _flush_lock = threading.Lock()
 _flusher_wake = threading.Event()
 _flusher_pid = 0
 
+# This process's own channel (see the module's docs): the pair's sending end once the profiler
+# answered (``_chan``), or while it has not yet (``_pending``); registrations tried.
+_REGISTER = b"SSR1"
+_SWITCH = b"SSC1"
+_chan = None
+_pending = None
+_answered = False
+_pending_since = 0
+_channel_tries = 0
+# A registration not answered within this long is given up (an older profiler, or one that
+# took too many channels); at most this many registrations per process.
+_PENDING_PATIENCE_NS = 1_000_000_000
+_MAX_CHANNEL_TRIES = 2
+_channel_lock = threading.Lock()
+
 
 def _adopt(pid):
     global _pid, _ident, _seq, _iter, _dropped, _flush_lock, _flusher_wake
+    global _chan, _pending, _answered, _pending_since, _channel_tries, _channel_lock
     _pid = pid
     _ident = b"%d %d" % (pid, _rank)
     _seq = itertools.count()
@@ -156,6 +182,18 @@ def _adopt(pid):
     # may have held at the fork.
     _flush_lock = threading.Lock()
     _flusher_wake = threading.Event()
+    # Nor its channel: the child's copies of the parent's ends are closed (the parent's stay
+    # open), and the child registers one of its own.
+    for inherited in (_chan, _pending):
+        if inherited is not None:
+            try:
+                inherited.close()
+            except Exception:
+                pass
+    _chan = _pending = None
+    _answered = False
+    _pending_since = _channel_tries = 0
+    _channel_lock = threading.Lock()
 
 
 _adopt(_getpid())
@@ -183,13 +221,98 @@ def _send(tail, t_ns=None):
                 _flush_lock.release()
             if not flushed:
                 return _hold(datagram)
-        _sock.sendto(datagram, _addr)
+        _transmit(datagram)
+        if _chan is None:
+            _channel_step()
         return True
     except BlockingIOError:  # full: the profiler is behind
         return _hold(datagram)
     except Exception:  # missing, refused, anything: the trainer goes on
         _dropped += 1  # may lose a count under thread races; never blocks
         return False
+
+
+def _transmit(datagram):
+    """Sends one datagram on this process's channel once it has one, else on the shared
+    socket; raises what the send raises (``BlockingIOError`` when full). A channel the
+    profiler closed is left for the shared socket."""
+    global _chan
+    chan = _chan
+    if chan is not None:
+        try:
+            chan.send(datagram)
+            return
+        except BlockingIOError:
+            raise
+        except OSError:  # the profiler closed it (stopped, or too many channels)
+            _chan = None
+            try:
+                chan.close()
+            except Exception:
+                pass
+    _sock.sendto(datagram, _addr)
+
+
+def _channel_step():
+    """One step, never blocking, towards this process's own channel, after an event the shared
+    socket took: register a pair, then, once the profiler answered and nothing is held, say
+    ``SSC1`` on the shared socket and send on the pair from then on. Gives up (the shared
+    socket stays) when the profiler closes the pair unanswered, or after
+    ``_PENDING_PATIENCE_NS`` without an answer."""
+    global _chan, _pending, _answered, _pending_since, _channel_tries
+    if not _channel_lock.acquire(False):
+        return
+    try:
+        if _pending is None:
+            if _channel_tries >= _MAX_CHANNEL_TRIES or _held:
+                return
+            _channel_tries += 1
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                ours.setblocking(False)
+                fds = array.array("i", [theirs.fileno(), ours.fileno()])
+                _sock.sendmsg([_REGISTER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], 0, _addr)
+            except Exception:  # full, gone, or no SCM_RIGHTS here: the shared socket stays
+                ours.close()
+                return
+            finally:
+                theirs.close()
+            _pending, _answered, _pending_since = ours, False, _monotonic_ns()
+            return
+        if not _answered:
+            try:
+                answer = _pending.recv(1)
+            except BlockingIOError:
+                answer = None
+            if answer == b"":  # closed unanswered: the profiler took no channel from us
+                _give_up_pending()
+                return
+            _answered = answer == b"\x01"
+            if not _answered:
+                if _monotonic_ns() - _pending_since > _PENDING_PATIENCE_NS:
+                    _give_up_pending()
+                return
+        if _held:
+            return
+        try:
+            _sock.sendto(_SWITCH, _addr)
+        except BlockingIOError:  # full: tried again after the next event
+            return
+        _chan, _pending = _pending, None
+    except Exception:  # anything else: the shared socket stays
+        _give_up_pending()
+    finally:
+        _channel_lock.release()
+
+
+def _give_up_pending():
+    global _pending
+    pending, _pending = _pending, None
+    if pending is not None:
+        try:
+            pending.close()
+        except Exception:
+            pass
 
 
 def _hold(datagram, bound=_MAX_HELD):
@@ -211,7 +334,7 @@ def _flush_held():
     global _dropped
     while _held:
         try:
-            _sock.sendto(_held[0], _addr)
+            _transmit(_held[0])
         except BlockingIOError:
             return False
         except Exception:  # gone or refused: nobody will read them

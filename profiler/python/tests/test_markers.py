@@ -5,6 +5,7 @@ this package's idea of it; ``Receiver`` collects datagrams from a real Unix sock
 hook tests use both.
 """
 
+import array
 import importlib
 import os
 import re
@@ -92,31 +93,107 @@ def parse(datagram):
     return m
 
 
+# The datagrams that move a process to its own channel (agent/src/markers.rs): not markers.
+REGISTER, SWITCH = b"SSR1", b"SSC1"
+
+
+def next_marker(sock):
+    """The next marker datagram of ``sock``, parsed, past the channel's datagrams; raises what
+    ``recv`` raises (``BlockingIOError`` when none is left)."""
+    while True:
+        d = sock.recv(65536)
+        if d not in (REGISTER, SWITCH):
+            return parse(d)
+
+
 class Receiver:
-    """Binds a socket at ``path`` and collects what arrives on a thread until ``stop()``.
+    """Binds a socket at ``path`` and collects what arrives on a thread until ``stop()``, as the
+    profiler's listener does: it answers a process's channel (``answer``; an older profiler
+    does not) and reads it from that process's ``SSC1`` on.
 
     The kernel queues only a few datagrams per Unix socket (net.unix.max_dgram_qlen, 10 by
     default), so the receiver drains it continuously, as the profiler's listener must.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, answer=True):
         self.path = path
+        self.answer = answer
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(path)
-        self.sock.settimeout(0.05)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.datagrams = []
+        #: Datagrams that came on a process's channel (the rest came on the shared socket).
+        self.on_channels = 0
+        self._waiting = {}  # pid -> channel registered, until its SSC1
+        self._channels = []
+        self._drop = threading.Event()  # drop_channels() asked; the thread clears it once done
         self._running = True
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _shared(self):
+        fd_size = array.array("i").itemsize
+        data, ancillary, _, _ = self.sock.recvmsg(
+            65536, socket.CMSG_SPACE(2 * fd_size) + socket.CMSG_SPACE(3 * fd_size))
+        pid, fds = None, []
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                pid = array.array("i", payload[:3 * fd_size])[0]
+            elif level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", payload[:len(payload) - len(payload) % fd_size]))
+        if data == REGISTER:
+            ends = [socket.socket(fileno=fd) for fd in fds]
+            if self.answer and len(ends) == 2:
+                ends[1].close()
+                ends[0].send(b"\x01")
+                self._waiting[pid] = ends[0]
+            else:
+                for end in ends:
+                    end.close()
+        elif data == SWITCH:
+            channel = self._waiting.pop(pid, None)
+            if channel is not None:
+                self._channels.append(channel)
+        else:
+            for fd in fds:
+                os.close(fd)
+            self.datagrams.append(data)
+
     def _run(self):
+        import select
+
         while self._running:
+            if self._drop.is_set():
+                for c in self._channels:
+                    c.close()
+                self._channels.clear()
+                self._drop.clear()
             try:
-                self.datagrams.append(self.sock.recv(65536))
-            except socket.timeout:
-                continue
-            except OSError:
+                ready, _, _ = select.select([self.sock] + self._channels, [], [], 0.05)
+            except (OSError, ValueError):
                 return
+            for r in ready:
+                try:
+                    if r is self.sock:
+                        self._shared()
+                        continue
+                    data = r.recv(65536)
+                except OSError:
+                    continue
+                if data:
+                    self.datagrams.append(data)
+                    self.on_channels += 1
+                else:  # the process closed it
+                    self._channels.remove(r)
+                    r.close()
+
+    def drop_channels(self):
+        """Closes every channel it reads, as a profiler that takes no more would, and returns
+        once it has."""
+        self._drop.set()
+        deadline = time.monotonic() + 5
+        while self._drop.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def stop(self, settle=0.2):
         """Waits ``settle`` seconds for stragglers, stops, and returns the parsed markers."""
@@ -124,6 +201,8 @@ class Receiver:
         self._running = False
         self._thread.join()
         self.sock.close()
+        for c in self._channels + list(self._waiting.values()):
+            c.close()
         return [parse(d) for d in self.datagrams]
 
 
@@ -131,8 +210,9 @@ def load(socket_path, rank=None):
     """Re-imports stallscope as a process started with these variables would see it."""
     env = {"STALLSCOPE_SOCKET": socket_path, "RANK": rank}
     saved = {k: os.environ.get(k) for k in env}
-    if isinstance(stallscope._sock, socket.socket):
-        stallscope._sock.close()
+    for open_socket in (stallscope._sock, stallscope._chan, stallscope._pending):
+        if isinstance(open_socket, socket.socket):
+            open_socket.close()
     try:
         for key, value in env.items():
             if value is None:
@@ -156,6 +236,49 @@ class MarkerTest(unittest.TestCase):
     def tearDown(self):
         load(None)
         self.dir.cleanup()
+
+    def test_a_process_moves_to_its_own_channel_and_its_events_keep_their_order(self):
+        # The shared socket queues 10 datagrams, so the profiler woke for each burst; a
+        # process's own pair holds what its buffer holds, read ten times a second.
+        receiver = Receiver(self.path)
+        ss = load(self.path)
+        for i in range(100):
+            ss.step()
+            if i < 3:
+                time.sleep(0.05)  # a loop's first iterations: the profiler answers meanwhile
+        markers = receiver.stop()
+        self.assertEqual([m.seq for m in markers], list(range(100)))
+        self.assertIsNotNone(ss._chan)
+        # The first event, then one more while the profiler's answer came, on the shared socket.
+        self.assertGreaterEqual(receiver.on_channels, 97)
+        self.assertEqual(ss.dropped(), 0)
+
+    def test_a_profiler_that_does_not_answer_leaves_the_process_on_the_shared_socket(self):
+        receiver = Receiver(self.path, answer=False)
+        ss = load(self.path)
+        for _ in range(10):
+            ss.step()
+            time.sleep(0.05)
+        markers = receiver.stop()
+        self.assertEqual([m.seq for m in markers], list(range(10)))
+        self.assertEqual(receiver.on_channels, 0)
+        self.assertIsNone(ss._chan)
+        self.assertIsNone(ss._pending, "closed unanswered: given up, twice")
+        self.assertEqual(ss._channel_tries, ss._MAX_CHANNEL_TRIES)
+
+    def test_a_channel_the_profiler_closes_leaves_the_process_on_the_shared_socket(self):
+        receiver = Receiver(self.path)
+        ss = load(self.path)
+        for _ in range(10):
+            ss.step()
+            time.sleep(0.02)
+        self.assertIsNotNone(ss._chan)
+        receiver.drop_channels()  # the profiler drops it (too many, or stopped)
+        for _ in range(10):
+            ss.step()
+            time.sleep(0.02)
+        markers = receiver.stop()
+        self.assertEqual([m.seq for m in markers], list(range(20)))
 
     def test_events_follow_the_wire_format(self):
         receiver = Receiver(self.path)
@@ -339,7 +462,7 @@ class MarkerTest(unittest.TestCase):
             held, dropped = len(ss._held), ss.dropped()  # the flusher finds the socket full
             while True:
                 try:
-                    parse(unread.recv(65536))
+                    next_marker(unread)
                     queued += 1
                 except BlockingIOError:
                     break
@@ -361,7 +484,7 @@ class MarkerTest(unittest.TestCase):
         def drain():
             while True:
                 try:
-                    received.append(parse(unread.recv(65536)))
+                    received.append(next_marker(unread))
                 except BlockingIOError:
                     return
 
@@ -403,7 +526,7 @@ class MarkerTest(unittest.TestCase):
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:  # the profiler reads; the training sends nothing
                 try:
-                    received.append(parse(unread.recv(65536)))
+                    received.append(next_marker(unread))
                 except BlockingIOError:
                     if len(received) == 31:
                         break
@@ -439,7 +562,7 @@ class MarkerTest(unittest.TestCase):
             while time.monotonic() < deadline:
                 while True:
                     try:
-                        later.append(parse(unread.recv(65536)))
+                        later.append(next_marker(unread))
                     except BlockingIOError:
                         break
                 if not ss._held and [m for m in later if m.event == "M"]:
