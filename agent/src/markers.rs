@@ -80,6 +80,19 @@ pub const MAX_CHANNELS: usize = 1024;
 /// `CAP_NET_ADMIN`); ~5,000 markers, 10 Hz reads of a 1-ms loop.
 pub const CHANNEL_BUFFER: libc::c_int = 4 << 20;
 
+/// Environment variable that sets the send buffer asked for a channel, bytes, in place of
+/// [`CHANNEL_BUFFER`] (`0`: the sender's own, 208 KiB on Debian: 278 markers).
+pub const CHANNEL_BUFFER_ENV: &str = "STALLSCOPE_CHANNEL_BUFFER";
+
+/// bytes, the send buffer to ask for a channel ([`CHANNEL_BUFFER_ENV`], else
+/// [`CHANNEL_BUFFER`]); 0 asks for nothing.
+fn channel_buffer() -> libc::c_int {
+    std::env::var(CHANNEL_BUFFER_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(CHANNEL_BUFFER)
+}
+
 /// Markers read from one channel per round at most: a round's time stays bounded whatever a
 /// process sends (the rest wait in its buffer for the next round).
 const MAX_PER_DRAIN: usize = 20_000;
@@ -385,16 +398,19 @@ fn register(fds: Vec<OwnedFd>, sender: Option<u32>, counts: &Counts) -> Option<C
         open: counts.channels.clone(),
     };
     // Room for a 1-ms loop's markers between two reads, where the kernel lets us (root).
-    // SAFETY: a valid socket and a pointer to an int of the right size; failure leaves the
-    // sender's own buffer.
-    unsafe {
-        libc::setsockopt(
-            sending.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUFFORCE,
-            (&CHANNEL_BUFFER as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
+    let bytes = channel_buffer();
+    if bytes > 0 {
+        // SAFETY: a valid socket and a pointer to an int of the right size; failure leaves
+        // the sender's own buffer.
+        unsafe {
+            libc::setsockopt(
+                sending.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUFFORCE,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
     }
     drop(sending);
     // The answer: from now on the package sends on the pair.

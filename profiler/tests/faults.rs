@@ -227,17 +227,20 @@ fn a_source_failing_every_tick_is_said_once() {
     assert_eq!(down.len(), unique.len(), "each said once: {}", r.stderr);
 }
 
-/// stallscope stops reading (SIGSTOP) while the training sends markers: the marker socket
-/// fills, the hook's sends fail without blocking, and the training runs on to its end; once
-/// stallscope runs again (SIGCONT) it finishes with the training's exit code.
+/// stallscope stops reading (SIGSTOP) while the training sends markers: the process's marker
+/// channel fills (its sender's own buffer, 278 markers: `STALLSCOPE_CHANNEL_BUFFER=0`), then
+/// the 1,024 the package holds, the hook's sends fail without blocking, and the training runs
+/// on to its end; once stallscope runs again (SIGCONT) it finishes with the training's exit
+/// code.
 #[test]
 fn a_full_marker_socket_does_not_block_the_training() {
     if !have_torch() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    // Enough markers to fill the socket's buffer many times over (~6 an iteration).
-    let iters = 150;
+    // Enough markers to fill the channel and the package's hold many times over (~6 an
+    // iteration).
+    let iters = 600;
     let stopped = Arc::new(Mutex::new(None::<u32>));
     let printed = Arc::new(AtomicUsize::new(0));
     let stop = stopped.clone();
@@ -264,6 +267,7 @@ fn a_full_marker_socket_does_not_block_the_training() {
         &["--summary-json", json_flag],
         iters,
     );
+    cmd.env("STALLSCOPE_CHANNEL_BUFFER", "0");
     let started = Instant::now();
     let r = run_counting(
         &mut cmd,
