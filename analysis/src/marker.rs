@@ -1,7 +1,8 @@
 //! Iteration and phase markers, and their wire format.
 //!
 //! Training processes send one datagram per event on a Unix datagram socket, non-blocking, so
-//! a slow or absent profiler costs the trainer nothing but a dropped event. The format is one
+//! a slow or absent profiler costs the trainer nothing but a dropped event (or, after their
+//! first event, on a connected pair of their own: agent/src/markers.rs). The format is one
 //! line of ASCII text, versioned by its first word, so that any language can emit it with a
 //! `printf` and a reader can reject what it does not understand with a precise message:
 //!
