@@ -74,6 +74,12 @@ pub struct SamplerConfig {
     /// them. Their ancestors in the job that run no loop are launchers, read on the slow tier
     /// only ([`Watched::launchers`]). `None`, or while empty: every process every tick.
     pub loops: Option<LoopPids>,
+    /// Set by whoever reads the markers when a process it has not seen sends its first one (a
+    /// loader worker just started) or a process sends its first step (a loop is known, so its
+    /// workers are watched thread by thread): the sampler discovers at its next wake-up rather
+    /// than at the next [`SamplerConfig::discovery_interval`], so the workers' first batches
+    /// are watched as the loader's and not left unexplained. `None`: only on the interval.
+    pub discover_now: Option<DiscoverNow>,
 }
 
 /// The job's pids as last discovered, shared between samplers.
@@ -97,6 +103,20 @@ pub type ExtraRoots = Arc<Mutex<BTreeSet<u32>>>;
 /// Pids of the job's training loops, shared with whoever reads the markers.
 pub type LoopPids = Arc<Mutex<BTreeSet<u32>>>;
 
+/// The markers told of a new process or a new loop: discover now
+/// ([`SamplerConfig::discover_now`]).
+pub type DiscoverNow = Arc<AtomicBool>;
+
+/// What the markers' reader tells the samplers as it reads.
+#[derive(Clone, Debug, Default)]
+pub struct MarkerNews {
+    /// The processes that sent a step ([`SamplerConfig::loops`]).
+    pub loops: LoopPids,
+    /// A process not yet discovered sent a marker, or a loop its first step
+    /// ([`SamplerConfig::discover_now`]).
+    pub discover_now: DiscoverNow,
+}
+
 impl SamplerConfig {
     /// 100 Hz, slow tier every 100 ms, discovery every second, on `/proc` and `/sys`.
     pub fn new(root_pid: u32) -> Self {
@@ -111,6 +131,7 @@ impl SamplerConfig {
             thread_name: "stallscope-sampler".into(),
             extra_roots: None,
             loops: None,
+            discover_now: None,
         }
     }
 }
@@ -348,8 +369,12 @@ impl Sampler {
                 return;
             }
             let now = monotonic_ns();
-            if now >= next_discovery {
-                next_discovery = next_after(next_discovery, discovery, now);
+            let nudged = (self.config.discover_now.as_ref())
+                .is_some_and(|n| n.swap(false, Ordering::AcqRel));
+            if now >= next_discovery || nudged {
+                if now >= next_discovery {
+                    next_discovery = next_after(next_discovery, discovery, now);
+                }
                 if self.discover().is_err() {
                     return;
                 }
@@ -686,6 +711,43 @@ mod tests {
         assert!(
             scripted.windows(2).all(|w| w[0] < w[1]) && !scripted.contains(&0),
             "values of failed reads are dropped: {scripted:?}"
+        );
+    }
+
+    /// A process started after a discovery is found at the sampler's next wake-up once the
+    /// markers ask (a loader worker's first marker), not at the next discovery a minute on.
+    #[test]
+    fn a_new_process_is_discovered_at_once_when_the_markers_ask() {
+        let discover_now = DiscoverNow::default();
+        let config = SamplerConfig {
+            discovery_interval: Duration::from_secs(60),
+            discover_now: Some(discover_now.clone()),
+            ..config(100.0)
+        };
+        let (tx, rx) = mpsc::channel();
+        let handle = spawn(config, Vec::new(), tx);
+        thread::sleep(Duration::from_millis(100));
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = child.id();
+        let found =
+            |c: &Collected| (c.processes.iter()).any(|(live, _)| live.iter().any(|e| e.pid == pid));
+        thread::sleep(Duration::from_millis(300));
+        let unasked = Collected::from(&rx);
+        discover_now.store(true, Ordering::Release);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut asked = Collected::from(&rx);
+        while !found(&asked) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+            asked.processes.extend(Collected::from(&rx).processes);
+        }
+        handle.stop();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!found(&unasked), "found before the markers asked");
+        assert!(found(&asked), "not found within 5 s of the markers asking");
+        assert!(
+            !discover_now.load(Ordering::Acquire),
+            "the request is taken"
         );
     }
 

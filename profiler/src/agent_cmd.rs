@@ -126,7 +126,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<i32> {
         NodeInputs::machine(args.roots.roots()),
         0,
         Some(roots),
-        recorder.loops.clone(),
+        recorder.news.clone(),
         &inbox,
     );
     if let Some(what) = &samplers.gpu_described {

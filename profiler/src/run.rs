@@ -265,7 +265,7 @@ pub fn record(args: &RunArgs, extra_env: &[(String, String)]) -> anyhow::Result<
         NodeInputs::machine(args.roots.roots()),
         pid,
         None,
-        recorder.loops.clone(),
+        recorder.news.clone(),
         &inbox,
     );
     if let Some(why) = samplers.gpu_missing.as_ref().filter(|_| !args.quiet) {

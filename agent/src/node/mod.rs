@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use stallscope_analysis::frame::RunHeader;
 
 use crate::clock::monotonic_ns;
-use crate::sampler::{self, LoopPids, Pids, SamplerConfig, SamplerHandle, SharedPids};
+use crate::sampler::{self, MarkerNews, Pids, SamplerConfig, SamplerHandle, SharedPids};
 use crate::sources::Roots;
 use recorder::Inbox;
 
@@ -156,14 +156,14 @@ pub struct Samplers {
 
 impl Samplers {
     /// Starts both at `rate_hz` into `inbox`, reading `inputs`, rooted at `root_pid` (0: none,
-    /// the agent's case) plus `extra_roots`, telling `loops` which processes run training
-    /// loops.
+    /// the agent's case) plus `extra_roots`, told by `news` which processes run training loops
+    /// and when to discover again at once.
     pub fn start(
         rate_hz: f64,
         inputs: NodeInputs,
         root_pid: u32,
         extra_roots: Option<sampler::ExtraRoots>,
-        loops: LoopPids,
+        news: MarkerNews,
         inbox: &Inbox,
     ) -> Samplers {
         let pids = SharedPids::default();
@@ -172,7 +172,8 @@ impl Samplers {
             roots: inputs.roots,
             pids: Pids::DiscoverAndPublish(pids.clone()),
             extra_roots,
-            loops: Some(loops),
+            loops: Some(news.loops),
+            discover_now: Some(news.discover_now),
             ..SamplerConfig::new(root_pid)
         };
         let cpu = sampler::spawn(

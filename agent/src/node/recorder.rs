@@ -6,6 +6,7 @@
 //! exactly the one a replay of the profile rebuilds.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,7 +27,7 @@ use super::feed::FeedHub;
 use crate::clock::monotonic_ns;
 use crate::markers::{Channel, Datagram as Received};
 use crate::proctree::ProcEntry;
-use crate::sampler::{LoopPids, SamplerEvent};
+use crate::sampler::{MarkerNews, SamplerEvent};
 use crate::sink::{Mailbox, Sink};
 
 /// What the recorder is sent.
@@ -108,11 +109,14 @@ pub struct Recorder {
     emitted: BTreeMap<u32, ProcessInfo>,
     /// Every process of the job seen, with its start time, for cleanup.
     pub descendants: Arc<Mutex<Vec<(u32, u64)>>>,
-    /// The processes that sent a step (the training loops), for the sampler, which reads the
-    /// launchers above them at the slow tier only.
-    pub loops: LoopPids,
-    /// What `loops` holds, without its lock.
+    /// For the samplers: the processes that sent a step (the training loops; the sampler reads
+    /// the launchers above them at the slow tier only), and when to discover again at once.
+    pub news: MarkerNews,
+    /// What `news.loops` holds, without its lock.
     loops_seen: BTreeSet<u32>,
+    /// Senders not discovered when their first marker came, for which discovery was asked
+    /// (once each).
+    senders_announced: BTreeSet<u32>,
     /// Called after every attribution round with the timeline and the new breakdowns (the
     /// agent ships them from here).
     tap: Option<Tap>,
@@ -169,8 +173,9 @@ impl Recorder {
             regex_steps,
             emitted: BTreeMap::new(),
             descendants: Arc::default(),
-            loops: LoopPids::default(),
+            news: MarkerNews::default(),
             loops_seen: BTreeSet::new(),
+            senders_announced: BTreeSet::new(),
             tap: None,
             hang_watch: None,
             flight_recorder: None,
@@ -293,12 +298,22 @@ impl Recorder {
         self.channel_buf = buf;
     }
 
-    /// Queues a marker for the next frame; a step makes its sender a training loop.
+    /// Queues a marker for the next frame; a step makes its sender a training loop. A new loop,
+    /// or the first marker of a process not yet discovered, asks the sampler to discover now:
+    /// a loop's workers are watched thread by thread only once the loop is known.
     fn on_marker(&mut self, m: Marker) {
+        let mut news = false;
         if m.event == MarkerEvent::Step && self.loops_seen.insert(m.pid) {
-            if let Ok(mut loops) = self.loops.lock() {
+            if let Ok(mut loops) = self.news.loops.lock() {
                 loops.insert(m.pid);
             }
+            news = true;
+        }
+        if !self.emitted.contains_key(&m.pid) && self.senders_announced.insert(m.pid) {
+            news = true;
+        }
+        if news {
+            self.news.discover_now.store(true, Ordering::Release);
         }
         self.pending_markers.push(m);
     }
@@ -518,5 +533,66 @@ impl Recorder {
         }
         self.status.clear();
         summary
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marker(pid: u32, event: MarkerEvent) -> Marker {
+        Marker {
+            seq: 0,
+            t_ns: 1_000,
+            pid,
+            rank: Some(0),
+            iter: 0,
+            event,
+        }
+    }
+
+    /// The sampler is asked to discover again at once by a process it has not found yet
+    /// (a loader worker's first marker) and by a loop's first step (its workers are then
+    /// watched thread by thread), once each; not by every marker.
+    #[test]
+    fn a_new_sender_or_a_new_loop_asks_for_discovery_once() {
+        let mut r = Recorder::new(
+            None,
+            super::super::header(&[], 100.0, 1),
+            "t",
+            Box::new(Stderr),
+            false,
+        );
+        let asked = |r: &Recorder| r.news.discover_now.swap(false, Ordering::AcqRel);
+        r.on_processes(
+            1,
+            &[ProcEntry {
+                pid: 10,
+                ppid: 1,
+                comm: "python".into(),
+                starttime: 5,
+            }],
+            &[],
+        );
+        r.on_marker(marker(10, MarkerEvent::Begin("forward".into())));
+        assert!(!asked(&r), "a discovered process's marker asks nothing");
+        r.on_marker(marker(10, MarkerEvent::Step));
+        assert!(asked(&r), "a new loop asks");
+        r.on_marker(marker(10, MarkerEvent::Step));
+        assert!(!asked(&r), "a known loop does not");
+        r.on_marker(marker(11, MarkerEvent::Begin("fetch".into())));
+        assert!(asked(&r), "an undiscovered sender asks");
+        r.on_marker(marker(11, MarkerEvent::End("fetch".into())));
+        assert!(!asked(&r), "once");
+        assert_eq!(
+            r.news
+                .loops
+                .lock()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            [10]
+        );
     }
 }

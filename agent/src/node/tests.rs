@@ -84,7 +84,7 @@ fn a_gpu_rank_flows_from_the_os_inputs_to_the_live_model() {
         roots: fake.roots.clone(),
         gpu: GpuInput::Backend(Box::new(gpu)),
     };
-    let samplers = Samplers::start(100.0, inputs, PID, None, recorder.loops.clone(), &inbox);
+    let samplers = Samplers::start(100.0, inputs, PID, None, recorder.news.clone(), &inbox);
     assert!(
         samplers.gpu_described.is_some(),
         "the scripted GPU's thread runs"
