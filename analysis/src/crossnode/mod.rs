@@ -39,7 +39,7 @@ use crate::Nanos;
 mod resplit;
 mod stragglers;
 
-use resplit::{gpu_exposed_comm, held_by_least_exposed};
+use resplit::{gpu_exposed_comm, held_by_least_exposed, resplit_gpu_owned, resplit_owned};
 pub use resplit::{resplit, resplit_gpu};
 pub(crate) use stragglers::{IterationArrivals, StragglerWindows};
 pub use stragglers::{StragglerWindow, STRAGGLER_MIN_WAIT, WINDOW_CLOSE_LAG_ITERS, WINDOW_ITERS};
@@ -78,6 +78,11 @@ impl JoinedIters {
     }
 
     fn insert(&mut self, iter: u64) {
+        if iter == self.below && self.above.is_empty() {
+            // The next one, in order (as nearly always): no set touched.
+            self.below += 1;
+            return;
+        }
         if iter < self.below {
             return;
         }
@@ -119,6 +124,39 @@ pub struct CrossNode {
     windows: StragglerWindows,
     /// Ranks two nodes both reported, with the nodes and the reports refused.
     clashes: BTreeMap<u32, RankClash>,
+    /// The join's vectors, kept from one iteration to the next.
+    scratch: JoinScratch,
+}
+
+/// What the join of one iteration works out per rank (in rank order) and per collective.
+#[derive(Debug, Default)]
+struct JoinScratch {
+    /// Every rank's collectives on the collector's clock, one rank after the other.
+    spans: Vec<(Nanos, Nanos)>,
+    /// Per rank, where its collectives lie in `spans`.
+    ranges: Vec<(usize, usize)>,
+    /// Per rank, its start on the collector's clock.
+    starts: Vec<Nanos>,
+    /// Per rank, the exposed all-reduce its GPU saw, when timed on it.
+    gpu: Vec<Option<u64>>,
+    /// Per collective, when the last rank began it.
+    latest: Vec<Option<Nanos>>,
+    /// ns a rank held the next-to-last one up (a rank once per collective it was last at).
+    held: Vec<(u32, u64)>,
+    /// Per rank: (peer_wait ns, wall ns).
+    waits: Vec<(u32, (u64, u64))>,
+}
+
+impl JoinScratch {
+    fn clear(&mut self) {
+        self.spans.clear();
+        self.ranges.clear();
+        self.starts.clear();
+        self.gpu.clear();
+        self.latest.clear();
+        self.held.clear();
+        self.waits.clear();
+    }
 }
 
 /// One rank number reported by two nodes for the same iterations: loops that never said their
@@ -320,43 +358,68 @@ impl CrossNode {
     }
 
     /// Joins iteration `iter` of `reports`, appending its breakdowns to `out` (no vector of
-    /// their own, copied there).
+    /// their own, copied there). The reports' breakdowns are split again in place, and what
+    /// the join works out per rank lies in vectors reused from one iteration to the next, in
+    /// rank order (at 10,000 ranks the maps made per iteration, a vector per rank's spans and
+    /// each breakdown's copies were half the join's cost).
     fn join(
         &mut self,
         iter: u64,
         reports: BTreeMap<u32, NodeIteration>,
         out: &mut Vec<IterationBreakdown>,
     ) {
-        // Every rank's collectives on the collector's clock.
-        let spans: BTreeMap<u32, Vec<(Nanos, Nanos)>> = reports
-            .iter()
-            .map(|(rank, r)| {
-                // The node's clock looked up once for all its spans.
-                let clock = self.clocks.get(&r.node);
+        let mut w = std::mem::take(&mut self.scratch);
+        w.clear();
+        {
+            // Each node's clock looked up once for its ranks (a node's ranks are neighbours
+            // in rank order, most often).
+            let clocks = &self.clocks;
+            let mut last: Option<(&str, Option<&NodeClock>)> = None;
+            for r in reports.values() {
+                let clock = match last {
+                    Some((node, clock)) if node == r.node => clock,
+                    _ => {
+                        let clock = clocks.get(&r.node);
+                        last = Some((&r.node, clock));
+                        clock
+                    }
+                };
                 let to_collector = |t: Nanos| clock.map_or(t, |c| c.to_collector(t));
-                let mapped = r
-                    .comm
-                    .iter()
-                    .map(|s| (to_collector(s.begin), to_collector(s.end)))
-                    .collect();
-                (*rank, mapped)
-            })
-            .collect();
-        let collectives = spans.values().map(Vec::len).max().unwrap_or(0);
-        let mut arrivals = IterationArrivals::default();
-        let mut latest = Vec::with_capacity(collectives);
+                // Every rank's collectives on the collector's clock.
+                let from = w.spans.len();
+                w.spans.extend(
+                    r.comm
+                        .iter()
+                        .map(|s| (to_collector(s.begin), to_collector(s.end))),
+                );
+                w.ranges.push((from, w.spans.len()));
+                w.starts.push(to_collector(r.breakdown.start_ns));
+                // Ranks timed on their GPUs: the exposed all-reduce each GPU saw. Their
+                // CPU-side collective spans only say when work was queued.
+                w.gpu.push(gpu_exposed_comm(&r.breakdown));
+            }
+        }
+        let collectives = w.ranges.iter().map(|(a, b)| b - a).max().unwrap_or(0);
         for k in 0..collectives {
-            let mut begins: Vec<(Nanos, u32)> = spans
-                .iter()
-                .filter_map(|(rank, s)| s.get(k).map(|x| (x.0, *rank)))
-                .collect();
-            begins.sort_unstable();
-            let last = begins.last().copied();
-            latest.push(last.map(|l| l.0));
-            if let (Some((t_last, rank)), Some((t_before, _))) =
-                (last, begins.len().checked_sub(2).map(|i| begins[i]))
-            {
-                *arrivals.held.entry(rank).or_default() += t_last - t_before;
+            // The last rank to begin collective `k` and the one before it: the largest two
+            // (begin, rank) of the ranks that had it.
+            let mut last: Option<(Nanos, u32)> = None;
+            let mut before: Option<(Nanos, u32)> = None;
+            for (rank, (a, b)) in reports.keys().zip(&w.ranges) {
+                if k >= b - a {
+                    continue;
+                }
+                let x = (w.spans[a + k].0, *rank);
+                if last.is_none_or(|l| x > l) {
+                    before = last;
+                    last = Some(x);
+                } else if before.is_none_or(|p| x > p) {
+                    before = Some(x);
+                }
+            }
+            w.latest.push(last.map(|l| l.0));
+            if let (Some((t_last, rank)), Some((t_before, _))) = (last, before) {
+                w.held.push((rank, t_last - t_before));
             }
         }
         // More than one node among the reports (no set of names made for it).
@@ -364,35 +427,39 @@ impl CrossNode {
         let across_nodes = reports
             .values()
             .any(|r| Some(r.node.as_str()) != first_node);
-        // Ranks timed on their GPUs: the exposed all-reduce each GPU saw. Their CPU-side
-        // collective spans only say when work was queued.
-        let gpu_comm: BTreeMap<u32, u64> = reports
-            .iter()
-            .filter_map(|(rank, r)| gpu_exposed_comm(&r.breakdown).map(|c| (*rank, c)))
-            .collect();
-        let fastest = gpu_comm.values().min().copied();
-        if !gpu_comm.is_empty() {
-            arrivals.held = held_by_least_exposed(&gpu_comm);
+        let fastest = w.gpu.iter().flatten().min().copied();
+        if fastest.is_some() {
+            w.held.clear();
+            w.held.extend(held_by_least_exposed(
+                reports
+                    .keys()
+                    .zip(&w.gpu)
+                    .filter_map(|(rank, c)| c.map(|c| (*rank, c))),
+            ));
         }
         out.reserve(reports.len());
-        for (rank, r) in &reports {
-            let mut b = match (gpu_comm.get(rank), fastest) {
-                (Some(_), Some(fastest)) => resplit_gpu(&r.breakdown, fastest, across_nodes),
-                _ => resplit(&r.breakdown, &spans[rank], &latest, across_nodes),
+        for (i, (rank, r)) in reports.into_iter().enumerate() {
+            let wall = r.breakdown.wall_ns();
+            let mut b = match (w.gpu[i], fastest) {
+                (Some(_), Some(fastest)) => resplit_gpu_owned(r.breakdown, fastest, across_nodes),
+                _ => {
+                    let (a, z) = w.ranges[i];
+                    resplit_owned(r.breakdown, &w.spans[a..z], &w.latest, across_nodes)
+                }
             };
-            b.start_ns = self.to_collector(&r.node, r.breakdown.start_ns);
-            b.end_ns = b.start_ns + r.breakdown.wall_ns();
-            arrivals
-                .waits
-                .insert(*rank, (b.split.get(Category::PeerWait), b.wall_ns()));
+            b.start_ns = w.starts[i];
+            b.end_ns = b.start_ns + wall;
+            w.waits
+                .push((rank, (b.split.get(Category::PeerWait), b.wall_ns())));
             self.joined
-                .entry(*rank)
+                .entry(rank)
                 .or_insert_with(|| JoinedIters::starting_at(iter))
                 .insert(iter);
             out.push(b);
         }
         self.newest_joined = Some(self.newest_joined.map_or(iter, |n| n.max(iter)));
-        self.windows.add(iter, &arrivals);
+        self.windows.add_joined(iter, &w.held, &w.waits);
+        self.scratch = w;
     }
 
     /// The straggler of each window of [`WINDOW_ITERS`] iterations from the first iteration
