@@ -29,10 +29,11 @@
 //!
 //! The live collector and the replay of a job profile feed the same frames through this code.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::attribution::IterationBreakdown;
 use crate::category::Category;
+use crate::fast_hash::FastMap;
 use crate::frame::{NodeClock, NodeHealth, NodeIteration};
 use crate::Nanos;
 
@@ -117,7 +118,7 @@ pub struct CrossNode {
     /// per iteration, not a clock look-up per report every round (10,000 ranks).
     first_end: BTreeMap<u64, Nanos>,
     /// Iterations already joined, by rank: a report sent again after a reconnect is dropped.
-    joined: HashMap<u32, JoinedIters>,
+    joined: FastMap<u32, JoinedIters>,
     /// The newest iteration joined.
     newest_joined: Option<u64>,
     /// Who held the job up, per window of iterations.
@@ -126,6 +127,9 @@ pub struct CrossNode {
     clashes: BTreeMap<u32, RankClash>,
     /// The join's vectors, kept from one iteration to the next.
     scratch: JoinScratch,
+    /// The node whose clock was looked up last and that clock (its figures; `None`: no
+    /// estimate): a node's reports come together, and a look-up by name compares names.
+    last_clock: Option<(String, Option<NodeClock>)>,
 }
 
 /// What the join of one iteration works out per rank (in rank order) and per collective.
@@ -181,6 +185,7 @@ impl CrossNode {
     /// Takes a node's clock estimate.
     pub fn clock(&mut self, c: &NodeClock) {
         self.clocks.insert(c.node.clone(), c.clone());
+        self.last_clock = None;
     }
 
     /// Takes a node's health report.
@@ -256,7 +261,26 @@ impl CrossNode {
             // Waiting already.
             return None;
         }
-        Some(self.to_collector(&it.node, it.breakdown.end_ns))
+        let end = it.breakdown.end_ns;
+        Some(self.clock_of(&it.node).map_or(end, |c| c.to_collector(end)))
+    }
+
+    /// `node`'s clock estimate, looked up by name only when another node's was looked up
+    /// last.
+    fn clock_of(&mut self, node: &str) -> Option<&NodeClock> {
+        let hit = matches!(&self.last_clock, Some((name, _)) if name == node);
+        if !hit {
+            let clock = self.clocks.get(node).map(|c| NodeClock {
+                // The figures `to_collector` reads, without a copy of the name.
+                node: String::new(),
+                ..*c
+            });
+            let mut name = self.last_clock.take().map(|(n, _)| n).unwrap_or_default();
+            name.clear();
+            name.push_str(node);
+            self.last_clock = Some((name, clock));
+        }
+        self.last_clock.as_ref().and_then(|(_, c)| c.as_ref())
     }
 
     /// Keeps an admitted report until its iteration is joined; `end`: its end on the
@@ -289,10 +313,6 @@ impl CrossNode {
                 )
             })
             .collect()
-    }
-
-    fn to_collector(&self, node: &str, t: Nanos) -> Nanos {
-        self.clocks.get(node).map_or(t, |c| c.to_collector(t))
     }
 
     fn expected_ranks(&self) -> usize {

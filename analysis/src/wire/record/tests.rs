@@ -209,3 +209,36 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// A varint read by hand, from one word or byte by byte, is postcard's: the same value and
+    /// bytes left, or refused alike (too long, a last byte too large, bytes missing).
+    #[test]
+    fn varints_read_as_postcard_reads_them(
+        bytes in proptest::collection::vec(
+            prop_oneof![any::<u8>(), 0x80..=0xffu8, 0..=0x7fu8, Just(0x0f), Just(0x10), Just(1), Just(2)],
+            0..14,
+        ),
+    ) {
+        let mut r = Reader { rest: &bytes };
+        let got = r.u64().map(|v| (v, r.rest.len()));
+        let want = postcard::take_from_bytes::<u64>(&bytes).ok().map(|(v, rest)| (v, rest.len()));
+        prop_assert_eq!(got, want);
+        let mut r = Reader { rest: &bytes };
+        let got = r.u32().map(|v| (v, r.rest.len()));
+        let want = postcard::take_from_bytes::<u32>(&bytes).ok().map(|(v, rest)| (v, rest.len()));
+        prop_assert_eq!(got, want);
+    }
+
+    /// A varint written by hand is postcard's.
+    #[test]
+    fn varints_are_written_as_postcard_writes_them(v in arb_u64()) {
+        let mut out = vec![3u8];
+        push_varint(&mut out, v);
+        let mut want = vec![3u8];
+        want.extend(postcard::to_allocvec(&v).unwrap());
+        prop_assert_eq!(out, want);
+    }
+}
