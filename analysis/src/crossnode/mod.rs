@@ -112,7 +112,12 @@ pub struct CrossNode {
     /// Largest world size any rank announced.
     world_size: Option<u32>,
     /// Reports waiting for the other ranks, by iteration, then rank.
-    pending: BTreeMap<u64, BTreeMap<u32, NodeIteration>>,
+    pending: BTreeMap<u64, Vec<NodeIteration>>,
+    /// (rank, iteration) of every report in `pending`: a rank's report is found without a
+    /// search among the iteration's (10,000 at 10,000 ranks), and the join, whose sums do
+    /// not depend on the order of the reports and whose output is sorted after it, takes
+    /// them in the order they came.
+    waiting: FastMap<(u32, u64), ()>,
     /// ns, collector clock: per waiting iteration, the earliest end of its reports (as the
     /// node's clock estimate mapped it on arrival), so that the join's patience is one look
     /// per iteration, not a clock look-up per report every round (10,000 ranks).
@@ -132,7 +137,8 @@ pub struct CrossNode {
     last_clock: Option<(String, Option<NodeClock>)>,
 }
 
-/// What the join of one iteration works out per rank (in rank order) and per collective.
+/// What the join of one iteration works out per rank (in the reports' order) and per
+/// collective.
 #[derive(Debug, Default)]
 struct JoinScratch {
     /// Every rank's collectives on the collector's clock, one rank after the other.
@@ -230,11 +236,7 @@ impl CrossNode {
         let (rank, iter) = (it.breakdown.rank, it.breakdown.iter);
         // Each looked up once (300,000 reports a second at 10,000 ranks).
         let joined = self.joined.get(&rank).is_some_and(|j| j.contains(iter));
-        let taken = joined
-            || self
-                .pending
-                .get(&iter)
-                .is_some_and(|r| r.contains_key(&rank));
+        let taken = joined || self.waiting.contains_key(&(rank, iter));
         let owner = self.rank_nodes.get(&rank);
         let same_owner = owner == Some(&it.node);
         if let Some(owner) = owner.filter(|_| !same_owner) {
@@ -287,10 +289,8 @@ impl CrossNode {
     /// collector's clock, ns.
     fn hold(&mut self, it: NodeIteration, end: Nanos) {
         let iter = it.breakdown.iter;
-        self.pending
-            .entry(iter)
-            .or_default()
-            .insert(it.breakdown.rank, it);
+        self.waiting.insert((it.breakdown.rank, iter), ());
+        self.pending.entry(iter).or_default().push(it);
         self.first_end
             .entry(iter)
             .and_modify(|e| *e = (*e).min(end))
@@ -368,7 +368,7 @@ impl CrossNode {
     /// Values held for the join and its straggler windows (pending reports, remembered joined
     /// iterations, open windows' entries): what its memory grows with.
     pub fn held(&self) -> usize {
-        self.pending.values().map(BTreeMap::len).sum::<usize>()
+        self.pending.values().map(Vec::len).sum::<usize>()
             + self
                 .joined
                 .values()
@@ -377,25 +377,22 @@ impl CrossNode {
             + self.windows.held()
     }
 
-    /// Joins iteration `iter` of `reports`, appending its breakdowns to `out` (no vector of
-    /// their own, copied there). The reports' breakdowns are split again in place, and what
-    /// the join works out per rank lies in vectors reused from one iteration to the next, in
-    /// rank order (at 10,000 ranks the maps made per iteration, a vector per rank's spans and
-    /// each breakdown's copies were half the join's cost).
-    fn join(
-        &mut self,
-        iter: u64,
-        reports: BTreeMap<u32, NodeIteration>,
-        out: &mut Vec<IterationBreakdown>,
-    ) {
+    /// Joins iteration `iter` of `reports` (one per rank, in the order they came), appending
+    /// its breakdowns to `out` in that order (the caller sorts them). The reports'
+    /// breakdowns are split again in place, and what the join works out per rank lies in
+    /// vectors reused from one iteration to the next, in the reports' order (at 10,000 ranks
+    /// the maps made per iteration, a vector per rank's spans and each breakdown's copies
+    /// were half the join's cost). Nothing it works out depends on that order: the last two
+    /// ranks at a collective are the largest (begin, rank), and the rest are sums.
+    fn join(&mut self, iter: u64, reports: Vec<NodeIteration>, out: &mut Vec<IterationBreakdown>) {
         let mut w = std::mem::take(&mut self.scratch);
         w.clear();
         {
-            // Each node's clock looked up once for its ranks (a node's ranks are neighbours
-            // in rank order, most often).
+            // Each node's clock looked up once for its ranks (a node's reports come together,
+            // from one read of its connection).
             let clocks = &self.clocks;
             let mut last: Option<(&str, Option<&NodeClock>)> = None;
-            for r in reports.values() {
+            for r in &reports {
                 let clock = match last {
                     Some((node, clock)) if node == r.node => clock,
                     _ => {
@@ -425,11 +422,11 @@ impl CrossNode {
             // (begin, rank) of the ranks that had it.
             let mut last: Option<(Nanos, u32)> = None;
             let mut before: Option<(Nanos, u32)> = None;
-            for (rank, (a, b)) in reports.keys().zip(&w.ranges) {
+            for (r, (a, b)) in reports.iter().zip(&w.ranges) {
                 if k >= b - a {
                     continue;
                 }
-                let x = (w.spans[a + k].0, *rank);
+                let x = (w.spans[a + k].0, r.breakdown.rank);
                 if last.is_none_or(|l| x > l) {
                     before = last;
                     last = Some(x);
@@ -443,22 +440,22 @@ impl CrossNode {
             }
         }
         // More than one node among the reports (no set of names made for it).
-        let first_node = reports.values().next().map(|r| r.node.as_str());
-        let across_nodes = reports
-            .values()
-            .any(|r| Some(r.node.as_str()) != first_node);
+        let first_node = reports.first().map(|r| r.node.as_str());
+        let across_nodes = reports.iter().any(|r| Some(r.node.as_str()) != first_node);
         let fastest = w.gpu.iter().flatten().min().copied();
         if fastest.is_some() {
             w.held.clear();
             w.held.extend(held_by_least_exposed(
                 reports
-                    .keys()
+                    .iter()
                     .zip(&w.gpu)
-                    .filter_map(|(rank, c)| c.map(|c| (*rank, c))),
+                    .filter_map(|(r, c)| c.map(|c| (r.breakdown.rank, c))),
             ));
         }
         out.reserve(reports.len());
-        for (i, (rank, r)) in reports.into_iter().enumerate() {
+        for (i, r) in reports.into_iter().enumerate() {
+            let rank = r.breakdown.rank;
+            self.waiting.remove(&(rank, iter));
             let wall = r.breakdown.wall_ns();
             let mut b = match (w.gpu[i], fastest) {
                 (Some(_), Some(fastest)) => resplit_gpu_owned(r.breakdown, fastest, across_nodes),
