@@ -125,8 +125,10 @@ impl Shipper {
         };
         let seq = q.next_seq;
         q.next_seq += 1;
-        q.records
-            .push_back((seq, wire::encode(&AgentMsg::Record { seq, frame })));
+        // `AgentMsg::Record { seq, frame }`'s bytes, a rank's iteration written by hand.
+        let mut record = Vec::new();
+        wire::encode_record(seq, &frame, &mut record);
+        q.records.push_back((seq, record));
         while q.records.len() > self.config.buffer_records {
             q.records.pop_front();
             q.dropped += 1;

@@ -19,6 +19,7 @@ pub mod collectives;
 pub mod critical;
 pub mod crossnode;
 pub mod experiment;
+pub mod fast_hash;
 pub mod figures;
 pub mod finding;
 pub mod flows;

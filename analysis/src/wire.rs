@@ -26,6 +26,10 @@ use serde::{Deserialize, Serialize};
 use crate::frame::Frame;
 use crate::Nanos;
 
+mod record;
+pub use record::{encode_record, take_agent_msg};
+pub(crate) use record::{push_varint, Reader};
+
 /// Version of this protocol; both sides must speak the same one. 2: breakdowns may carry the
 /// CUDA-event evidence (`Basis::Gpu*` beyond `H2dPcieBytes`), which version 1 cannot decode.
 /// 3: iterations travel as [`Frame::NodeReport`], with the rank's GPU readings. 4: agents also
@@ -127,7 +131,10 @@ pub enum CollectorMsg {
     /// To a viewer: part of one line of the live feed (`stallscope.feed/1`, the same JSON
     /// lines as the feed socket); a line is its parts in order, up to the one with `last`.
     Feed {
-        /// UTF-8 bytes of the line, at most [`FEED_PART`].
+        /// UTF-8 bytes of the line, at most [`FEED_PART`]. As bytes: the same encoding as a
+        /// sequence of `u8` in postcard, read and written in one piece instead of a call per
+        /// byte.
+        #[serde(with = "bytes")]
         part: Vec<u8>,
         /// Whether the line ends here.
         last: bool,
@@ -145,6 +152,41 @@ pub enum CollectorMsg {
         /// The request, answered as [`NodeHang::id`](crate::hang::NodeHang::id).
         id: u64,
     },
+}
+
+/// A `Vec<u8>` serialised as bytes: in postcard a length and the bytes, as for a sequence of
+/// `u8`, but in one piece (a viewer of 10,000 ranks reads hundreds of kilobytes a second of
+/// feed parts; serde's sequence took a visitor's call per byte).
+mod bytes {
+    use serde::{de, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct Bytes;
+        impl<'de> de::Visitor<'de> for Bytes {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(b) = seq.next_element()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_byte_buf(Bytes)
+    }
 }
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -307,6 +349,33 @@ mod tests {
         assert_eq!(out, want);
         let first = u32::from_be_bytes(want[1..5].try_into().unwrap()) as usize;
         assert_eq!(encode(&msgs[0]), want[1..5 + first]);
+    }
+
+    /// A feed part is written and read as bytes: the same bytes as a sequence of `u8`.
+    #[test]
+    fn a_feed_part_is_the_encoding_of_its_bytes_as_a_sequence() {
+        #[derive(Serialize)]
+        enum Seq {
+            _Welcome,
+            _Refused,
+            _Ping,
+            _Ack,
+            Feed { part: Vec<u8>, last: bool },
+        }
+        for len in [0usize, 1, 127, 128, 300, 70_000] {
+            let part: Vec<u8> = (0..len).map(|i| (i * 13) as u8).collect();
+            let msg = CollectorMsg::Feed {
+                part: part.clone(),
+                last: len % 2 == 0,
+            };
+            let bytes = postcard::to_allocvec(&msg).unwrap();
+            let seq = Seq::Feed {
+                part,
+                last: len % 2 == 0,
+            };
+            assert_eq!(bytes, postcard::to_allocvec(&seq).unwrap(), "{len} bytes");
+            assert_eq!(decode::<CollectorMsg>(&bytes).unwrap(), msg);
+        }
     }
 
     #[test]

@@ -29,17 +29,18 @@
 //!
 //! The live collector and the replay of a job profile feed the same frames through this code.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::attribution::IterationBreakdown;
 use crate::category::Category;
+use crate::fast_hash::FastMap;
 use crate::frame::{NodeClock, NodeHealth, NodeIteration};
 use crate::Nanos;
 
 mod resplit;
 mod stragglers;
 
-use resplit::{gpu_exposed_comm, held_by_least_exposed};
+use resplit::{gpu_exposed_comm, held_by_least_exposed, resplit_gpu_owned, resplit_owned};
 pub use resplit::{resplit, resplit_gpu};
 pub(crate) use stragglers::{IterationArrivals, StragglerWindows};
 pub use stragglers::{StragglerWindow, STRAGGLER_MIN_WAIT, WINDOW_CLOSE_LAG_ITERS, WINDOW_ITERS};
@@ -78,6 +79,11 @@ impl JoinedIters {
     }
 
     fn insert(&mut self, iter: u64) {
+        if iter == self.below && self.above.is_empty() {
+            // The next one, in order (as nearly always): no set touched.
+            self.below += 1;
+            return;
+        }
         if iter < self.below {
             return;
         }
@@ -106,19 +112,61 @@ pub struct CrossNode {
     /// Largest world size any rank announced.
     world_size: Option<u32>,
     /// Reports waiting for the other ranks, by iteration, then rank.
-    pending: BTreeMap<u64, BTreeMap<u32, NodeIteration>>,
+    pending: BTreeMap<u64, Vec<NodeIteration>>,
+    /// (rank, iteration) of every report in `pending`: a rank's report is found without a
+    /// search among the iteration's (10,000 at 10,000 ranks), and the join, whose sums do
+    /// not depend on the order of the reports and whose output is sorted after it, takes
+    /// them in the order they came.
+    waiting: FastMap<(u32, u64), ()>,
     /// ns, collector clock: per waiting iteration, the earliest end of its reports (as the
     /// node's clock estimate mapped it on arrival), so that the join's patience is one look
     /// per iteration, not a clock look-up per report every round (10,000 ranks).
     first_end: BTreeMap<u64, Nanos>,
     /// Iterations already joined, by rank: a report sent again after a reconnect is dropped.
-    joined: HashMap<u32, JoinedIters>,
+    joined: FastMap<u32, JoinedIters>,
     /// The newest iteration joined.
     newest_joined: Option<u64>,
     /// Who held the job up, per window of iterations.
     windows: StragglerWindows,
     /// Ranks two nodes both reported, with the nodes and the reports refused.
     clashes: BTreeMap<u32, RankClash>,
+    /// The join's vectors, kept from one iteration to the next.
+    scratch: JoinScratch,
+    /// The node whose clock was looked up last and that clock (its figures; `None`: no
+    /// estimate): a node's reports come together, and a look-up by name compares names.
+    last_clock: Option<(String, Option<NodeClock>)>,
+}
+
+/// What the join of one iteration works out per rank (in the reports' order) and per
+/// collective.
+#[derive(Debug, Default)]
+struct JoinScratch {
+    /// Every rank's collectives on the collector's clock, one rank after the other.
+    spans: Vec<(Nanos, Nanos)>,
+    /// Per rank, where its collectives lie in `spans`.
+    ranges: Vec<(usize, usize)>,
+    /// Per rank, its start on the collector's clock.
+    starts: Vec<Nanos>,
+    /// Per rank, the exposed all-reduce its GPU saw, when timed on it.
+    gpu: Vec<Option<u64>>,
+    /// Per collective, when the last rank began it.
+    latest: Vec<Option<Nanos>>,
+    /// ns a rank held the next-to-last one up (a rank once per collective it was last at).
+    held: Vec<(u32, u64)>,
+    /// Per rank: (peer_wait ns, wall ns).
+    waits: Vec<(u32, (u64, u64))>,
+}
+
+impl JoinScratch {
+    fn clear(&mut self) {
+        self.spans.clear();
+        self.ranges.clear();
+        self.starts.clear();
+        self.gpu.clear();
+        self.latest.clear();
+        self.held.clear();
+        self.waits.clear();
+    }
 }
 
 /// One rank number reported by two nodes for the same iterations: loops that never said their
@@ -143,6 +191,7 @@ impl CrossNode {
     /// Takes a node's clock estimate.
     pub fn clock(&mut self, c: &NodeClock) {
         self.clocks.insert(c.node.clone(), c.clone());
+        self.last_clock = None;
     }
 
     /// Takes a node's health report.
@@ -187,11 +236,7 @@ impl CrossNode {
         let (rank, iter) = (it.breakdown.rank, it.breakdown.iter);
         // Each looked up once (300,000 reports a second at 10,000 ranks).
         let joined = self.joined.get(&rank).is_some_and(|j| j.contains(iter));
-        let taken = joined
-            || self
-                .pending
-                .get(&iter)
-                .is_some_and(|r| r.contains_key(&rank));
+        let taken = joined || self.waiting.contains_key(&(rank, iter));
         let owner = self.rank_nodes.get(&rank);
         let same_owner = owner == Some(&it.node);
         if let Some(owner) = owner.filter(|_| !same_owner) {
@@ -218,17 +263,34 @@ impl CrossNode {
             // Waiting already.
             return None;
         }
-        Some(self.to_collector(&it.node, it.breakdown.end_ns))
+        let end = it.breakdown.end_ns;
+        Some(self.clock_of(&it.node).map_or(end, |c| c.to_collector(end)))
+    }
+
+    /// `node`'s clock estimate, looked up by name only when another node's was looked up
+    /// last.
+    fn clock_of(&mut self, node: &str) -> Option<&NodeClock> {
+        let hit = matches!(&self.last_clock, Some((name, _)) if name == node);
+        if !hit {
+            let clock = self.clocks.get(node).map(|c| NodeClock {
+                // The figures `to_collector` reads, without a copy of the name.
+                node: String::new(),
+                ..*c
+            });
+            let mut name = self.last_clock.take().map(|(n, _)| n).unwrap_or_default();
+            name.clear();
+            name.push_str(node);
+            self.last_clock = Some((name, clock));
+        }
+        self.last_clock.as_ref().and_then(|(_, c)| c.as_ref())
     }
 
     /// Keeps an admitted report until its iteration is joined; `end`: its end on the
     /// collector's clock, ns.
     fn hold(&mut self, it: NodeIteration, end: Nanos) {
         let iter = it.breakdown.iter;
-        self.pending
-            .entry(iter)
-            .or_default()
-            .insert(it.breakdown.rank, it);
+        self.waiting.insert((it.breakdown.rank, iter), ());
+        self.pending.entry(iter).or_default().push(it);
         self.first_end
             .entry(iter)
             .and_modify(|e| *e = (*e).min(end))
@@ -251,10 +313,6 @@ impl CrossNode {
                 )
             })
             .collect()
-    }
-
-    fn to_collector(&self, node: &str, t: Nanos) -> Nanos {
-        self.clocks.get(node).map_or(t, |c| c.to_collector(t))
     }
 
     fn expected_ranks(&self) -> usize {
@@ -310,7 +368,7 @@ impl CrossNode {
     /// Values held for the join and its straggler windows (pending reports, remembered joined
     /// iterations, open windows' entries): what its memory grows with.
     pub fn held(&self) -> usize {
-        self.pending.values().map(BTreeMap::len).sum::<usize>()
+        self.pending.values().map(Vec::len).sum::<usize>()
             + self
                 .joined
                 .values()
@@ -319,80 +377,106 @@ impl CrossNode {
             + self.windows.held()
     }
 
-    /// Joins iteration `iter` of `reports`, appending its breakdowns to `out` (no vector of
-    /// their own, copied there).
-    fn join(
-        &mut self,
-        iter: u64,
-        reports: BTreeMap<u32, NodeIteration>,
-        out: &mut Vec<IterationBreakdown>,
-    ) {
-        // Every rank's collectives on the collector's clock.
-        let spans: BTreeMap<u32, Vec<(Nanos, Nanos)>> = reports
-            .iter()
-            .map(|(rank, r)| {
-                // The node's clock looked up once for all its spans.
-                let clock = self.clocks.get(&r.node);
+    /// Joins iteration `iter` of `reports` (one per rank, in the order they came), appending
+    /// its breakdowns to `out` in that order (the caller sorts them). The reports'
+    /// breakdowns are split again in place, and what the join works out per rank lies in
+    /// vectors reused from one iteration to the next, in the reports' order (at 10,000 ranks
+    /// the maps made per iteration, a vector per rank's spans and each breakdown's copies
+    /// were half the join's cost). Nothing it works out depends on that order: the last two
+    /// ranks at a collective are the largest (begin, rank), and the rest are sums.
+    fn join(&mut self, iter: u64, reports: Vec<NodeIteration>, out: &mut Vec<IterationBreakdown>) {
+        let mut w = std::mem::take(&mut self.scratch);
+        w.clear();
+        {
+            // Each node's clock looked up once for its ranks (a node's reports come together,
+            // from one read of its connection).
+            let clocks = &self.clocks;
+            let mut last: Option<(&str, Option<&NodeClock>)> = None;
+            for r in &reports {
+                let clock = match last {
+                    Some((node, clock)) if node == r.node => clock,
+                    _ => {
+                        let clock = clocks.get(&r.node);
+                        last = Some((&r.node, clock));
+                        clock
+                    }
+                };
                 let to_collector = |t: Nanos| clock.map_or(t, |c| c.to_collector(t));
-                let mapped = r
-                    .comm
-                    .iter()
-                    .map(|s| (to_collector(s.begin), to_collector(s.end)))
-                    .collect();
-                (*rank, mapped)
-            })
-            .collect();
-        let collectives = spans.values().map(Vec::len).max().unwrap_or(0);
-        let mut arrivals = IterationArrivals::default();
-        let mut latest = Vec::with_capacity(collectives);
+                // Every rank's collectives on the collector's clock.
+                let from = w.spans.len();
+                w.spans.extend(
+                    r.comm
+                        .iter()
+                        .map(|s| (to_collector(s.begin), to_collector(s.end))),
+                );
+                w.ranges.push((from, w.spans.len()));
+                w.starts.push(to_collector(r.breakdown.start_ns));
+                // Ranks timed on their GPUs: the exposed all-reduce each GPU saw. Their
+                // CPU-side collective spans only say when work was queued.
+                w.gpu.push(gpu_exposed_comm(&r.breakdown));
+            }
+        }
+        let collectives = w.ranges.iter().map(|(a, b)| b - a).max().unwrap_or(0);
         for k in 0..collectives {
-            let mut begins: Vec<(Nanos, u32)> = spans
-                .iter()
-                .filter_map(|(rank, s)| s.get(k).map(|x| (x.0, *rank)))
-                .collect();
-            begins.sort_unstable();
-            let last = begins.last().copied();
-            latest.push(last.map(|l| l.0));
-            if let (Some((t_last, rank)), Some((t_before, _))) =
-                (last, begins.len().checked_sub(2).map(|i| begins[i]))
-            {
-                *arrivals.held.entry(rank).or_default() += t_last - t_before;
+            // The last rank to begin collective `k` and the one before it: the largest two
+            // (begin, rank) of the ranks that had it.
+            let mut last: Option<(Nanos, u32)> = None;
+            let mut before: Option<(Nanos, u32)> = None;
+            for (r, (a, b)) in reports.iter().zip(&w.ranges) {
+                if k >= b - a {
+                    continue;
+                }
+                let x = (w.spans[a + k].0, r.breakdown.rank);
+                if last.is_none_or(|l| x > l) {
+                    before = last;
+                    last = Some(x);
+                } else if before.is_none_or(|p| x > p) {
+                    before = Some(x);
+                }
+            }
+            w.latest.push(last.map(|l| l.0));
+            if let (Some((t_last, rank)), Some((t_before, _))) = (last, before) {
+                w.held.push((rank, t_last - t_before));
             }
         }
         // More than one node among the reports (no set of names made for it).
-        let first_node = reports.values().next().map(|r| r.node.as_str());
-        let across_nodes = reports
-            .values()
-            .any(|r| Some(r.node.as_str()) != first_node);
-        // Ranks timed on their GPUs: the exposed all-reduce each GPU saw. Their CPU-side
-        // collective spans only say when work was queued.
-        let gpu_comm: BTreeMap<u32, u64> = reports
-            .iter()
-            .filter_map(|(rank, r)| gpu_exposed_comm(&r.breakdown).map(|c| (*rank, c)))
-            .collect();
-        let fastest = gpu_comm.values().min().copied();
-        if !gpu_comm.is_empty() {
-            arrivals.held = held_by_least_exposed(&gpu_comm);
+        let first_node = reports.first().map(|r| r.node.as_str());
+        let across_nodes = reports.iter().any(|r| Some(r.node.as_str()) != first_node);
+        let fastest = w.gpu.iter().flatten().min().copied();
+        if fastest.is_some() {
+            w.held.clear();
+            w.held.extend(held_by_least_exposed(
+                reports
+                    .iter()
+                    .zip(&w.gpu)
+                    .filter_map(|(r, c)| c.map(|c| (r.breakdown.rank, c))),
+            ));
         }
         out.reserve(reports.len());
-        for (rank, r) in &reports {
-            let mut b = match (gpu_comm.get(rank), fastest) {
-                (Some(_), Some(fastest)) => resplit_gpu(&r.breakdown, fastest, across_nodes),
-                _ => resplit(&r.breakdown, &spans[rank], &latest, across_nodes),
+        for (i, r) in reports.into_iter().enumerate() {
+            let rank = r.breakdown.rank;
+            self.waiting.remove(&(rank, iter));
+            let wall = r.breakdown.wall_ns();
+            let mut b = match (w.gpu[i], fastest) {
+                (Some(_), Some(fastest)) => resplit_gpu_owned(r.breakdown, fastest, across_nodes),
+                _ => {
+                    let (a, z) = w.ranges[i];
+                    resplit_owned(r.breakdown, &w.spans[a..z], &w.latest, across_nodes)
+                }
             };
-            b.start_ns = self.to_collector(&r.node, r.breakdown.start_ns);
-            b.end_ns = b.start_ns + r.breakdown.wall_ns();
-            arrivals
-                .waits
-                .insert(*rank, (b.split.get(Category::PeerWait), b.wall_ns()));
+            b.start_ns = w.starts[i];
+            b.end_ns = b.start_ns + wall;
+            w.waits
+                .push((rank, (b.split.get(Category::PeerWait), b.wall_ns())));
             self.joined
-                .entry(*rank)
+                .entry(rank)
                 .or_insert_with(|| JoinedIters::starting_at(iter))
                 .insert(iter);
             out.push(b);
         }
         self.newest_joined = Some(self.newest_joined.map_or(iter, |n| n.max(iter)));
-        self.windows.add(iter, &arrivals);
+        self.windows.add_joined(iter, &w.held, &w.waits);
+        self.scratch = w;
     }
 
     /// The straggler of each window of [`WINDOW_ITERS`] iterations from the first iteration

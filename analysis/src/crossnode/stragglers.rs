@@ -63,10 +63,20 @@ pub(crate) struct IterationArrivals {
 impl IterationArrivals {
     /// Adds another iteration's arrivals.
     fn add(&mut self, other: &IterationArrivals) {
-        for (rank, ns) in &other.held {
+        self.add_parts(&other.held, &other.waits);
+    }
+
+    /// Adds an iteration's arrivals: ns each rank held the next-to-last one up (a rank may
+    /// come more than once), and per rank its (peer_wait ns, wall ns).
+    fn add_parts<'a>(
+        &mut self,
+        held: impl IntoIterator<Item = (&'a u32, &'a u64)>,
+        waits: impl IntoIterator<Item = (&'a u32, &'a (u64, u64))>,
+    ) {
+        for (rank, ns) in held {
             *self.held.entry(*rank).or_default() += ns;
         }
-        for (rank, (w, t)) in &other.waits {
+        for (rank, (w, t)) in waits {
             let e = self.waits.entry(*rank).or_default();
             e.0 += w;
             e.1 += t;
@@ -114,12 +124,35 @@ impl StragglerWindows {
     /// Sums iteration `iter`'s arrivals into its window, unless it is before the first or its
     /// window is closed.
     pub(crate) fn add(&mut self, iter: u64, arrivals: &IterationArrivals) {
-        if iter >= self.first_iter {
-            let w = (iter - self.first_iter) / WINDOW_ITERS;
-            if w >= self.closed_below {
-                self.open.entry(w).or_default().add(arrivals);
-            }
+        if let Some(sums) = self.window_of(iter) {
+            sums.add(arrivals);
         }
+    }
+
+    /// [`StragglerWindows::add`] of one joined iteration's arrivals as the join lists them,
+    /// by rank: no maps made for them (the join makes one per iteration).
+    pub(crate) fn add_joined(
+        &mut self,
+        iter: u64,
+        held: &[(u32, u64)],
+        waits: &[(u32, (u64, u64))],
+    ) {
+        if let Some(sums) = self.window_of(iter) {
+            sums.add_parts(
+                held.iter().map(|(r, ns)| (r, ns)),
+                waits.iter().map(|(r, w)| (r, w)),
+            );
+        }
+    }
+
+    /// The sums of the open window of iteration `iter`; `None` before the first, or when
+    /// its window is closed.
+    fn window_of(&mut self, iter: u64) -> Option<&mut IterationArrivals> {
+        if iter < self.first_iter {
+            return None;
+        }
+        let w = (iter - self.first_iter) / WINDOW_ITERS;
+        (w >= self.closed_below).then(|| self.open.entry(w).or_default())
     }
 
     /// Closes the windows whose last iteration is below `limit`.

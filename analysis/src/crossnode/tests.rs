@@ -259,3 +259,50 @@ fn two_nodes_reporting_one_rank_are_refused_and_said() {
     assert!(j.report(&report("b", 0, 7, 800 * MS, 10)));
     assert_eq!(j.rank_nodes[&0], "b");
 }
+
+/// The join takes an iteration's reports in the order they came: whatever that order, the
+/// same breakdowns, in the same order, and the same stragglers (a run of iterations of
+/// many ranks on three nodes, reported rank by rank and in a shuffled order).
+#[test]
+fn the_order_reports_come_in_changes_nothing_joined() {
+    let run = |order: &dyn Fn(u64) -> Vec<u32>| {
+        let mut j = CrossNode::default();
+        j.clock(&clock("a", 0));
+        j.clock(&clock("b", 7));
+        j.clock(&clock("c", -3));
+        let mut out = Vec::new();
+        for iter in 0..40u64 {
+            for rank in order(iter) {
+                let node = ["a", "b", "c"][rank as usize % 3];
+                let end = (1_000 + iter * 100) * MS + u64::from(rank) * 13_000;
+                // Ranks 4 and 9 come late to the collective on some iterations.
+                let comm = 10 + (u64::from(rank) * 7 + iter * 3) % 40;
+                let mut r = report(node, rank, iter, end, comm);
+                r.world_size = Some(12);
+                if rank == 4 && iter % 3 == 0 || rank == 9 && iter % 5 == 1 {
+                    r.comm[0].begin = end - MS;
+                }
+                j.report(&r);
+            }
+            out.extend(j.join_ready(0, false));
+        }
+        out.extend(j.join_ready(0, true));
+        (out, j.stragglers())
+    };
+    let in_order = run(&|_| (0..12).collect());
+    let shuffled = run(&|iter| {
+        let mut ranks: Vec<u32> = (0..12).collect();
+        let mut seed = iter.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        for i in (1..ranks.len()).rev() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ranks.swap(i, (seed % (i as u64 + 1)) as usize);
+        }
+        ranks
+    });
+    assert_eq!(in_order.0.len(), 12 * 40);
+    assert_eq!(in_order.0, shuffled.0);
+    assert_eq!(in_order.1, shuffled.1);
+    assert!(!in_order.1.is_empty(), "some window names a straggler");
+}

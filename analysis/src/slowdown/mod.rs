@@ -43,7 +43,9 @@
 //! The live run and a profile read back feed the same breakdowns in the same order per rank
 //! (`crate::job::JobTotals::record`), so both find the same slowdowns.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::fast_hash::FastMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -124,9 +126,14 @@ const MAX_TEST_WINDOW: usize = 512;
 /// The slowdowns of every rank, found as iterations are attributed; see the module docs.
 #[derive(Debug)]
 pub struct SlowdownWatch {
-    /// Boxed: a rank's watch is moved out and back for each of its iterations (it reads its
-    /// peers'), a pointer rather than its ~600 bytes.
-    ranks: BTreeMap<(u32, u32), Box<RankWatch>>,
+    /// Each loop's (rank, pid) and watch, in the order first seen. Boxed: a rank's watch is
+    /// moved out and back for each of its iterations (it reads its peers'), a pointer rather
+    /// than its ~600 bytes.
+    ranks: Vec<((u32, u32), Box<RankWatch>)>,
+    /// Where each loop's watch is in `ranks`.
+    index: FastMap<(u32, u32), usize>,
+    /// Where the watch of each iteration of a [`SlowdownWatch::take_all`] is, in order.
+    slots: Vec<usize>,
     /// An empty watch, left in a rank's place while its iteration is taken.
     spare: Option<Box<RankWatch>>,
     /// Every slowdown found, in the order declared (a recovered one updated in place).
@@ -236,7 +243,9 @@ impl SlowdownWatch {
     /// [`MIN_TEST_WINDOW_NS`]).
     pub fn with_min_window(min_window_ns: u64) -> SlowdownWatch {
         SlowdownWatch {
-            ranks: BTreeMap::new(),
+            ranks: Vec::new(),
+            index: FastMap::default(),
+            slots: Vec::new(),
             spare: None,
             found: Vec::new(),
             min_window_ns,
@@ -252,7 +261,7 @@ impl SlowdownWatch {
     /// [`crate::frame::IterationTotals`]); the ranks' windows go on from what they hold.
     pub fn replace_found(&mut self, found: Vec<Slowdown>) {
         self.found = found;
-        for w in self.ranks.values_mut() {
+        for (_, w) in &mut self.ranks {
             w.open = Default::default();
         }
     }
@@ -267,27 +276,37 @@ impl SlowdownWatch {
     /// ranks): each rank's are remembered first, so a rank is compared with whatever its
     /// peers did in the same iterations, whichever order the round lists them in.
     pub fn take_all(&mut self, new: &[IterationBreakdown], warmup: u64) {
+        let mut slots = std::mem::take(&mut self.slots);
+        slots.clear();
         for b in new {
-            let w = self.ranks.entry((b.rank, b.pid)).or_default();
+            let key = (b.rank, b.pid);
+            let ranks = &mut self.ranks;
+            let slot = *self.index.entry(key).or_insert_with(|| {
+                ranks.push((key, Box::default()));
+                ranks.len() - 1
+            });
+            let w = &mut self.ranks[slot].1;
             if w.recent.len() == RECENT_KEPT {
                 w.recent.pop_front();
             }
             w.recent.push_back((b.iter, watched_split(b)));
+            slots.push(slot);
         }
-        for b in new {
-            let key = (b.rank, b.pid);
+        for (b, &slot) in new.iter().zip(&slots) {
             // Taken out while its iteration is taken (it reads its peers): the empty watch
             // left in its place has no baseline, so no peer sees it, as if it were removed.
-            let Some(slot) = self.ranks.get_mut(&key) else {
-                continue;
-            };
             let empty = self.spare.take().unwrap_or_default();
-            let mut w = std::mem::replace(slot, empty);
+            let mut w = std::mem::replace(&mut self.ranks[slot].1, empty);
             self.take_one(&mut w, b, warmup);
-            if let Some(slot) = self.ranks.get_mut(&key) {
-                self.spare = Some(std::mem::replace(slot, w));
-            }
+            self.spare = Some(std::mem::replace(&mut self.ranks[slot].1, w));
         }
+        self.slots = slots;
+    }
+
+    /// The watch of loop (`rank`, `pid`), when it has taken an iteration.
+    #[cfg(test)]
+    fn watch_of(&self, rank: u32, pid: u32) -> Option<&RankWatch> {
+        self.index.get(&(rank, pid)).map(|i| &*self.ranks[*i].1)
     }
 
     fn take_one(&mut self, w: &mut RankWatch, b: &IterationBreakdown, warmup: u64) {
@@ -494,13 +513,8 @@ fn outgrew_the_rest(base: &Baseline, run: &[Split], c: Category) -> bool {
 /// `other` on a CPU that other processes contend for is mostly the wait for the CPU that
 /// the grown part needed, so it grows with it.
 fn rest_of(split: &Split, c: Category) -> u64 {
-    let mut out = split.total() - split.get(c);
-    for left_out in [Category::PeerWait, Category::Other] {
-        if left_out != c {
-            out -= split.get(left_out);
-        }
-    }
-    out
+    let (wait, other) = (split.get(Category::PeerWait), split.get(Category::Other));
+    rest_from(split.total(), c, split.get(c), wait, other)
 }
 
 /// Whether category `c` of `split` lies above its baseline median by `part` of the bar
@@ -512,38 +526,82 @@ fn is_above(base: &Baseline, split: &Split, c: Category, part: f64) -> bool {
 }
 
 fn baseline(window: &VecDeque<Split>) -> Baseline {
-    // One buffer for the 22 medians' values: this runs every [`BASELINE_REFRESH`]
-    // iterations of every rank (at 10,000 ranks a selection over `f64`s per median was
-    // still a quarter of the collector's instructions). The values are taken as integers
-    // (ns: their order is that of the `f64`s the figures are made of) and sorted (fewer
-    // instructions than a selection, at 64 values), which gives each median and, by a
+    // The 15 columns the 22 figures are made of (each category's part, the whole iteration,
+    // the rest of it beside each part), written into one buffer, the rests from the columns
+    // already written: this runs every [`BASELINE_REFRESH`] iterations of every rank (at
+    // 10,000 ranks a selection over `f64`s per median was a quarter of the collector's
+    // instructions, and summing each iteration again for each rest column half of what was
+    // left). The values are taken as
+    // integers (ns: their order is that of the `f64`s the figures are made of) and sorted
+    // (fewer instructions than a selection, at 64 values), which gives each median and, by a
     // merge of the two sides of a part's median, the median of its deviations: the figures
     // the selections over `f64`s gave, bit for bit ([`median_sorted`],
     // [`deviation_median_sorted`]).
-    let mut col: Vec<u64> = Vec::with_capacity(window.len());
-    fn sorted(col: &mut Vec<u64>, values: impl Iterator<Item = u64>) -> &[u64] {
-        col.clear();
-        col.extend(values);
-        col.sort_unstable();
-        col
+    let n = window.len();
+    // Columns 0–6: each category's part; 7: the whole iteration. Then, apart, column `k`: the
+    // rest beside category `k`.
+    let mut parts: Vec<u64> = Vec::with_capacity(8 * n);
+    for c in Category::ALL {
+        parts.extend(window.iter().map(|s| s.get(c)));
     }
+    parts.extend(window.iter().map(Split::total));
+    let mut rests: Vec<u64> = Vec::with_capacity(7 * n);
+    {
+        let column = |k: usize| &parts[k * n..(k + 1) * n];
+        let (totals, wait, other) = (
+            column(7),
+            column(Category::PeerWait.index()),
+            column(Category::Other.index()),
+        );
+        for c in Category::ALL {
+            let rows = totals
+                .iter()
+                .zip(column(c.index()))
+                .zip(wait.iter().zip(other));
+            rests.extend(
+                rows.map(|((total, part), (wait, other))| {
+                    rest_from(*total, c, *part, *wait, *other)
+                }),
+            );
+        }
+    }
+    for col in parts.chunks_exact_mut(n.max(1)) {
+        col.sort_unstable();
+    }
+    for col in rests.chunks_exact_mut(n.max(1)) {
+        col.sort_unstable();
+    }
+    let column = |k: usize| &parts[k * n..(k + 1) * n];
     let mut median_ns = [0.0; 7];
     let mut sigma = [0.0; 7];
     let mut rest = [0.0; 7];
     for c in Category::ALL {
         let k = c.index();
-        let v = sorted(&mut col, window.iter().map(|s| s.get(c)));
+        let v = column(k);
         let m = median_sorted(v);
         median_ns[k] = m;
         sigma[k] = 1.4826 * deviation_median_sorted(v, m);
-        rest[k] = median_sorted(sorted(&mut col, window.iter().map(|s| rest_of(s, c))));
+        rest[k] = median_sorted(&rests[k * n..(k + 1) * n]);
     }
     Baseline {
-        iteration: median_sorted(sorted(&mut col, window.iter().map(Split::total))),
+        iteration: median_sorted(column(7)),
         median: median_ns,
         sigma,
         rest,
     }
+}
+
+/// [`rest_of`] of an iteration of `total` ns whose part `c`, peer wait and `other` hold
+/// `part`, `wait` and `other` ns.
+fn rest_from(total: u64, c: Category, part: u64, wait: u64, other: u64) -> u64 {
+    let mut out = total - part;
+    if c != Category::PeerWait {
+        out -= wait;
+    }
+    if c != Category::Other {
+        out -= other;
+    }
+    out
 }
 
 /// [`median`] of the values of `v` (sorted, ascending) as `f64`s: the conversion keeps their

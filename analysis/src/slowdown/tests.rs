@@ -424,7 +424,13 @@ fn the_baseline_follows_a_new_normal_within_its_refresh() {
         i += 1;
     }
     let compute = Category::Compute.index();
-    let median = |w: &SlowdownWatch| w.ranks[&(1, 101)].cached.expect("computed").median[compute];
+    let median = |w: &SlowdownWatch| {
+        w.watch_of(1, 101)
+            .expect("a watch")
+            .cached
+            .expect("computed")
+            .median[compute]
+    };
     assert!((median(&w) - 5.0 * MS).abs() < 0.1 * MS, "{}", median(&w));
     // More than half the window slower, plus one refresh: the median is the slower one's.
     for _ in 0..(BASELINE_KEPT / 2 + 1 + BASELINE_REFRESH) {

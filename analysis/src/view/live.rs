@@ -307,10 +307,16 @@ impl LiveModel {
             // iterations (which `parts` carry): the rest skip the walk over every rank (at
             // 10,000 ranks that walk per iteration was a fifth of the collector's CPU) and are
             // not sent whole in every round's update (their figures change at a refresh).
-            let same = self.view.ranks.get(&b.rank).is_some_and(|r| {
-                r.pid == b.pid && r.node == node_name(job, self.local_node.as_deref(), b.rank)
-            });
-            if !same {
+            let node = node_name(job, self.local_node.as_deref(), b.rank);
+            // The rank's view looked up once, in the common case.
+            if let Some(r) = self
+                .view
+                .ranks
+                .get_mut(&b.rank)
+                .filter(|r| r.pid == b.pid && r.node == node)
+            {
+                push_bounded(&mut r.recent, parts, RECENT_ITERATIONS);
+            } else {
                 let node = node_name(job, self.local_node.as_deref(), b.rank).to_string();
                 self.forget_former_rank_of(b.rank, b.pid, &node);
                 let r = self.view.ranks.entry(b.rank).or_insert_with(|| RankView {
@@ -321,10 +327,8 @@ impl LiveModel {
                 });
                 r.pid = b.pid;
                 r.node = node;
-                self.dirty_ranks.insert(b.rank);
-            }
-            if let Some(r) = self.view.ranks.get_mut(&b.rank) {
                 push_bounded(&mut r.recent, parts, RECENT_ITERATIONS);
+                self.dirty_ranks.insert(b.rank);
             }
             self.pending.parts.push((b.rank, parts));
             self.view.attributed += 1;

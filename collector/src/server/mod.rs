@@ -598,9 +598,7 @@ where
                 let msg = &inbox[taken + 4..taken + 4 + len];
                 // Whether the message is the record and nothing after it: only then are its
                 // bytes the frame's encoding.
-                let decoded = postcard::take_from_bytes::<AgentMsg>(msg)
-                    .map(|(m, rest)| (m, rest.is_empty()))
-                    .map_err(WireError::from);
+                let decoded = wire::take_agent_msg(msg).map(|(m, rest)| (m, rest.is_empty()));
                 taken += 4 + len;
                 match decoded {
                     Ok((AgentMsg::Record { seq, frame }, whole)) => match tag(frame, &node) {

@@ -204,11 +204,11 @@ impl Conn {
     }
 
     /// Appends `frame` to `out` as the next numbered record (the bytes [`wire::encode`]
-    /// makes, written in place).
+    /// makes, written in place as the agent's shipper writes them: [`wire::encode_record`]).
     fn queue(&mut self, frame: Frame, out: &mut Vec<u8>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        wire::encode_into(&AgentMsg::Record { seq, frame }, out);
+        wire::encode_record(seq, &frame, out);
     }
 
     async fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
