@@ -167,18 +167,35 @@ impl Side {
     }
 }
 
+/// How long the collector side may take to answer a command: it answers between two reads
+/// of its stdin, however far behind its ingest is.
+const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
 /// Asks the collector side something from async code without blocking an agents' thread.
+/// A side that does not answer within [`ANSWER_WITHIN`] is killed (pid `side_pid`), which
+/// ends the blocked read, and the step fails saying so instead of waiting for ever.
 async fn ask<T: serde::de::DeserializeOwned + Send + 'static>(
     side: &Arc<std::sync::Mutex<Side>>,
+    side_pid: u32,
     command: &'static str,
 ) -> anyhow::Result<T> {
     let side = side.clone();
-    tokio::task::spawn_blocking(move || {
+    let asking = tokio::task::spawn_blocking(move || {
         side.lock()
             .unwrap_or_else(|e| e.into_inner())
             .ask::<T>(command)
-    })
-    .await?
+    });
+    match tokio::time::timeout(ANSWER_WITHIN, asking).await {
+        Ok(answer) => answer?,
+        Err(_) => {
+            // SAFETY: kill(2) on the child we started and have not waited for.
+            unsafe { libc::kill(side_pid as libc::pid_t, libc::SIGKILL) };
+            bail!(
+                "the collector side did not answer {command:?} within {} s (killed)",
+                ANSWER_WITHIN.as_secs()
+            )
+        }
+    }
 }
 
 /// Runs one step of the ramp with `n` agents.
@@ -257,6 +274,7 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
 
 fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> {
     let (side, addr) = Side::spawn(log)?;
+    let side_pid = side.child.id();
     let side = Arc::new(std::sync::Mutex::new(side));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.agent_threads.max(1))
@@ -297,10 +315,10 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         }));
         tokio::time::sleep_until(start + Duration::from_secs_f64(args.warmup)).await;
         let agents_cpu = cpu_seconds();
-        ask::<String>(&side, "mark").await?;
+        ask::<String>(&side, side_pid, "mark").await?;
         viewer.mark();
         tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
-        let window: WindowReport = ask(&side, "end").await?;
+        let window: WindowReport = ask(&side, side_pid, "end").await?;
         let viewer_report = viewer.end();
         let agents_cpu = cpu_seconds() - agents_cpu;
         let drain_from = Instant::now();
@@ -310,7 +328,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
             outcomes.push(t.await.unwrap_or_default());
         }
         let drain_s = drain_from.elapsed().as_secs_f64();
-        let totals: Totals = ask(&side, "finish").await?;
+        let totals: Totals = ask(&side, side_pid, "finish").await?;
         // The collector ended the feed: the viewer's thread sees its end.
         tokio::task::spawn_blocking(move || viewer.finish()).await?;
         anyhow::Ok(row_of(
@@ -333,7 +351,10 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
             .into_inner()
             .unwrap_or_else(|e| e.into_inner())
             .close(Duration::from_secs(60)),
-        Err(_) => bail!("the collector side is still in use"),
+        Err(_) => {
+            row?; // an unanswered command's error first
+            bail!("the collector side is still in use")
+        }
     }
     row
 }
