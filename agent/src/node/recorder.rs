@@ -115,7 +115,7 @@ pub struct Recorder {
     /// What `news.loops` holds, without its lock.
     loops_seen: BTreeSet<u32>,
     /// Senders not discovered when their first marker came, for which discovery was asked
-    /// (once each).
+    /// (once each; forgotten when discovery finds them gone, so a reused pid asks again).
     senders_announced: BTreeSet<u32>,
     /// Called after every attribution round with the timeline and the new breakdowns (the
     /// agent ships them from here).
@@ -379,6 +379,7 @@ impl Recorder {
         }
         for pid in gone {
             self.emitted.remove(pid);
+            self.senders_announced.remove(pid);
             self.emit(Frame::ProcessExit { pid: *pid, t_ns });
         }
         if let Ok(mut d) = self.descendants.lock() {
@@ -553,7 +554,8 @@ mod tests {
 
     /// The sampler is asked to discover again at once by a process it has not found yet
     /// (a loader worker's first marker) and by a loop's first step (its workers are then
-    /// watched thread by thread), once each; not by every marker.
+    /// watched thread by thread), once each; not by every marker. A sender found gone is
+    /// forgotten.
     #[test]
     fn a_new_sender_or_a_new_loop_asks_for_discovery_once() {
         let mut r = Recorder::new(
@@ -584,6 +586,12 @@ mod tests {
         assert!(asked(&r), "an undiscovered sender asks");
         r.on_marker(marker(11, MarkerEvent::End("fetch".into())));
         assert!(!asked(&r), "once");
+        r.on_processes(2, &[], &[11]);
+        r.on_marker(marker(11, MarkerEvent::Begin("fetch".into())));
+        assert!(
+            asked(&r),
+            "a pid found gone and sending again (reused) asks again"
+        );
         assert_eq!(
             r.news
                 .loops
