@@ -28,7 +28,7 @@ use crate::Nanos;
 
 mod record;
 pub use record::{encode_record, take_agent_msg};
-pub(crate) use record::{push_varint, Reader};
+pub(crate) use record::{push_opt, push_varint, Reader};
 
 /// Version of this protocol; both sides must speak the same one. 2: breakdowns may carry the
 /// CUDA-event evidence (`Basis::Gpu*` beyond `H2dPcieBytes`), which version 1 cannot decode.

@@ -25,7 +25,7 @@ use crate::frame::{GpuIdentity, NicBytes, RdmaCount};
 use crate::gpu_usage::RankGpu;
 use crate::resources::{NodeCounters, NodeResources};
 use crate::summary::Figures;
-use crate::wire::{push_varint, Reader};
+use crate::wire::{push_opt, push_varint, Reader};
 use crate::Nanos;
 
 /// The binary form's name, as the feed socket's switch line and the README give it.
@@ -446,13 +446,7 @@ fn encode_update(u: &BinaryUpdate, out: &mut Vec<u8>) {
         for v in split.ns {
             push_varint(out, v);
         }
-        match gpu_busy_ppm {
-            None => out.push(0),
-            Some(ppm) => {
-                out.push(1);
-                push_varint(out, u64::from(*ppm));
-            }
-        }
+        push_opt(out, gpu_busy_ppm.map(u64::from));
     }
     field(out, nodes);
     field(out, stragglers);

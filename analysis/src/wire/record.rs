@@ -96,7 +96,8 @@ fn push_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-fn push_opt(out: &mut Vec<u8>, v: Option<u64>) {
+/// An `Option` as postcard writes it: byte 0, or byte 1 and the value as a varint.
+pub(crate) fn push_opt(out: &mut Vec<u8>, v: Option<u64>) {
     match v {
         None => out.push(0),
         Some(v) => {
