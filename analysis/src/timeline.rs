@@ -244,7 +244,10 @@ impl SeriesStore {
     pub fn ingest(&mut self, batch: &SampleBatch) {
         let at = batch.at();
         if self.watermark.is_some_and(|w| at < w) {
-            return; // out of order: the sampler never does this; drop rather than corrupt
+            // Out of order: the agent's recorder puts its two samplers' batches in time order
+            // (agent/src/node/sample_merge.rs) unless one falls over a second behind. Dropped
+            // rather than corrupting every series the batch holds.
+            return;
         }
         let mut totals = BatchTotals::default();
         for (id, v) in &batch.values {

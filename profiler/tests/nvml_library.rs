@@ -255,6 +255,52 @@ fn run_shows_the_bytes_and_energy_the_gpu_was_scripted_to_move() {
     );
 }
 
+/// On a node with a GPU the samplers are two threads: the CPU one, which with the eBPF
+/// thread states sends the last 100 ms of instants at once, and the GPU one, every 10 ms.
+/// The profile holds their batches in time order, and the counters saw every iteration:
+/// when the batches were written as they came, two in five were older than the one before
+/// and lost, iterations were attributed before their samples came, and 15–20% of a two-rank
+/// run was `other` for want of samples (a steady rank could even look like it turned slow).
+#[test]
+fn a_gpu_nodes_two_samplers_are_written_in_time_order_and_see_every_iteration() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, s) = run_on_fake_gpu(
+        dir.path(),
+        "gpus=2",
+        &[],
+        &[&["--iters", "60", "--nproc", "2"], SMALL].concat(),
+    );
+    let read = stallscope_collector::profile::read_profile(dir.path().join("p.stallscope"))
+        .expect("the profile reads");
+    let (mut batches, mut older) = (0, 0);
+    let mut newest = 0;
+    for f in &read.frames {
+        if let stallscope_analysis::frame::Frame::Samples(b) = f {
+            batches += 1;
+            if b.at() < newest {
+                older += 1;
+            }
+            newest = newest.max(b.at());
+        }
+    }
+    assert!(batches > 100, "{batches} sample batches");
+    // A sampler stalled for over a second is let go past (sample_merge::MAX_LAG_NS).
+    assert!(
+        older * 100 < batches,
+        "{older} of {batches} sample batches were older than one before them"
+    );
+    let sampled = s["job"]["coverage"]["sampled"].as_f64().unwrap();
+    assert!(
+        sampled >= 0.97,
+        "the counters saw {:.1}% of the iterations: {:#}",
+        sampled * 100.0,
+        s["job"]
+    );
+}
+
 /// Two ranks on a two-GPU node: each rank is matched with its own GPU (by its local rank)
 /// and shows that GPU's host-to-device copies, though the driver gives the PCIe counters in
 /// 32 bits (at 35.2 GB/s they wrap every 122 ms). At 20 Hz a wrap not unwrapped would lose

@@ -8,6 +8,7 @@ pub mod feed;
 pub mod feed_client;
 pub mod gpu_thread;
 pub mod recorder;
+pub mod sample_merge;
 pub mod shipping;
 pub mod stacks;
 pub mod sweep;
@@ -182,13 +183,10 @@ impl Samplers {
             inbox.clone(),
         );
         let spawned = match inputs.gpu {
-            GpuInput::Nvml => Some(gpu_thread::spawn_gpu(&config, pids, inbox.clone())),
-            GpuInput::Backend(b) => Some(Ok(gpu_thread::spawn_backend(
-                &config,
-                pids,
-                b,
-                inbox.clone(),
-            ))),
+            GpuInput::Nvml => Some(gpu_thread::spawn_gpu(&config, pids, inbox.gpu())),
+            GpuInput::Backend(b) => {
+                Some(Ok(gpu_thread::spawn_backend(&config, pids, b, inbox.gpu())))
+            }
             GpuInput::None => None,
         };
         let (gpu, gpu_described, gpu_missing) = match spawned {

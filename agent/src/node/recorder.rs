@@ -24,6 +24,7 @@ use stallscope_analysis::summary::{self, Summary};
 use stallscope_analysis::view::JobView;
 
 use super::feed::FeedHub;
+use super::sample_merge::{SampleMerge, Stream};
 use crate::clock::monotonic_ns;
 use crate::markers::{Channel, Datagram as Received};
 use crate::proctree::ProcEntry;
@@ -32,8 +33,10 @@ use crate::sink::{Mailbox, Sink};
 
 /// What the recorder is sent.
 pub enum Event {
-    /// From the sampler thread.
+    /// From the CPU sampler thread.
     Sampler(SamplerEvent),
+    /// From the GPU sampler thread ([`GpuInbox`]).
+    GpuSampler(SamplerEvent),
     /// From the marker listener.
     Marker(Received),
     /// A step seen by `--iter-regex` on the command's stdout.
@@ -50,6 +53,25 @@ pub struct Inbox(Mailbox<Event>);
 impl Sink<SamplerEvent> for Inbox {
     fn put(&self, item: SamplerEvent) -> bool {
         self.0.push(Event::Sampler(item));
+        true
+    }
+}
+
+impl Inbox {
+    /// Where the GPU sampler thread puts its events: the same inbox, its batches told apart
+    /// so that the two threads' can be put back in time order ([`SampleMerge`]).
+    pub fn gpu(&self) -> GpuInbox {
+        GpuInbox(self.clone())
+    }
+}
+
+/// The [`Inbox`] as the GPU sampler thread puts into it ([`Inbox::gpu`]).
+#[derive(Clone)]
+pub struct GpuInbox(Inbox);
+
+impl Sink<SamplerEvent> for GpuInbox {
+    fn put(&self, item: SamplerEvent) -> bool {
+        self.0 .0.push(Event::GpuSampler(item));
         true
     }
 }
@@ -131,6 +153,8 @@ pub struct Recorder {
     slowdown_news: SlowdownNews,
     /// When a slowdown last wrote the flight recorder's trace (ns, the monotonic clock).
     last_slowdown_trace_ns: Option<u64>,
+    /// The two sampler threads' batches, given to the journal in time order.
+    samples: SampleMerge,
 }
 
 /// ns of raw samples kept in the profile before and after a slowdown is declared.
@@ -182,6 +206,7 @@ impl Recorder {
             sample_keeper: None,
             slowdown_news: SlowdownNews::default(),
             last_slowdown_trace_ns: None,
+            samples: SampleMerge::default(),
         }
     }
 
@@ -256,17 +281,8 @@ impl Recorder {
 
     fn on_event(&mut self, event: Event) -> Option<i32> {
         match event {
-            Event::Sampler(SamplerEvent::Samples { decls, batch }) => {
-                for d in decls {
-                    self.emit(Frame::Series(d));
-                }
-                self.emit(Frame::Samples(batch));
-            }
-            Event::Sampler(SamplerEvent::Source(status)) => self.on_source(status),
-            Event::Sampler(SamplerEvent::Flows(flows)) => self.emit(Frame::NodeFlows(flows)),
-            Event::Sampler(SamplerEvent::Processes { t_ns, live, gone }) => {
-                self.on_processes(t_ns, &live, &gone)
-            }
+            Event::Sampler(e) => self.on_sampler(Stream::Cpu, e),
+            Event::GpuSampler(e) => self.on_sampler(Stream::Gpu, e),
             Event::Marker(Received::Marker(m)) => {
                 if !(self.regex_steps && m.event == MarkerEvent::Step) {
                     self.on_marker(m);
@@ -280,6 +296,29 @@ impl Recorder {
             Event::Finish(code) => return Some(code),
         }
         None
+    }
+
+    /// An event of the sampler thread `stream`: its batches wait in the merge until the
+    /// other thread's have caught up ([`Recorder::release_samples`]).
+    fn on_sampler(&mut self, stream: Stream, event: SamplerEvent) {
+        match event {
+            SamplerEvent::Samples { decls, batch } => self.samples.push(stream, decls, batch),
+            SamplerEvent::Source(status) => self.on_source(status),
+            SamplerEvent::Flows(flows) => self.emit(Frame::NodeFlows(flows)),
+            SamplerEvent::Processes { t_ns, live, gone } => self.on_processes(t_ns, &live, &gone),
+        }
+    }
+
+    /// Writes the samplers' batches that are in time order now (all of them with `all`).
+    fn release_samples(&mut self, all: bool) {
+        let mut merge = std::mem::take(&mut self.samples);
+        merge.release(all, |(decls, batch)| {
+            for d in decls {
+                self.emit(Frame::Series(d));
+            }
+            self.emit(Frame::Samples(batch));
+        });
+        self.samples = merge;
     }
 
     /// Reads what every process's own channel holds, in the order the channels came, as if
@@ -499,6 +538,7 @@ impl Recorder {
                     self.on_event(ev);
                 }
                 self.read_channels();
+                self.release_samples(false);
                 self.attribute(false);
                 last_attr = Instant::now();
             }
@@ -521,6 +561,7 @@ impl Recorder {
             let _ = self.on_event(ev);
         }
         self.read_channels();
+        self.release_samples(true);
         self.attribute(true);
         let end = RunEnd {
             ended_mono_ns: monotonic_ns(),

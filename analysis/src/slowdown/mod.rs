@@ -30,6 +30,10 @@
 //! run-queue bases) counts as `other` here ([`watched_split`]): it is the node's CPU being
 //! short, which lands on whichever rank the scheduler queued.
 //!
+//! An iteration the counters did not see ([`MIN_SEEN_SHARE`]: the rank's samples missing
+//! or late when it was attributed) is not taken: neither reference nor test, it neither
+//! starts nor ends a run of grown iterations.
+//!
 //! `peer_wait` is never the category that grew: a rank waits for a slow peer, so it is the
 //! peer's slowdown, named on the peer. Nor is `other` (nothing seen explains it): a rank that
 //! waits for a slow peer outside a marked collective (DDP's backward waiting for its
@@ -286,11 +290,14 @@ impl SlowdownWatch {
                 ranks.len() - 1
             });
             let w = &mut self.ranks[slot].1;
+            slots.push(slot);
+            if !seen(b) {
+                continue;
+            }
             if w.recent.len() == RECENT_KEPT {
                 w.recent.pop_front();
             }
             w.recent.push_back((b.iter, watched_split(b)));
-            slots.push(slot);
         }
         for (b, &slot) in new.iter().zip(&slots) {
             // Taken out while its iteration is taken (it reads its peers): the empty watch
@@ -311,7 +318,7 @@ impl SlowdownWatch {
 
     fn take_one(&mut self, w: &mut RankWatch, b: &IterationBreakdown, warmup: u64) {
         w.taken += 1;
-        if w.taken <= warmup.max(WARMUP_SKIPPED) || b.split.total() == 0 {
+        if w.taken <= warmup.max(WARMUP_SKIPPED) || b.split.total() == 0 || !seen(b) {
             return;
         }
         let split = watched_split(b);
@@ -477,6 +484,20 @@ fn watched_split(b: &IterationBreakdown) -> Split {
         }
     }
     split
+}
+
+/// An iteration is taken only if the counters saw at least this share of it: CPU samples of
+/// the rank's main thread bracketed that much of its wall time when it was attributed
+/// ([`crate::attribution::Coverage::sampled_ns`]).
+pub const MIN_SEEN_SHARE: f64 = 0.9;
+
+/// Whether the counters saw `b` ([`MIN_SEEN_SHARE`]). Where they did not, the time no marker
+/// decides is `other` ("nothing seen explains it") however the rank spent it, so compute
+/// that comes and goes with the samples is no change of the rank: an agent that discovered a
+/// rank late (compute 0 in its first iterations) or samples that came late (compute 8 ms of
+/// 220, then 59 ms once they came) named steady ranks as slowdowns.
+fn seen(b: &IterationBreakdown) -> bool {
+    b.coverage.sampled_ns as f64 >= MIN_SEEN_SHARE * b.wall_ns() as f64
 }
 
 /// Iterations of the same numbers in which a peer's part grew too, for the growth to be the

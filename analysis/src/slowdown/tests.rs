@@ -1,5 +1,5 @@
 use super::*;
-use crate::attribution::Evidence;
+use crate::attribution::{Coverage, Evidence};
 
 const MS: f64 = 1e6;
 
@@ -29,7 +29,15 @@ fn iteration(rank: u32, iter: u64, parts: &[(Category, f64)]) -> IterationBreakd
         end_ns: split.total(),
         split,
         evidence: Vec::new(),
-        coverage: Default::default(),
+        coverage: seen_whole(split.total()),
+    }
+}
+
+/// Coverage of an iteration of `wall` ns that the counters saw whole.
+fn seen_whole(wall: u64) -> Coverage {
+    Coverage {
+        marked_ns: 0,
+        sampled_ns: wall,
     }
 }
 
@@ -239,6 +247,51 @@ fn ranks_are_watched_apart() {
     assert_eq!(named, [(1, "compute")]);
 }
 
+/// Two steady ranks; rank 1's first 20 iterations were attributed before its samples came
+/// (an agent that discovered it late, samples that came late): its compute there was
+/// `other`, as nothing seen explained it. Taken as seen, those iterations are a baseline
+/// without compute, and the compute that came with the samples is a slowdown of a steady
+/// rank (CI, `prometheus_scrapes_a_collector_with_two_agents`: "compute 0 → 38 ms"); not
+/// taken, they are no reference and nothing is named.
+#[test]
+fn iterations_the_counters_did_not_see_are_no_reference() {
+    let named = |seen_early: bool| {
+        let mut w = by_iterations();
+        let mut noise = Noise(11);
+        for i in 0..60u64 {
+            for rank in 0..2 {
+                let p = steady(&mut noise);
+                let unseen = rank == 1 && i < 20;
+                let p: Vec<(Category, f64)> = if unseen {
+                    p.into_iter()
+                        .map(|(c, ms)| match c {
+                            Category::Compute => (Category::Other, ms),
+                            c => (c, ms),
+                        })
+                        .collect()
+                } else {
+                    p
+                };
+                let mut b = iteration(rank, i, &p);
+                if unseen && !seen_early {
+                    b.coverage.sampled_ns = b.wall_ns() / 10;
+                }
+                w.take(&b, 0);
+            }
+        }
+        w.found()
+            .iter()
+            .map(|s| (s.rank, s.category.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        named(true),
+        [(1, "compute".to_string())],
+        "taken as seen, the compute that came with the samples is a slowdown"
+    );
+    assert!(named(false).is_empty(), "{:?}", named(false));
+}
+
 #[test]
 fn described_with_rank_node_and_category() {
     let s = Slowdown {
@@ -363,6 +416,7 @@ fn rank_1_computing_longer_as(basis: Basis) -> Vec<Slowdown> {
                     let extra = (9.0 * MS) as u64;
                     b.split.add(Category::Compute, extra);
                     b.end_ns += extra;
+                    b.coverage.sampled_ns += extra;
                     b.evidence.push(Evidence {
                         category: Category::Compute,
                         basis,
