@@ -305,7 +305,13 @@ impl Recorder {
             SamplerEvent::Samples { decls, batch } => self.samples.push(stream, decls, batch),
             SamplerEvent::Source(status) => self.on_source(status),
             SamplerEvent::Flows(flows) => self.emit(Frame::NodeFlows(flows)),
-            SamplerEvent::Processes { t_ns, live, gone } => self.on_processes(t_ns, &live, &gone),
+            SamplerEvent::Processes { t_ns, live, gone } => {
+                // The rounds before a discovery come before what it found, as they did before
+                // the merge: a process's last readings precede the frame that says it is gone
+                // (the samples' flight recorder keeps the samples before that frame).
+                self.release_samples(false);
+                self.on_processes(t_ns, &live, &gone)
+            }
         }
     }
 
