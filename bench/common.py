@@ -1,6 +1,7 @@
 """What the benchmarks share: where things are, the two binaries they compare, and the generated
 data set of the example training (made once, so no run pays for generating it)."""
 import os
+import statistics
 import subprocess
 import tempfile
 
@@ -43,3 +44,40 @@ def launch_job(python, iters, port, launcher, example_args):
     return [launcher, "launch", "--nproc-per-node", "2", "--master-port", str(port), "--",
             python, EXAMPLE, "--workers", "2", "--iters", str(iters), "--data-dir", DATA
             ] + example_args
+
+
+def add_ab_args(ap, repeats):
+    """``--a`` and ``--b`` (two stallscope binaries, alternated), ``--a-env`` / ``--b-env``
+    (KEY=VALUE for each one's runs) and ``--repeats``."""
+    ap.add_argument("--a", required=True, help="a stallscope binary")
+    ap.add_argument("--b", help="another stallscope binary, alternated with --a")
+    ap.add_argument("--a-env", action="append", help="KEY=VALUE for --a's runs")
+    ap.add_argument("--b-env", action="append", help="KEY=VALUE for --b's runs")
+    ap.add_argument("--repeats", type=int, default=repeats)
+
+
+def run_alternated(args, one_run, keys):
+    """Runs ``one_run(binary, env)`` (a dict of figures) ``args.repeats`` times per build,
+    alternating the builds' order each repeat; prints each run's ``keys`` with the load average
+    (1 min), then per build each key's min / median / max."""
+    def env_of(pairs):
+        return dict(p.split("=", 1) for p in pairs or [])
+
+    builds = [("a", args.a, env_of(args.a_env))]
+    if args.b:
+        builds.append(("b", args.b, env_of(args.b_env)))
+    results = {name: [] for name, _, _ in builds}
+    for repeat in range(args.repeats):
+        order = builds if repeat % 2 == 0 else builds[::-1]
+        for name, binary, env in order:
+            load = os.getloadavg()[0]
+            figures = one_run(binary, env)
+            results[name].append(figures)
+            shown = " ".join(f"{k}={figures[k]:.3f}" for k in keys)
+            print(f"{name} run {repeat + 1}: {shown} (load {load:.2f})", flush=True)
+    for name, binary, env in builds:
+        print(f"{name}: {binary} {env or ''}")
+        for k in keys:
+            xs = [r[k] for r in results[name]]
+            print(f"  {k:9} min {min(xs):.3f}  median {statistics.median(xs):.3f}  "
+                  f"max {max(xs):.3f}")

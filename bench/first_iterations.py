@@ -16,11 +16,10 @@ printed as min / median / max, with the load average (1 min) at each run.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import tempfile
 
-from common import DATA, EXAMPLE, prepare_data
+from common import DATA, EXAMPLE, add_ab_args, prepare_data, run_alternated
 
 CATEGORIES = ("data_prep", "compute", "other")
 
@@ -40,39 +39,17 @@ def one_run(stallscope, python, env, data_delay_ms):
     return {c: categories[c]["fraction"] for c in CATEGORIES}
 
 
-def parse_env(pairs):
-    return dict(p.split("=", 1) for p in pairs or [])
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--a", required=True, help="a stallscope binary")
-    ap.add_argument("--b", help="another stallscope binary, alternated with --a")
-    ap.add_argument("--a-env", action="append", help="KEY=VALUE for --a's runs")
-    ap.add_argument("--b-env", action="append", help="KEY=VALUE for --b's runs")
+    add_ab_args(ap, repeats=8)
     ap.add_argument("--python", default="/usr/bin/python3")
-    ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--data-delay-ms", type=int, default=40)
     args = ap.parse_args()
     prepare_data(args.python)
-    builds = [("a", args.a, parse_env(args.a_env))]
-    if args.b:
-        builds.append(("b", args.b, parse_env(args.b_env)))
-    results = {name: [] for name, _, _ in builds}
-    for repeat in range(args.repeats):
-        order = builds if repeat % 2 == 0 else builds[::-1]
-        for name, binary, env in order:
-            load = os.getloadavg()[0]
-            fractions = one_run(binary, args.python, env, args.data_delay_ms)
-            results[name].append(fractions)
-            shown = " ".join(f"{c}={fractions[c]:.3f}" for c in CATEGORIES)
-            print(f"{name} run {repeat + 1}: {shown} (load {load:.2f})", flush=True)
-    for name, binary, env in builds:
-        print(f"{name}: {binary} {env or ''}")
-        for c in CATEGORIES:
-            xs = [r[c] for r in results[name]]
-            print(f"  {c:9} min {min(xs):.3f}  median {statistics.median(xs):.3f}  "
-                  f"max {max(xs):.3f}")
+    run_alternated(
+        args,
+        lambda binary, env: one_run(binary, args.python, env, args.data_delay_ms),
+        CATEGORIES)
 
 
 if __name__ == "__main__":

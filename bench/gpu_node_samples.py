@@ -19,11 +19,10 @@ directory (`cargo build -p stallscope-fake-nvml` builds it into target/debug).
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import tempfile
 
-from common import DATA, EXAMPLE, prepare_data
+from common import DATA, EXAMPLE, add_ab_args, prepare_data, run_alternated
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE_NVML = os.path.join(HERE, "..", "target", "debug", "libstallscope_fake_nvml.so")
@@ -56,40 +55,16 @@ def one_run(stallscope, env, load):
             "other": job["categories"]["other"]["fraction"]}
 
 
-def parse_env(pairs):
-    return dict(p.split("=", 1) for p in pairs or [])
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--a", required=True, help="a stallscope binary")
-    ap.add_argument("--b", help="another stallscope binary, alternated with --a")
-    ap.add_argument("--a-env", action="append", help="KEY=VALUE for --a's runs")
-    ap.add_argument("--b-env", action="append", help="KEY=VALUE for --b's runs")
-    ap.add_argument("--repeats", type=int, default=6)
+    add_ab_args(ap, repeats=6)
     ap.add_argument("--load", action="store_true", help="a CPU hog 70%% of the time")
     args = ap.parse_args()
     if not os.path.exists(FAKE_NVML):
         raise SystemExit(f"{FAKE_NVML} is missing: cargo build -p stallscope-fake-nvml")
     prepare_data("/usr/bin/python3")
-    builds = [("a", args.a, parse_env(args.a_env))]
-    if args.b:
-        builds.append(("b", args.b, parse_env(args.b_env)))
-    results = {name: [] for name, _, _ in builds}
-    for repeat in range(args.repeats):
-        order = builds if repeat % 2 == 0 else builds[::-1]
-        for name, binary, env in order:
-            load = os.getloadavg()[0]
-            r = one_run(binary, env, args.load)
-            results[name].append(r)
-            print(f"{name} run {repeat + 1}: sampled={r['sampled']:.3f} other={r['other']:.3f} "
-                  f"(load {load:.2f})", flush=True)
-    for name, binary, env in builds:
-        print(f"{name}: {binary} {env or ''}")
-        for key in ("sampled", "other"):
-            xs = [r[key] for r in results[name]]
-            print(f"  {key:8} min {min(xs):.3f}  median {statistics.median(xs):.3f}  "
-                  f"max {max(xs):.3f}")
+    run_alternated(args, lambda binary, env: one_run(binary, env, args.load),
+                   ("sampled", "other"))
 
 
 if __name__ == "__main__":
