@@ -132,10 +132,19 @@ pub struct CrossNode {
     clashes: BTreeMap<u32, RankClash>,
     /// The join's vectors, kept from one iteration to the next.
     scratch: JoinScratch,
+    /// Emptied vectors of joined iterations' reports, for iterations to come: at 10,000
+    /// ranks an iteration's vector doubled its way to 10,000 reports of a few hundred bytes
+    /// each, copying them each time.
+    spare: Vec<Vec<NodeIteration>>,
     /// The node whose clock was looked up last and that clock (its figures; `None`: no
     /// estimate): a node's reports come together, and a look-up by name compares names.
     last_clock: Option<(String, Option<NodeClock>)>,
 }
+
+/// Emptied report vectors kept for the iterations to come. In a steady job an iteration is
+/// joined for each one that begins, so a few suffice; each holds up to a report per rank
+/// (2 MiB at 10,000 ranks).
+const SPARE_KEPT: usize = 8;
 
 /// What the join of one iteration works out per rank (in the reports' order) and per
 /// collective.
@@ -290,7 +299,10 @@ impl CrossNode {
     fn hold(&mut self, it: NodeIteration, end: Nanos) {
         let iter = it.breakdown.iter;
         self.waiting.insert((it.breakdown.rank, iter), ());
-        self.pending.entry(iter).or_default().push(it);
+        self.pending
+            .entry(iter)
+            .or_insert_with(|| self.spare.pop().unwrap_or_default())
+            .push(it);
         self.first_end
             .entry(iter)
             .and_modify(|e| *e = (*e).min(end))
@@ -384,7 +396,12 @@ impl CrossNode {
     /// the maps made per iteration, a vector per rank's spans and each breakdown's copies
     /// were half the join's cost). Nothing it works out depends on that order: the last two
     /// ranks at a collective are the largest (begin, rank), and the rest are sums.
-    fn join(&mut self, iter: u64, reports: Vec<NodeIteration>, out: &mut Vec<IterationBreakdown>) {
+    fn join(
+        &mut self,
+        iter: u64,
+        mut reports: Vec<NodeIteration>,
+        out: &mut Vec<IterationBreakdown>,
+    ) {
         let mut w = std::mem::take(&mut self.scratch);
         w.clear();
         {
@@ -453,7 +470,7 @@ impl CrossNode {
             ));
         }
         out.reserve(reports.len());
-        for (i, r) in reports.into_iter().enumerate() {
+        for (i, r) in reports.drain(..).enumerate() {
             let rank = r.breakdown.rank;
             self.waiting.remove(&(rank, iter));
             let wall = r.breakdown.wall_ns();
@@ -477,6 +494,9 @@ impl CrossNode {
         self.newest_joined = Some(self.newest_joined.map_or(iter, |n| n.max(iter)));
         self.windows.add_joined(iter, &w.held, &w.waits);
         self.scratch = w;
+        if self.spare.len() < SPARE_KEPT {
+            self.spare.push(reports);
+        }
     }
 
     /// The straggler of each window of [`WINDOW_ITERS`] iterations from the first iteration

@@ -11,7 +11,7 @@
 //! cross-node join of other nodes' reports ([`CrossNode`]), and the running summary
 //! ([`JobTotals`]). A training job runs for days, so nothing is kept per iteration for good:
 //! the summary's figures are folded into running aggregates as iterations are attributed, and
-//! only the most recent [`RECENT_BREAKDOWNS`] breakdowns are kept.
+//! no breakdown is kept.
 
 use crate::attribution::IterationBreakdown;
 use crate::crossnode::CrossNode;
@@ -28,7 +28,7 @@ mod totals;
 pub use forget::{GONE_GRACE_NS, IDLE_KEEP_NS};
 pub use node::{Attributed, Held, NodeTimeline, RankProgress};
 pub use readiness::{Readiness, Seen, GPU_PATIENCE_NS, PEER_PATIENCE_NS, SAMPLE_PATIENCE_NS};
-pub use totals::{JobTotals, RECENT_BREAKDOWNS};
+pub use totals::JobTotals;
 
 /// Everything known about a run.
 #[derive(Debug, Default)]

@@ -1,8 +1,9 @@
 //! The running summary of a job: what the end-of-run summary needs of every attributed
-//! iteration, folded in as iterations are attributed (bounded memory), the most recent
-//! breakdowns, and what each rank's GPU did.
+//! iteration, folded in as iterations are attributed (bounded memory), and what each rank's
+//! GPU did. No breakdown is kept: everything that reads them reads the folded figures, the
+//! live model's recent parts or the profile.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use crate::aggregate::RunningSummary;
 use crate::attribution::IterationBreakdown;
@@ -10,18 +11,11 @@ use crate::collectives::{CommTotals, OpTime};
 use crate::gpu_usage::{GpuUsage, NvmlReading};
 use crate::slowdown::SlowdownWatch;
 
-/// Breakdowns [`JobTotals::recent`] keeps, the most recent (a few hundred bytes each: tens of
-/// MiB at most). Experiment runs and tests are far shorter, so they keep all of theirs.
-pub const RECENT_BREAKDOWNS: usize = 100_000;
-
 /// A job's running summary.
 #[derive(Debug, Default)]
 pub struct JobTotals {
     /// What the summary needs of every iteration attributed so far.
     pub totals: RunningSummary,
-    /// The most recent iterations attributed, in the order attributed: at most
-    /// [`RECENT_BREAKDOWNS`]. The summary reads `totals`, not these.
-    pub recent: VecDeque<IterationBreakdown>,
     /// What each rank's GPU did over its counted (post-warm-up) iterations, by rank: the
     /// node's own ranks, and other nodes' as their agents read them.
     pub gpu_usage: BTreeMap<u32, GpuUsage>,
@@ -35,16 +29,12 @@ pub struct JobTotals {
 
 impl JobTotals {
     /// Folds newly attributed breakdowns into the totals (iterations below `warmup` are not
-    /// counted) and the window of recent ones.
+    /// counted) and the slowdown watch.
     pub fn record(&mut self, new: &[IterationBreakdown], warmup: u64) {
         for b in new {
             self.totals.add(b, warmup);
         }
         self.slowdowns.take_all(new, warmup);
-        let keep = new.len().min(RECENT_BREAKDOWNS);
-        let overflow = (self.recent.len() + keep).saturating_sub(RECENT_BREAKDOWNS);
-        self.recent.drain(..overflow);
-        self.recent.extend(new[new.len() - keep..].iter().cloned());
     }
 
     /// Counts the communication spans of a counted iteration of loop `pid` (rank `rank`).

@@ -15,7 +15,7 @@ use crate::summary::summarize;
 use crate::Nanos;
 
 use super::{
-    push_bounded, IterationParts, JobView, NodeMeter, NodeView, RankView, ViewUpdate,
+    push_bounded, recent_kept, IterationParts, JobView, NodeMeter, NodeView, RankView, ViewUpdate,
     RECENT_ITERATIONS, RESOURCE_HISTORY, STRAGGLER_WINDOWS,
 };
 
@@ -308,6 +308,7 @@ impl LiveModel {
             // 10,000 ranks that walk per iteration was a fifth of the collector's CPU) and are
             // not sent whole in every round's update (their figures change at a refresh).
             let node = node_name(job, self.local_node.as_deref(), b.rank);
+            let kept = recent_kept(self.view.ranks.len());
             // The rank's view looked up once, in the common case.
             if let Some(r) = self
                 .view
@@ -315,7 +316,7 @@ impl LiveModel {
                 .get_mut(&b.rank)
                 .filter(|r| r.pid == b.pid && r.node == node)
             {
-                push_bounded(&mut r.recent, parts, RECENT_ITERATIONS);
+                push_bounded(&mut r.recent, parts, kept);
             } else {
                 let node = node_name(job, self.local_node.as_deref(), b.rank).to_string();
                 self.forget_former_rank_of(b.rank, b.pid, &node);
@@ -327,7 +328,7 @@ impl LiveModel {
                 });
                 r.pid = b.pid;
                 r.node = node;
-                push_bounded(&mut r.recent, parts, RECENT_ITERATIONS);
+                push_bounded(&mut r.recent, parts, kept);
                 self.dirty_ranks.insert(b.rank);
             }
             self.pending.parts.push((b.rank, parts));
@@ -431,6 +432,21 @@ impl LiveModel {
     /// What changed since the last call: the feed sends it to every client.
     pub fn take_update(&mut self) -> ViewUpdate {
         let mut u = std::mem::take(&mut self.pending);
+        // The next round's parts are about as many as this one's: no doubling from empty.
+        self.pending.parts.reserve(u.parts.len());
+        // A viewer keeps a rank's parts by the ranks its copy has once the update is applied,
+        // as many as the model has now: ranks that came during the update, after a rank's
+        // parts, shorten them here too (the ranks only grow between updates but for a
+        // former rank's removal, so the model never kept fewer).
+        let kept = recent_kept(self.view.ranks.len());
+        if kept < RECENT_ITERATIONS {
+            for (rank, _) in &u.parts {
+                if let Some(r) = self.view.ranks.get_mut(rank) {
+                    let extra = r.recent.len().saturating_sub(kept);
+                    r.recent.drain(..extra);
+                }
+            }
+        }
         u.now_ns = self.view.now_ns;
         u.attributed = self.view.attributed;
         u.samples_per_second = self.view.samples_per_second;

@@ -5,7 +5,8 @@
 //! without a process or a terminal. The model is fed by the journal that writes the profile
 //! (`crate::journal::Journal`), so replaying a profile rebuilds the very model the live run
 //! showed. Its memory is bounded whatever the job's length: per rank the last
-//! [`RECENT_ITERATIONS`] iterations' parts, per node the last [`RESOURCE_HISTORY`] resource
+//! [`recent_kept`] iterations' parts ([`RECENT_ITERATIONS`] up to 1,024 ranks, fewer beyond,
+//! so that the job's are within [`RECENT_PARTS_BUDGET`]), per node the last [`RESOURCE_HISTORY`] resource
 //! readings, for the job the last [`STRAGGLER_WINDOWS`] straggler windows; everything else is
 //! a running total.
 //!
@@ -37,8 +38,27 @@ pub const VIEW_SCHEMA: &str = "stallscope.view/1";
 /// Iterations of one rank in its rolling window (the status line's "recent").
 pub const WINDOW_ITERATIONS: usize = 32;
 
-/// Iterations per rank whose parts are kept for charts.
+/// Iterations per rank whose parts are kept for charts, in a job of up to
+/// [`RECENT_PARTS_BUDGET`] / [`RECENT_ITERATIONS`] (1,024) ranks; a larger job keeps fewer
+/// per rank ([`recent_kept`]).
 pub const RECENT_ITERATIONS: usize = 512;
+
+/// Iterations' parts a job model keeps over all its ranks, when each rank keeps at least
+/// [`MIN_RECENT_ITERATIONS`]: at 80 bytes a part, 40 MiB. At 10,000 ranks the full
+/// [`RECENT_ITERATIONS`] each took 390 MiB, and growing them was a tenth of the collector's
+/// job thread in the job's first 20 s.
+pub const RECENT_PARTS_BUDGET: usize = RECENT_ITERATIONS * 1_024;
+
+/// Iterations per rank kept whatever the job's size: two [`WINDOW_ITERATIONS`] windows, and
+/// enough for a p95.
+pub const MIN_RECENT_ITERATIONS: usize = 2 * WINDOW_ITERATIONS;
+
+/// Iterations per rank whose parts a model of `ranks` ranks keeps: [`RECENT_ITERATIONS`] up
+/// to 1,024 ranks, then the [`RECENT_PARTS_BUDGET`] shared, at least
+/// [`MIN_RECENT_ITERATIONS`] (64 at 10,000 ranks).
+pub fn recent_kept(ranks: usize) -> usize {
+    (RECENT_PARTS_BUDGET / ranks.max(1)).clamp(MIN_RECENT_ITERATIONS, RECENT_ITERATIONS)
+}
 
 /// Resource readings kept per node (one a second: two minutes) for sparklines.
 pub const RESOURCE_HISTORY: usize = 120;
@@ -88,7 +108,7 @@ pub struct RankView {
     /// the model; a collector sees other nodes' ranks without them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loader_pids: Vec<u32>,
-    /// The last [`RECENT_ITERATIONS`] iterations' parts, oldest first (warm-up included).
+    /// The last [`recent_kept`] iterations' parts, oldest first (warm-up included).
     pub recent: VecDeque<IterationParts>,
 }
 
@@ -269,9 +289,11 @@ impl JobView {
                 .unwrap_or_default();
             self.ranks.insert(r.rank, RankView { recent, ..r });
         }
+        // The ranks are those of the update's end, as when the model took it.
+        let kept = recent_kept(self.ranks.len());
         for (rank, parts) in u.parts {
             if let Some(r) = self.ranks.get_mut(&rank) {
-                push_bounded(&mut r.recent, parts, RECENT_ITERATIONS);
+                push_bounded(&mut r.recent, parts, kept);
             }
         }
         for n in u.nodes {

@@ -82,6 +82,41 @@ fn its_memory_is_bounded_however_long_the_job() {
     assert_eq!(v.window().largest_stall(), Some(Category::DataPrep));
 }
 
+/// A job of many ranks keeps fewer iterations per rank, and a viewer that applies the updates
+/// keeps the same as the model, however the ranks come: here 3,000 ranks join in the update
+/// where 1,000 ranks, kept at 512 until then, add an iteration each before them.
+#[test]
+fn a_large_job_keeps_fewer_parts_per_rank_and_its_viewer_the_same() {
+    let job = JobTimeline::default();
+    let mut server = LiveModel::new("");
+    let mut client = JobView::new("");
+    let mut round = 0u64;
+    let mut step = |ranks: u32, server: &mut LiveModel, client: &mut JobView| {
+        let new: Vec<_> = (0..ranks)
+            .map(|rank| iteration(rank, round, 10, 2))
+            .collect();
+        server.observe(&job, &new, (round + 1) * 10 * MS, false);
+        client.apply(server.take_update());
+        round += 1;
+    };
+    for _ in 0..200 {
+        step(1_000, &mut server, &mut client);
+    }
+    assert!(server.view().ranks.values().all(|r| r.recent.len() == 200));
+    step(4_000, &mut server, &mut client);
+    let kept = recent_kept(4_000);
+    assert_eq!(kept, 131);
+    let v = server.view();
+    assert_eq!(v.ranks.len(), 4_000);
+    assert!(v.ranks.values().all(|r| r.recent.len() <= kept));
+    assert_eq!(v.ranks[&0].recent.len(), kept, "the newest kept");
+    assert_eq!(v.ranks[&0].recent.back().map(|p| p.iter), Some(200));
+    assert_eq!(v.ranks[&3_999].recent.len(), 1);
+    assert_eq!(client.ranks, v.ranks);
+    assert_eq!(recent_kept(1_024), RECENT_ITERATIONS);
+    assert_eq!(recent_kept(10_000), MIN_RECENT_ITERATIONS);
+}
+
 fn decl(id: u32, name: &str, kind: SeriesKind, labels: &[(&str, &str)]) -> Frame {
     Frame::Series(SeriesDecl {
         id: SeriesId(id),
