@@ -434,10 +434,10 @@ impl LiveModel {
         let mut u = std::mem::take(&mut self.pending);
         // The next round's parts are about as many as this one's: no doubling from empty.
         self.pending.parts.reserve(u.parts.len());
-        // A viewer keeps a rank's parts by the ranks its copy has once the update is applied,
-        // as many as the model has now: ranks that came during the update, after a rank's
-        // parts, shorten them here too (the ranks only grow between updates but for a
-        // former rank's removal, so the model never kept fewer).
+        // A viewer applying this update keeps each rank's parts by the ranks it will then
+        // hold, which are the model's now. The model kept them by its ranks at each
+        // iteration, fewer than now when ranks joined during the round: trimmed again here,
+        // both keep the same.
         let kept = recent_kept(self.view.ranks.len());
         if kept < RECENT_ITERATIONS {
             for (rank, _) in &u.parts {

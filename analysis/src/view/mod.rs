@@ -4,11 +4,11 @@
 //! Views are pure functions of a [`JobView`], so each is tested on a model built in the test,
 //! without a process or a terminal. The model is fed by the journal that writes the profile
 //! (`crate::journal::Journal`), so replaying a profile rebuilds the very model the live run
-//! showed. Its memory is bounded whatever the job's length: per rank the last
+//! showed. Its memory is bounded whatever the job's length and size: per rank the last
 //! [`recent_kept`] iterations' parts ([`RECENT_ITERATIONS`] up to 1,024 ranks, fewer beyond,
-//! so that the job's are within [`RECENT_PARTS_BUDGET`]), per node the last [`RESOURCE_HISTORY`] resource
-//! readings, for the job the last [`STRAGGLER_WINDOWS`] straggler windows; everything else is
-//! a running total.
+//! so that the job's stay within [`RECENT_PARTS_BUDGET`]), per node the last
+//! [`RESOURCE_HISTORY`] resource readings, for the job the last [`STRAGGLER_WINDOWS`]
+//! straggler windows; everything else is a running total.
 //!
 //! A [`JobView`] is plain data (serde): the feed sends a snapshot of it, then
 //! [`ViewUpdate`]s that [`JobView::apply`] folds in, so a client's copy equals the server's.
