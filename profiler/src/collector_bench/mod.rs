@@ -69,6 +69,8 @@ pub struct Row {
     pub values_per_s: f64,
     /// % of one core, the collector process in the window.
     pub collector_cpu_pct: f64,
+    /// % of one core, the collector's job thread in the window (of `collector_cpu_pct`).
+    pub job_thread_cpu_pct: f64,
     /// % of one core, the agents' process in the window.
     pub agents_cpu_pct: f64,
     /// The collector's side of the window.
@@ -260,6 +262,7 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
         frames_per_s,
         values_per_s: frames_per_s * values,
         collector_cpu_pct: 100.0 * window.cpu_s / window.wall_s.max(1e-9),
+        job_thread_cpu_pct: 100.0 * window.job_thread_cpu_s / window.wall_s.max(1e-9),
         agents_cpu_pct: 100.0 * agents_cpu / window.wall_s.max(1e-9),
         window,
         sent,
@@ -365,13 +368,14 @@ fn ms(v: Option<f64>) -> String {
 
 fn print_row(r: &Row) {
     println!(
-        "{:>6} {:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8} {:>9}  {}",
+        "{:>6} {:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>6.1} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8} {:>9}  {}",
         r.agents,
         r.agents * r.ranks_per_agent,
         r.offered_fps,
         r.frames_per_s,
         r.values_per_s,
         r.collector_cpu_pct,
+        r.job_thread_cpu_pct,
         r.agents_cpu_pct,
         r.window.rss_mib,
         r.window.rss_mib - r.window.rss_start_mib,
@@ -440,13 +444,14 @@ pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
         args.ranks_per_agent, args.rate, args.warmup, args.seconds, args.p99_goal_ms
     );
     println!(
-        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9}  sustained",
+        "{:>6} {:>6} {:>10} {:>11} {:>11} {:>8} {:>6} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9}  sustained",
         "agents",
         "ranks",
         "offered/s",
         "frames/s",
         "values/s",
         "coll%",
+        "job%",
         "agents%",
         "RSS MiB",
         "+MiB",
