@@ -171,10 +171,14 @@ impl JobHangs {
             .filter(|n| !a.answers.contains_key(*n))
             .cloned()
             .collect();
-        let latest = self
+        // By node name, then rank: a rank two unanswered nodes both ran is named with the
+        // first, whatever the map's order.
+        let mut latest: Vec<(&String, &u32, &u64)> = self
             .latest
             .iter()
-            .flat_map(|(node, ranks)| ranks.iter().map(move |(rank, iter)| (node, rank, iter)));
+            .flat_map(|(node, ranks)| ranks.iter().map(move |(rank, iter)| (node, rank, iter)))
+            .collect();
+        latest.sort_unstable();
         for (node, rank, iter) in latest {
             if unanswered.contains(node) && !ranks.iter().any(|r| r.rank == *rank) {
                 ranks.push(RankAtHang {

@@ -15,8 +15,8 @@ use crate::summary::summarize;
 use crate::Nanos;
 
 use super::{
-    push_bounded, recent_kept, IterationParts, JobView, NodeMeter, NodeView, RankView, ViewUpdate,
-    RECENT_ITERATIONS, RESOURCE_HISTORY, STRAGGLER_WINDOWS,
+    push_bounded, recent_kept, trim_recent, IterationParts, JobView, NodeMeter, NodeView, RankView,
+    ViewUpdate, RECENT_ITERATIONS, RESOURCE_HISTORY, STRAGGLER_WINDOWS,
 };
 
 /// Ranks whose summary is refreshed every second; more ranks refresh less often.
@@ -42,6 +42,8 @@ pub struct LiveModel {
     /// ns between summaries when set ([`LiveModel::set_summary_every`]), instead of the
     /// live pace.
     summary_every: Option<Nanos>,
+    /// Ranks the model held when the last update was taken: what a viewer's copy holds.
+    ranks_at_update: usize,
     /// Per node, the RDMA bytes its agent sent last, for the reading and counters that follow.
     rdma: BTreeMap<String, crate::frame::NodeRdma>,
     /// Every node's TCP flows, for their totals per class.
@@ -438,8 +440,12 @@ impl LiveModel {
         // hold, which are the model's now. The model kept them by its ranks at each
         // iteration, fewer than now when ranks joined during the round: trimmed again here,
         // both keep the same.
+        // When the ranks grew enough to lower the number kept, every rank is shortened, as
+        // the viewer does.
         let kept = recent_kept(self.view.ranks.len());
-        if kept < RECENT_ITERATIONS {
+        if kept < recent_kept(self.ranks_at_update) {
+            trim_recent(&mut self.view.ranks, kept);
+        } else if kept < RECENT_ITERATIONS {
             for (rank, _) in &u.parts {
                 if let Some(r) = self.view.ranks.get_mut(rank) {
                     let extra = r.recent.len().saturating_sub(kept);
@@ -447,6 +453,7 @@ impl LiveModel {
                 }
             }
         }
+        self.ranks_at_update = self.view.ranks.len();
         u.now_ns = self.view.now_ns;
         u.attributed = self.view.attributed;
         u.samples_per_second = self.view.samples_per_second;

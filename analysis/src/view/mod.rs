@@ -5,8 +5,9 @@
 //! without a process or a terminal. The model is fed by the journal that writes the profile
 //! (`crate::journal::Journal`), so replaying a profile rebuilds the very model the live run
 //! showed. Its memory is bounded whatever the job's length and size: per rank the last
-//! [`recent_kept`] iterations' parts ([`RECENT_ITERATIONS`] up to 1,024 ranks, fewer beyond,
-//! so that the job's stay within [`RECENT_PARTS_BUDGET`]), per node the last
+//! [`recent_kept`] iterations' parts ([`RECENT_ITERATIONS`] up to 1,024 ranks, fewer beyond:
+//! the job's share [`RECENT_PARTS_BUDGET`], at least [`MIN_RECENT_ITERATIONS`] a rank), per
+//! node the last
 //! [`RESOURCE_HISTORY`] resource readings, for the job the last [`STRAGGLER_WINDOWS`]
 //! straggler windows; everything else is a running total.
 //!
@@ -43,10 +44,10 @@ pub const WINDOW_ITERATIONS: usize = 32;
 /// per rank ([`recent_kept`]).
 pub const RECENT_ITERATIONS: usize = 512;
 
-/// Iterations' parts a job model keeps over all its ranks, when each rank keeps at least
-/// [`MIN_RECENT_ITERATIONS`]: at 80 bytes a part, 40 MiB. At 10,000 ranks the full
-/// [`RECENT_ITERATIONS`] each took 390 MiB, and growing them was a tenth of the collector's
-/// job thread in the job's first 20 s.
+/// Iterations' parts a job model keeps over all its ranks (80 bytes a part: 40 MiB), up to
+/// 8,192 ranks, where each keeps [`MIN_RECENT_ITERATIONS`]; more ranks keep that many each.
+/// At 10,000 ranks the full [`RECENT_ITERATIONS`] each took 390 MiB (780 MiB of buffers),
+/// and growing them was a tenth of the collector's job thread in the job's first 20 s.
 pub const RECENT_PARTS_BUDGET: usize = RECENT_ITERATIONS * 1_024;
 
 /// Iterations per rank kept whatever the job's size: two [`WINDOW_ITERATIONS`] windows, and
@@ -266,6 +267,7 @@ impl JobView {
 
     /// Folds in an update from the feed.
     pub fn apply(&mut self, u: ViewUpdate) {
+        let kept_before = recent_kept(self.ranks.len());
         self.now_ns = u.now_ns;
         self.attributed = u.attributed;
         self.samples_per_second = u.samples_per_second;
@@ -291,6 +293,9 @@ impl JobView {
         }
         // The ranks are those of the update's end, as when the model took it.
         let kept = recent_kept(self.ranks.len());
+        if kept < kept_before {
+            trim_recent(&mut self.ranks, kept);
+        }
         for (rank, parts) in u.parts {
             if let Some(r) = self.ranks.get_mut(&rank) {
                 push_bounded(&mut r.recent, parts, kept);
@@ -417,11 +422,30 @@ impl ViewUpdate {
     }
 }
 
-/// Appends `item`, dropping the oldest beyond `cap`.
+/// Appends `item`, dropping the oldest beyond `cap`. The oldest go first, so the queue never
+/// holds more than `cap` and never grows its buffer past it.
 pub(crate) fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) {
-    q.push_back(item);
-    while q.len() > cap {
+    if cap == 0 {
+        q.clear();
+        return;
+    }
+    while q.len() >= cap {
         q.pop_front();
+    }
+    q.push_back(item);
+}
+
+/// Shortens every rank's recent parts to their last `kept`, and gives back the memory of a
+/// buffer grown for far more: done, by the model and by a viewer alike, when the job's
+/// ranks grew enough to lower [`recent_kept`], so that both keep the same whatever the
+/// updates' boundaries.
+pub(crate) fn trim_recent(ranks: &mut BTreeMap<u32, RankView>, kept: usize) {
+    for r in ranks.values_mut() {
+        let extra = r.recent.len().saturating_sub(kept);
+        r.recent.drain(..extra);
+        if r.recent.capacity() > 2 * kept {
+            r.recent.shrink_to(kept);
+        }
     }
 }
 

@@ -83,38 +83,69 @@ fn its_memory_is_bounded_however_long_the_job() {
 }
 
 /// A job of many ranks keeps fewer iterations per rank, and a viewer that applies the updates
-/// keeps the same as the model, however the ranks come: here 3,000 ranks join in the update
-/// where 1,000 ranks, kept at 512 until then, add an iteration each before them.
+/// keeps the same as the model, however the ranks come and whatever the updates' boundaries:
+/// here 1,000 ranks hold 200 parts each, then in one update half of them report once more
+/// while 2,500 ranks join, then 500 more join in the next.
 #[test]
 fn a_large_job_keeps_fewer_parts_per_rank_and_its_viewer_the_same() {
     let job = JobTimeline::default();
     let mut server = LiveModel::new("");
     let mut client = JobView::new("");
-    let mut round = 0u64;
-    let mut step = |ranks: u32, server: &mut LiveModel, client: &mut JobView| {
-        let new: Vec<_> = (0..ranks)
-            .map(|rank| iteration(rank, round, 10, 2))
+    let round = |server: &mut LiveModel, ranks: &[(u32, u32)], iter: u64| {
+        let new: Vec<_> = ranks
+            .iter()
+            .flat_map(|&(from, to)| from..to)
+            .map(|rank| iteration(rank, iter, 10, 2))
             .collect();
-        server.observe(&job, &new, (round + 1) * 10 * MS, false);
-        client.apply(server.take_update());
-        round += 1;
+        server.observe(&job, &new, (iter + 1) * 10 * MS, false);
+        server.take_update()
     };
-    for _ in 0..200 {
-        step(1_000, &mut server, &mut client);
+    for iter in 0..200 {
+        client.apply(round(&mut server, &[(0, 1_000)], iter));
     }
     assert!(server.view().ranks.values().all(|r| r.recent.len() == 200));
-    step(4_000, &mut server, &mut client);
+    let (grown, more) = (
+        round(&mut server, &[(0, 500), (1_000, 3_500)], 200),
+        round(&mut server, &[(3_500, 4_000)], 201),
+    );
+    let mut merged = client.clone();
+    merged.apply(grown.clone().then(more.clone()));
+    client.apply(grown);
+    assert_eq!(recent_kept(3_500), 149);
+    assert!(client.ranks.values().all(|r| r.recent.len() <= 149));
+    client.apply(more);
+
     let kept = recent_kept(4_000);
     assert_eq!(kept, 131);
     let v = server.view();
     assert_eq!(v.ranks.len(), 4_000);
     assert!(v.ranks.values().all(|r| r.recent.len() <= kept));
-    assert_eq!(v.ranks[&0].recent.len(), kept, "the newest kept");
+    // A rank that reported in the growing update, and one that did not: both the newest.
+    assert_eq!(v.ranks[&0].recent.len(), kept);
     assert_eq!(v.ranks[&0].recent.back().map(|p| p.iter), Some(200));
+    assert_eq!(v.ranks[&999].recent.len(), kept);
+    assert_eq!(v.ranks[&999].recent.back().map(|p| p.iter), Some(199));
     assert_eq!(v.ranks[&3_999].recent.len(), 1);
     assert_eq!(client.ranks, v.ranks);
+    assert_eq!(
+        merged.ranks, v.ranks,
+        "two updates merged keep what both in turn keep"
+    );
     assert_eq!(recent_kept(1_024), RECENT_ITERATIONS);
     assert_eq!(recent_kept(10_000), MIN_RECENT_ITERATIONS);
+}
+
+/// A bounded queue never grows its buffer past its bound: 64 parts take 64 places, not the
+/// 128 a push before the pop would make.
+#[test]
+fn a_full_recent_window_takes_no_more_room_than_it_holds() {
+    let mut q = VecDeque::new();
+    for i in 0..1_000u64 {
+        push_bounded(&mut q, i, 64);
+    }
+    assert_eq!(q.len(), 64);
+    assert_eq!(q.front(), Some(&936));
+    assert!(q.capacity() < 128, "capacity {}", q.capacity());
 }
 
 fn decl(id: u32, name: &str, kind: SeriesKind, labels: &[(&str, &str)]) -> Frame {

@@ -69,8 +69,9 @@ pub struct Row {
     pub values_per_s: f64,
     /// % of one core, the collector process in the window.
     pub collector_cpu_pct: f64,
-    /// % of one core, the collector's job thread in the window (of `collector_cpu_pct`).
-    pub job_thread_cpu_pct: f64,
+    /// % of one core, the collector's job thread in the window (of `collector_cpu_pct`),
+    /// when it was found.
+    pub job_thread_cpu_pct: Option<f64>,
     /// % of one core, the agents' process in the window.
     pub agents_cpu_pct: f64,
     /// The collector's side of the window.
@@ -262,7 +263,9 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
         frames_per_s,
         values_per_s: frames_per_s * values,
         collector_cpu_pct: 100.0 * window.cpu_s / window.wall_s.max(1e-9),
-        job_thread_cpu_pct: 100.0 * window.job_thread_cpu_s / window.wall_s.max(1e-9),
+        job_thread_cpu_pct: window
+            .job_thread_cpu_s
+            .map(|s| 100.0 * s / window.wall_s.max(1e-9)),
         agents_cpu_pct: 100.0 * agents_cpu / window.wall_s.max(1e-9),
         window,
         sent,
@@ -368,14 +371,15 @@ fn ms(v: Option<f64>) -> String {
 
 fn print_row(r: &Row) {
     println!(
-        "{:>6} {:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>6.1} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8} {:>9}  {}",
+        "{:>6} {:>6} {:>10.0} {:>11.0} {:>11.0} {:>8.1} {:>6} {:>8.1} {:>7.0} {:>7.0} {:>8} {:>8} {:>8} {:>9}  {}",
         r.agents,
         r.agents * r.ranks_per_agent,
         r.offered_fps,
         r.frames_per_s,
         r.values_per_s,
         r.collector_cpu_pct,
-        r.job_thread_cpu_pct,
+        r.job_thread_cpu_pct
+            .map_or("-".into(), |pct| format!("{pct:.1}")),
         r.agents_cpu_pct,
         r.window.rss_mib,
         r.window.rss_mib - r.window.rss_start_mib,

@@ -40,9 +40,9 @@ pub struct WindowReport {
     pub cpu_s: f64,
     /// s, CPU time of its job thread (`stallscope-job`, user + system) in the window: the one
     /// thread every record goes through (intake, join, attribution, live model), so the one
-    /// that falls behind first.
+    /// that falls behind first. `None` when no such thread was found.
     #[serde(default)]
-    pub job_thread_cpu_s: f64,
+    pub job_thread_cpu_s: Option<f64>,
     /// Iteration frames that reached the live feed in the window, those the latency probe
     /// fell behind on (and missed) included: the collector ingested them all.
     pub frames: u64,
@@ -73,7 +73,7 @@ pub struct Totals {
 struct Window {
     started: Instant,
     cpu_s: f64,
-    job_thread_cpu_s: f64,
+    job_thread_cpu_s: Option<f64>,
     frames_before: u64,
     rss_start_mib: f64,
     latency: Histogram,
@@ -101,21 +101,19 @@ pub fn cpu_seconds() -> f64 {
 const JOB_THREAD: &str = "stallscope-job";
 
 /// s, CPU time (user + system) so far of this process's threads named `name`, from
-/// `/proc/self/task/*/stat`; 0 where none is.
-fn thread_cpu_seconds(name: &str) -> f64 {
+/// `/proc/self/task/*/stat` (in clock ticks, 10 ms here); `None` where none is.
+fn thread_cpu_seconds(name: &str) -> Option<f64> {
     use procfs_core::FromRead;
     // SAFETY: sysconf reads a constant of the system.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    let ticks_used: u64 = tasks
+    let threads: Vec<u64> = std::fs::read_dir("/proc/self/task")
+        .ok()?
         .flatten()
         .filter_map(|task| procfs_core::process::Stat::from_file(task.path().join("stat")).ok())
         .filter(|stat| stat.comm == name)
         .map(|stat| stat.utime + stat.stime)
-        .sum();
-    ticks_used as f64 / ticks
+        .collect();
+    (!threads.is_empty()).then(|| threads.iter().sum::<u64>() as f64 / ticks)
 }
 
 /// MiB, a `kB` line of `/proc/self/status` (`VmRSS`, `VmHWM`).
@@ -194,7 +192,9 @@ fn end_window(p: &mut Probe) -> WindowReport {
         Some(w) => WindowReport {
             wall_s: w.started.elapsed().as_secs_f64(),
             cpu_s: cpu_seconds() - w.cpu_s,
-            job_thread_cpu_s: thread_cpu_seconds(JOB_THREAD) - w.job_thread_cpu_s,
+            job_thread_cpu_s: thread_cpu_seconds(JOB_THREAD)
+                .zip(w.job_thread_cpu_s)
+                .map(|(end, start)| end - start),
             frames: p.totals.frames + p.totals.lagged - w.frames_before,
             p50_ms: w.latency.quantile_ms(0.50),
             p99_ms: w.latency.quantile_ms(0.99),
