@@ -225,6 +225,9 @@ impl Collector {
     }
 }
 
+/// Name of the job task's thread, as `top -H` and `/proc/PID/task/*/comm` show it.
+pub(crate) const JOB_THREAD: &str = "stallscope-job";
+
 /// Runs the job task on a thread of its own (a current-thread runtime for its timer and
 /// channels): everything a connection receives goes through it, so among thousands of
 /// connection tasks on the shared workers it would be polled once per round of them, and the
@@ -237,7 +240,7 @@ fn spawn_job_thread(
 ) -> tokio::sync::oneshot::Receiver<(Summary, Option<String>)> {
     let (done_tx, done) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
-        .name("stallscope-job".into())
+        .name(JOB_THREAD.into())
         .spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

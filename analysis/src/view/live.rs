@@ -436,20 +436,17 @@ impl LiveModel {
         let mut u = std::mem::take(&mut self.pending);
         // The next round's parts are about as many as this one's: no doubling from empty.
         self.pending.parts.reserve(u.parts.len());
-        // A viewer applying this update keeps each rank's parts by the ranks it will then
-        // hold, which are the model's now. The model kept them by its ranks at each
-        // iteration, fewer than now when ranks joined during the round: trimmed again here,
-        // both keep the same.
-        // When the ranks grew enough to lower the number kept, every rank is shortened, as
-        // the viewer does.
+        // A viewer applying this update keeps parts by the ranks it will then hold, the
+        // model's now: when they grew enough to lower the number kept, it shortens every
+        // rank, and so does the model; otherwise the ranks with parts in the update, which
+        // the model kept by its ranks at each iteration.
         let kept = recent_kept(self.view.ranks.len());
         if kept < recent_kept(self.ranks_at_update) {
             trim_recent(&mut self.view.ranks, kept);
         } else if kept < RECENT_ITERATIONS {
             for (rank, _) in &u.parts {
                 if let Some(r) = self.view.ranks.get_mut(rank) {
-                    let extra = r.recent.len().saturating_sub(kept);
-                    r.recent.drain(..extra);
+                    r.keep_recent(kept);
                 }
             }
         }

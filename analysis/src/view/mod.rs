@@ -114,6 +114,12 @@ pub struct RankView {
 }
 
 impl RankView {
+    /// Keeps only its last `kept` iterations' parts.
+    pub(crate) fn keep_recent(&mut self, kept: usize) {
+        let extra = self.recent.len().saturating_sub(kept);
+        self.recent.drain(..extra);
+    }
+
     /// ns per category over its last [`WINDOW_ITERATIONS`] iterations.
     pub fn window(&self) -> Split {
         window_split(self.recent.iter().rev().take(WINDOW_ITERATIONS))
@@ -441,8 +447,7 @@ pub(crate) fn push_bounded<T>(q: &mut VecDeque<T>, item: T, cap: usize) {
 /// updates' boundaries.
 pub(crate) fn trim_recent(ranks: &mut BTreeMap<u32, RankView>, kept: usize) {
     for r in ranks.values_mut() {
-        let extra = r.recent.len().saturating_sub(kept);
-        r.recent.drain(..extra);
+        r.keep_recent(kept);
         if r.recent.capacity() > 2 * kept {
             r.recent.shrink_to(kept);
         }

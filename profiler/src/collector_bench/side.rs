@@ -26,7 +26,7 @@ use stallscope_collector::server::ServerConfig;
 use tokio::sync::broadcast;
 
 use super::histogram::Histogram;
-use crate::collector_cmd::{raise_nofile_limit, runtime, Collector};
+use crate::collector_cmd::{raise_nofile_limit, runtime, Collector, JOB_THREAD};
 
 /// The token the benchmark's agents present.
 pub const TOKEN: &str = "collector-bench";
@@ -96,9 +96,6 @@ pub fn cpu_seconds() -> f64 {
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
-
-/// Name of the collector's job thread (`collector_cmd`).
-const JOB_THREAD: &str = "stallscope-job";
 
 /// s, CPU time (user + system) so far of this process's threads named `name`, from
 /// `/proc/self/task/*/stat` (in clock ticks, 10 ms here); `None` where none is.
