@@ -335,6 +335,12 @@ fn node_summaries(job: &JobTimeline) -> Vec<NodeSummary> {
     );
     names.sort_unstable();
     names.dedup();
+    // Each node's ranks, in one pass over the ranks (a pass per node was 90 ms of a refresh
+    // of the live model at 10,000 ranks on 1,250 nodes); in rank order, as the map gives them.
+    let mut ranks_of: std::collections::HashMap<&str, Vec<u32>> = Default::default();
+    for (rank, node) in &job.nodes.rank_nodes {
+        ranks_of.entry(node.as_str()).or_default().push(*rank);
+    }
     names
         .into_iter()
         .map(|node| {
@@ -349,12 +355,7 @@ fn node_summaries(job: &JobTimeline) -> Vec<NodeSummary> {
                     own.dedup();
                     own
                 } else {
-                    job.nodes
-                        .rank_nodes
-                        .iter()
-                        .filter(|(_, n)| n.as_str() == node)
-                        .map(|(r, _)| *r)
-                        .collect()
+                    ranks_of.remove(node).unwrap_or_default()
                 },
                 clock_offset_ms: clock.map(|c| c.offset_ns as f64 / 1e6),
                 clock_uncertainty_ms: clock.map(|c| c.uncertainty_ns as f64 / 1e6),

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::attribution::IterationBreakdown;
+use crate::fast_hash::FastMap;
 use crate::frame::Frame;
 use crate::job::JobTimeline;
 use crate::summary::summarize;
@@ -51,6 +52,10 @@ pub struct LiveModel {
     /// A profile whose samples were thinned ([`Frame::SamplesThinned`]): this node's
     /// one-second readings come as [`Frame::NodeResources`], not from its samples.
     thinned: bool,
+    /// The ranks in the view by their process id: a rank new to the model looks for the
+    /// rank its process held before among these, not among every rank (at 10,000 ranks
+    /// that walk per new rank made the first round of a job half a second long).
+    ranks_by_pid: FastMap<u32, Vec<u32>>,
 }
 
 /// Reported GPU readings held for iterations not yet joined.
@@ -230,18 +235,33 @@ impl LiveModel {
     /// `/metrics` series per label for ever (issue 30, item 12). The summary keeps its
     /// iterations.
     fn forget_former_rank_of(&mut self, rank: u32, pid: u32, node: &str) {
-        let former: Vec<u32> = self
-            .view
-            .ranks
-            .values()
-            .filter(|r| r.rank != rank && r.pid == pid && r.node == node)
-            .map(|r| r.rank)
+        let ranks = &self.view.ranks;
+        let mut former: Vec<u32> = self
+            .ranks_by_pid
+            .get(&pid)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|r| *r != rank && ranks.get(r).is_some_and(|v| v.pid == pid && v.node == node))
             .collect();
+        // In rank order, as a walk over the ranks found them.
+        former.sort_unstable();
         for old in former {
             self.view.ranks.remove(&old);
+            self.unindex(old, pid);
             self.dirty_ranks.remove(&old);
             self.pending.parts.retain(|(r, _)| *r != old);
             self.pending.removed_ranks.push(old);
+        }
+    }
+
+    /// Drops `rank` from the ranks of process `pid`.
+    fn unindex(&mut self, rank: u32, pid: u32) {
+        if let Some(ranks) = self.ranks_by_pid.get_mut(&pid) {
+            ranks.retain(|r| *r != rank);
+            if ranks.is_empty() {
+                self.ranks_by_pid.remove(&pid);
+            }
         }
     }
 
@@ -322,6 +342,7 @@ impl LiveModel {
             } else {
                 let node = node_name(job, self.local_node.as_deref(), b.rank).to_string();
                 self.forget_former_rank_of(b.rank, b.pid, &node);
+                let former_pid = self.view.ranks.get(&b.rank).map(|r| r.pid);
                 let r = self.view.ranks.entry(b.rank).or_insert_with(|| RankView {
                     rank: b.rank,
                     node: node.clone(),
@@ -332,6 +353,12 @@ impl LiveModel {
                 r.node = node;
                 push_bounded(&mut r.recent, parts, kept);
                 self.dirty_ranks.insert(b.rank);
+                if former_pid != Some(b.pid) {
+                    if let Some(former) = former_pid {
+                        self.unindex(b.rank, former);
+                    }
+                    self.ranks_by_pid.entry(b.pid).or_default().push(b.rank);
+                }
             }
             self.pending.parts.push((b.rank, parts));
             self.view.attributed += 1;

@@ -333,7 +333,9 @@ fn the_meter_gives_the_runs_last_partial_second_at_its_end() {
 
 /// Issue 30, item 12: a process whose rank label changes (pid 100 reports as rank 0, then as
 /// rank 5, then as rank 7) leaves no rank behind in the model, on the server or on a client
-/// that applies the updates; another process taking a freed rank is that rank.
+/// that applies the updates; another process taking a freed rank is that rank. A rank taken
+/// over by another process (rank 7 by pid 300) is that process's: when pid 100 comes back as
+/// rank 9, rank 7 stays.
 #[test]
 fn a_process_whose_rank_changes_leaves_no_rank_behind() {
     let job = JobTimeline::default();
@@ -341,7 +343,14 @@ fn a_process_whose_rank_changes_leaves_no_rank_behind() {
     server.ingest(&header("node-a"));
     let mut client = server.view().clone();
     let mut round = 0u64;
-    for (rank, pid) in [(0u32, 100u32), (5, 100), (7, 100), (0, 200)] {
+    for (rank, pid) in [
+        (0u32, 100u32),
+        (5, 100),
+        (7, 100),
+        (0, 200),
+        (7, 300),
+        (9, 100),
+    ] {
         for _ in 0..3 {
             let mut b = iteration(rank, round, 100, 0);
             b.pid = pid;
@@ -356,7 +365,7 @@ fn a_process_whose_rank_changes_leaves_no_rank_behind() {
         .values()
         .map(|r| (r.rank, r.pid))
         .collect();
-    assert_eq!(ranks, [(0, 200), (7, 100)]);
+    assert_eq!(ranks, [(0, 200), (7, 300), (9, 100)]);
     assert_eq!(&client, server.view());
 }
 
