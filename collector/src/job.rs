@@ -1,10 +1,10 @@
 //! The job task: everything the connections receive goes through here, in one place.
 //!
 //! Each record goes to the [`Journal`] — which writes it to the job profile and gives it to the
-//! same timeline `stallscope summary` replays the profile through — and every [`TICK`] the
-//! task joins the iterations that are ready across nodes, flushes the profile, and only then
-//! acknowledges the records to their agents: an acknowledged record is in the file, so an
-//! agent may forget it. Node events go out on the broadcast as they happen, each
+//! same timeline `stallscope summary` replays the profile through. Every [`ATTRIBUTE_EVERY`]
+//! the task joins the iterations that are ready across nodes; every [`TICK`] it also flushes
+//! the profile, and only then acknowledges the records to their agents: an acknowledged
+//! record is in the file, so an agent may forget it. Node events go out on the broadcast as they happen, each
 //! rank-iteration on a broadcast of its own ([`JobTask::iteration_events`]); the live model
 //! goes to the [`FeedHub`] every tick.
 
@@ -26,8 +26,14 @@ use crate::monotonic_ns;
 use crate::profile::ProfileWriter;
 use crate::server::Ingest;
 
-/// Between two joins, flushes and acknowledgements.
+/// Between two flushes, acknowledgements and updates of the live model.
 pub const TICK: Duration = Duration::from_millis(100);
+
+/// Between two attribution rounds (joins of what every rank reported), at most. Records wait
+/// in the queue while a round runs, so a round is kept to what became ready since the last:
+/// at 10,000 ranks one round per [`TICK`] joined 20,000–30,000 rank-iterations at once, 20–55
+/// ms during which nothing was taken in; one round per iteration of the job is a third of that.
+pub const ATTRIBUTE_EVERY: Duration = Duration::from_millis(20);
 
 /// Messages taken from the queue per wake-up of the job task, beyond the first.
 const DRAIN_AT_ONCE: usize = 256;
@@ -243,8 +249,8 @@ impl JobTask {
         name
     }
 
-    /// Joins what is ready, flushes, acknowledges, publishes the model.
-    pub fn tick(&mut self, finishing: bool) {
+    /// Joins what is ready and attributes it; publishes the slowdowns it declared.
+    pub fn attribute(&mut self, finishing: bool) {
         self.journal.attribute(monotonic_ns(), finishing);
         let job = self.journal.timeline();
         if !job.summary.slowdowns.found().is_empty() {
@@ -252,6 +258,11 @@ impl JobTask {
                 self.publish(JobEvent::Slowdown(Box::new(s)));
             }
         }
+    }
+
+    /// Joins what is ready, flushes, acknowledges, publishes the model.
+    pub fn tick(&mut self, finishing: bool) {
+        self.attribute(finishing);
         if !finishing {
             self.watch_for_hang();
         }
@@ -326,6 +337,7 @@ pub async fn run(
     // The tick is kept by the clock, not only by a timer: while records keep arriving the task
     // never waits, and a runtime of its own advances its timers only when it does.
     let mut next_tick = tokio::time::Instant::now() + TICK;
+    let mut next_round = tokio::time::Instant::now() + ATTRIBUTE_EVERY;
     loop {
         tokio::select! {
             msg = rx.recv() => match msg {
@@ -341,7 +353,7 @@ pub async fn run(
                 }
                 None => break,
             },
-            _ = tokio::time::sleep_until(next_tick) => {}
+            _ = tokio::time::sleep_until(next_tick.min(next_round)) => {}
             _ = shutdown.changed() => break,
         }
         let now = tokio::time::Instant::now();
@@ -349,6 +361,10 @@ pub async fn run(
             task.tick(false);
             // A late tick is not made up for with a burst of them.
             next_tick = (next_tick + TICK).max(now + TICK / 2);
+            next_round = now + ATTRIBUTE_EVERY;
+        } else if now >= next_round {
+            task.attribute(false);
+            next_round = now + ATTRIBUTE_EVERY;
         }
     }
     while let Ok(m) = rx.try_recv() {

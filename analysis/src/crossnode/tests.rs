@@ -306,3 +306,27 @@ fn the_order_reports_come_in_changes_nothing_joined() {
     assert_eq!(in_order.1, shuffled.1);
     assert!(!in_order.1.is_empty(), "some window names a straggler");
 }
+
+/// The join's order (by end, then rank, ties in the order joined) is the stable sort's, for
+/// breakdowns already in order and for shuffled ones with equal keys among them.
+#[test]
+fn joined_breakdowns_come_in_the_order_a_stable_sort_gives() {
+    let mut shuffled: Vec<IterationBreakdown> = Vec::new();
+    let mut state = 7u64;
+    for i in 0..500u64 {
+        // A small linear congruential walk: ends and ranks repeat, so keys tie.
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let end = 1_000 * MS + (state >> 33) % 40 * MS;
+        let rank = ((state >> 20) % 6) as u32;
+        let mut b = report("a", rank, i, end, 10).breakdown;
+        b.pid = i as u32;
+        shuffled.push(b);
+    }
+    let mut expected = shuffled.clone();
+    expected.sort_by_key(|b| (b.end_ns, b.rank));
+    let sorted = sort_by_end(shuffled);
+    assert!(sorted.len() == 500 && sorted == expected);
+    assert_eq!(sort_by_end(expected.clone()), expected, "in order already");
+}

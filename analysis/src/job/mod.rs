@@ -199,8 +199,14 @@ impl JobTimeline {
         // Only this node's iterations are in the clock of its own flows.
         self.flows.iterations("", &own);
         out.append(&mut own);
-        out.extend(self.nodes.join_ready(now, finishing));
-        out.sort_by_key(|b| (b.end_ns, b.rank));
+        let joined = self.nodes.join_ready(now, finishing);
+        if out.is_empty() {
+            // A collector's: the join's, already in order, not copied.
+            out = joined;
+        } else {
+            out.extend(joined);
+            out.sort_by_key(|b| (b.end_ns, b.rank));
+        }
         if self.counted.is_empty() {
             self.summary.record(&out, warmup);
         } else {

@@ -462,3 +462,48 @@ fn a_hang_is_a_feed_event_and_its_end_updates_it_in_place() {
     assert_eq!(client.summary.hangs, vec![resumed]);
     assert!(live.take_update().hangs.is_empty(), "said once");
 }
+
+/// The GPU busy share another node's agent reported with a rank's iteration reaches that
+/// iteration's parts when it is joined, whatever the order the rank's iterations are joined
+/// in; one no report carried has none.
+#[test]
+fn a_reported_gpu_busy_share_reaches_the_joined_iterations_parts() {
+    use crate::frame::{NodeIteration, NodeReport};
+    use crate::gpu_usage::NvmlReading;
+    let job = JobTimeline::default();
+    let mut model = LiveModel::new("job");
+    for (iter, busy) in [(7u64, Some(870_000u32)), (8, Some(420_000)), (9, None)] {
+        model.ingest(&Frame::NodeReport(Box::new(NodeReport {
+            iteration: NodeIteration {
+                node: "node-b".into(),
+                breakdown: iteration(3, iter, 100, 10),
+                comm: vec![],
+                world_size: Some(4),
+            },
+            gpu: Some(NvmlReading {
+                gpu: "0".into(),
+                busy_ppm: busy,
+                ..NvmlReading::default()
+            }),
+        })));
+    }
+    // Iteration 8 joined before 7 (7 waited for a late rank), then 9.
+    for iter in [8u64, 7, 9] {
+        model.observe(
+            &job,
+            &[iteration(3, iter, 100, 10)],
+            (iter + 1) * 100 * MS,
+            false,
+        );
+    }
+    let busy: Vec<(u64, Option<u32>)> = model.view().ranks[&3]
+        .recent
+        .iter()
+        .map(|p| (p.iter, p.gpu_busy_ppm))
+        .collect();
+    assert_eq!(
+        busy,
+        [(8, Some(420_000)), (7, Some(870_000)), (9, None)],
+        "each iteration its own reading"
+    );
+}

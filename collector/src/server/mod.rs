@@ -51,6 +51,13 @@ use viewer::watch;
 /// again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
+/// How often a welcomed connection acknowledges what the job task wrote, and looks for a
+/// request for the ranks' stacks and whether a clock ping is due. Every 100 ms, at 1,250
+/// agents, the acknowledgements alone (a write each, and its reading by the agent) were a
+/// tenth of the collector's connection threads; an agent keeps what is not acknowledged
+/// yet, a fifth of a second of records.
+const CONNECTION_TICK: Duration = Duration::from_millis(200);
+
 /// How the server behaves.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -722,14 +729,14 @@ where
 {
     let ack = Arc::new(AtomicU64::new(u64::MAX));
     let (reader, mut msgs) = spawn_reader(r, node.to_string(), ack.clone(), tx.clone());
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut tick = tokio::time::interval(CONNECTION_TICK);
     let mut last_ping = tokio::time::Instant::now();
     let mut acked = u64::MAX;
     // A request made before this agent came (or came back) is sent at the first tick: its
     // answer is still awaited, and the agent answers each request once. Requests are looked
     // for at each tick rather than awaited: a wait on the one channel every connection
     // shares registers and unregisters with it at every turn of this loop (at 1,250 agents,
-    // a lock taken 12,500 times a second), and a hang's question can wait 100 ms.
+    // a lock taken 12,500 times a second), and a hang's question can wait a tick.
     let mut asks = config.stacks_asked.clone();
     let result = loop {
         tokio::select! {
