@@ -35,6 +35,11 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// ms during which nothing was taken in; one round per iteration of the job is a third of that.
 pub const ATTRIBUTE_EVERY: Duration = Duration::from_millis(20);
 
+/// Rank-iterations one attribution round joins at most (whole iterations, at least one):
+/// about 40 ms of the job thread at 10,000 ranks. A backlog (a rank's late reports held its
+/// iterations back) is joined over several rounds, with records taken in between.
+pub const ROUND_RANK_ITERATIONS: usize = 20_000;
+
 /// Messages taken from the queue per wake-up of the job task, beyond the first.
 const DRAIN_AT_ONCE: usize = 256;
 
@@ -83,8 +88,11 @@ impl JobTask {
         feed: broadcast::Sender<JobEvent>,
         hub: Arc<FeedHub>,
     ) -> JobTask {
+        let mut journal =
+            Journal::new(Some(Box::new(writer)), header, name, Breakdowns::NotWritten);
+        journal.limit_rounds(ROUND_RANK_ITERATIONS);
         JobTask {
-            journal: Journal::new(Some(Box::new(writer)), header, name, Breakdowns::NotWritten),
+            journal,
             feed,
             iterations: broadcast::channel(EVENTS_CAPACITY).0,
             hub,

@@ -330,3 +330,55 @@ fn joined_breakdowns_come_in_the_order_a_stable_sort_gives() {
     assert!(sorted.len() == 500 && sorted == expected);
     assert_eq!(sort_by_end(expected.clone()), expected, "in order already");
 }
+
+/// With a round limit, a backlog of ready iterations is joined a few whole iterations per
+/// call, oldest first, and at least one iteration even when it alone exceeds the limit; the
+/// breakdowns are those one unlimited call gives, and finishing joins everything.
+#[test]
+fn a_limited_round_joins_a_backlog_over_several_calls() {
+    let feed = |j: &mut CrossNode| {
+        for iter in 0..5u64 {
+            for (node, rank) in [("a", 0u32), ("b", 1), ("b", 2)] {
+                j.report(&report(node, rank, iter, 1000 * MS + iter * 100 * MS, 10));
+            }
+        }
+        // A sixth iteration only rank 0 reported: finishing joins it.
+        j.report(&report("a", 0, 5, 1500 * MS, 10));
+    };
+    let mut unlimited = CrossNode::default();
+    feed(&mut unlimited);
+    let all = unlimited.join_ready(0, false);
+    assert_eq!(all.len(), 15);
+
+    let mut limited = CrossNode::default();
+    limited.limit_rounds(7);
+    feed(&mut limited);
+    let mut rounds = Vec::new();
+    let mut joined = Vec::new();
+    for _ in 0..4 {
+        let out = limited.join_ready(0, false);
+        rounds.push(
+            out.iter()
+                .map(|b| b.iter)
+                .collect::<std::collections::BTreeSet<_>>(),
+        );
+        joined.extend(out);
+    }
+    let sets: Vec<Vec<u64>> = rounds.iter().map(|r| r.iter().copied().collect()).collect();
+    assert_eq!(sets, [vec![0, 1], vec![2, 3], vec![4], vec![]]);
+    assert_eq!(joined, all, "the same breakdowns, in the same order");
+
+    let mut one = CrossNode::default();
+    one.limit_rounds(1);
+    feed(&mut one);
+    assert_eq!(
+        one.join_ready(0, false).len(),
+        3,
+        "one whole iteration at least"
+    );
+    assert_eq!(
+        one.join_ready(0, true).len(),
+        13,
+        "finishing joins everything"
+    );
+}

@@ -269,6 +269,12 @@ impl Journal {
         &self.timeline
     }
 
+    /// Joins at most `rank_iterations` across nodes per [`Journal::attribute`] (whole
+    /// iterations; see [`crate::crossnode::CrossNode::limit_rounds`]).
+    pub fn limit_rounds(&mut self, rank_iterations: usize) {
+        self.timeline.nodes.limit_rounds(rank_iterations);
+    }
+
     /// The live model.
     pub fn view(&self) -> &JobView {
         self.live.view()
