@@ -4,9 +4,9 @@
 //! same timeline `stallscope summary` replays the profile through. Every [`ATTRIBUTE_EVERY`]
 //! the task joins the iterations that are ready across nodes; every [`TICK`] it also flushes
 //! the profile, and only then acknowledges the records to their agents: an acknowledged
-//! record is in the file, so an agent may forget it. Node events go out on the broadcast as they happen, each
-//! rank-iteration on a broadcast of its own ([`JobTask::iteration_events`]); the live model
-//! goes to the [`FeedHub`] every tick.
+//! record is in the file, so an agent may forget it. Node events go out on the broadcast as
+//! they happen, each rank-iteration on a broadcast of its own
+//! ([`JobTask::iteration_events`]); the live model goes to the [`FeedHub`] every tick.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
