@@ -269,9 +269,8 @@ impl CrossNode {
         }
     }
 
-    /// Whether `it` is new, noting its rank's node and the world size when it is; its end on
-    /// the collector's clock (ns) when it is.
-    /// Notes it as waiting when it is new.
+    /// Whether `it` is new, noting its rank's node and the world size, and noting it as
+    /// waiting, when it is; its end on the collector's clock (ns) when it is.
     fn admit(&mut self, it: &NodeIteration) -> Option<Nanos> {
         let (rank, iter) = (it.breakdown.rank, it.breakdown.iter);
         // The rank looked up once (300,000 reports a second at 10,000 ranks).
