@@ -39,10 +39,16 @@ pub struct RunHeader {
 }
 
 impl RunHeader {
-    /// Whether a collector wrote it (`stallscope collector`): the profile is a job's, its
-    /// host the collector's and its ranks on the agents' nodes.
+    /// Whether a collector wrote it (`stallscope collector`, or the collector side of
+    /// `stallscope collector-bench`): the profile is a job's, its host the collector's and its
+    /// ranks on the agents' nodes.
+    /// A training command whose second word is `collector` is not one.
     pub fn is_collectors(&self) -> bool {
-        self.command.get(1).is_some_and(|c| c == "collector")
+        matches!(
+            self.command.as_slice(),
+            [stallscope, role, ..] if stallscope == "stallscope"
+                && (role == "collector" || role == "collector-bench")
+        )
     }
 }
 
@@ -463,7 +469,22 @@ impl Frame {
 
 #[cfg(test)]
 mod tests {
-    use super::NodeMeta;
+    use super::{NodeMeta, RunHeader};
+
+    /// A collector's host is not one of the job's nodes: the benchmark's collector side is a
+    /// collector too (its `top` counted the benchmark's host as a 1,251st node of 1,250).
+    #[test]
+    fn a_collectors_profile_is_told_by_its_command() {
+        let header = |command: &[&str]| RunHeader {
+            command: command.iter().map(|c| c.to_string()).collect(),
+            ..RunHeader::default()
+        };
+        assert!(header(&["stallscope", "collector", "--listen", ":7070"]).is_collectors());
+        assert!(header(&["stallscope", "collector-bench"]).is_collectors());
+        assert!(!header(&["stallscope", "run", "--", "python3", "collector"]).is_collectors());
+        assert!(!header(&["python3", "collector"]).is_collectors());
+        assert!(!header(&[]).is_collectors());
+    }
 
     #[test]
     fn the_forwarded_keys_are_sorted_so_each_is_found() {

@@ -192,9 +192,12 @@ fn an_unrelated_transfer_is_other_and_the_finding_says_it_shared_the_link() {
         .unwrap_or_else(|| panic!("the bulk flow is listed: {flows:#?}"));
     assert_eq!(bulk["class"], "other", "{bulk:#}");
     let sent = bulk["bytes_out"].as_f64().unwrap();
+    eprintln!("the bulk flow: {sent} bytes listed, {received} received");
+    // A close loses at most what moved since the last read: a tenth of a second's 50 Mbit
+    // is 5% of the transfer; 10% leaves a read late on a loaded machine.
     assert!(
-        (sent - received).abs() <= 0.25 * received,
-        "the bulk flow's bytes {sent} within 25% of the {received} received: {bulk:#}"
+        (sent - received).abs() <= 0.10 * received,
+        "the bulk flow's bytes {sent} within 10% of the {received} received: {bulk:#}"
     );
     assert!(bulk["pids"].as_array().unwrap().is_empty(), "{bulk:#}");
     let collective: f64 = flows

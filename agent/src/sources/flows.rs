@@ -26,16 +26,19 @@
 //! A dump walks every bucket of the kernel's TCP hash table, whatever the number of sockets
 //! (0.44% of a core at 10 Hz on the development VM, two families): so the whole table is
 //! dumped once every [`DUMP_EVERY_NS`], and the reads in between ask the kernel for the job's
-//! known flows by name (`exact`: one send for all of them). A dump that finds a new flow of
+//! known flows by name (`exact`: one send for all of them), and for the foreign flows that
+//! moved at the last read that saw them: a transfer that shares the link is counted read by
+//! read, like the job's, until a read finds it still. A dump that finds a new flow of
 //! the job makes every read a dump for [`UNSETTLED_NS`], so a job that keeps opening
 //! connections has each seen at the next read, as before.
 //!
 //! What is lost: a connection that opens and closes between two reads is never seen; one that
-//! closes loses what it moved since the last read (at most 100 ms of it). While the job's
-//! flows hold still, a new one is seen at the next dump (at most a second late, its bytes so
-//! far counted then), and a foreign one's bytes (class `other`) move once a second. A flow
-//! open before the first read counts from that read; one opened later counts from its start
-//! (`tcp_info` totals are the connection's own).
+//! closes loses what it moved since the last read (at most 100 ms of it while the job has a
+//! flow read tick by tick, else half a second; what earlier reads saw is still shipped).
+//! While the job's flows hold still, a new one is seen at the next dump (at most a second
+//! late, its bytes so far counted then), and so is a foreign one (class `other`) that was
+//! still at the last read and moves again. A flow open before the first read counts from that
+//! read; one opened later counts from its start (`tcp_info` totals are the connection's own).
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -65,7 +68,8 @@ pub use stallscope_analysis::series::names::{FLOW_RETRANSMITS, FLOW_RX_BYTES, FL
 const SHIP_EVERY_NS: Nanos = 500_000_000;
 
 /// ns between two dumps of the whole table while the job's flows hold still; the reads in
-/// between ask for the job's known flows only ([`SockDiag::look_up`]).
+/// between ask only for the flows that matter ([`SockDiag::look_up`]): the job's, and the
+/// foreign ones moving.
 pub const DUMP_EVERY_NS: Nanos = 1_000_000_000;
 
 /// ns of reads that all dump, after a dump that found a new flow of the job: a job that
@@ -79,8 +83,9 @@ pub const UNSETTLED_NS: Nanos = 10_000_000_000;
 /// of the sampler's CPU on the issue-31 job (one node, 2 ranks).
 pub const QUIET_READ_EVERY_NS: Nanos = 500_000_000;
 
-/// More known flows of the job than this, and every read dumps (the dump costs the same
-/// whatever the number of sockets; the look-ups grow with them).
+/// More flows to look up than this (the job's, and the foreign ones moving), and every read
+/// dumps (the dump costs the same whatever the number of sockets; the look-ups grow with
+/// them).
 const MAX_LOOKUPS: usize = 256;
 
 /// One socket as the dump gave it.
@@ -356,6 +361,10 @@ struct Track {
     changed: bool,
     /// The read that last saw it (a flow no read sees any more has closed).
     read: u64,
+    /// It moved at the last read that saw it.
+    moving: bool,
+    /// The read in progress asked for it by name: not seen, it has closed.
+    asked: bool,
     /// What names the socket to the kernel, for a look-up.
     key: SocketKey,
 }
@@ -364,6 +373,13 @@ impl Track {
     /// Whether a job process holds it: a flow the reads between two dumps ask for.
     fn is_job(&self) -> bool {
         matches!(self.sample.class, Some(c) if c != FlowClass::Other)
+    }
+
+    /// Whether the reads between two dumps ask for it: the job's flows, and a foreign one
+    /// while it moves (a transfer sharing the link, whose bytes a close would otherwise
+    /// lose back to the last dump).
+    fn is_looked_up(&self) -> bool {
+        self.is_job() || self.moving
     }
 
     /// Whether the attribution reads its class's bytes tick by tick: a collective over a NIC
@@ -396,6 +412,8 @@ pub struct FlowSource {
     totals: ClassTotals,
     retransmits: [u64; 4],
     last_ship_ns: Option<Nanos>,
+    /// Flows that closed with moves not shipped yet: the next [`NodeFlows`] has them.
+    closed: Vec<FlowSample>,
     pending: Option<NodeFlows>,
     /// ns, when the table was last dumped (`None`: dump next).
     last_dump_ns: Option<Nanos>,
@@ -432,6 +450,7 @@ impl FlowSource {
             totals: [[(0, 0); 2]; 4],
             retransmits: [0; 4],
             last_ship_ns: None,
+            closed: Vec::new(),
             pending: None,
             last_dump_ns: None,
             unsettled_until_ns: 0,
@@ -454,14 +473,14 @@ impl FlowSource {
                 .is_none_or(|last| t_ns >= last.saturating_add(self.quiet_read_every_ns))
     }
 
-    /// Whether the read at `t_ns` dumps the whole table rather than asking for the job's
-    /// known flows.
+    /// Whether the read at `t_ns` dumps the whole table rather than asking for the flows
+    /// it knows ([`Track::is_looked_up`]).
     fn dump_due(&self, t_ns: Nanos) -> bool {
-        let job_flows = self.flows.values().filter(|t| t.is_job()).count();
+        let looked_up = self.flows.values().filter(|t| t.is_looked_up()).count();
         self.last_dump_ns
             .is_none_or(|last| t_ns >= last.saturating_add(self.dump_every_ns))
             || t_ns < self.unsettled_until_ns
-            || job_flows > MAX_LOOKUPS
+            || looked_up > MAX_LOOKUPS
     }
 
     /// How many TCP sockets the last read listed.
@@ -480,7 +499,7 @@ impl FlowSource {
     }
 
     /// Takes one read's sockets at `t_ns`: a whole dump (`dumped`), or the answers to the
-    /// look-ups of the job's known flows (the others are left as they were).
+    /// look-ups of the flows marked `asked` (the others are left as they were).
     fn ingest_read(&mut self, t_ns: Nanos, watched: &Watched, out: &mut Registry, dumped: bool) {
         let sockets = std::mem::take(&mut self.sockets);
         self.owners.resolve(&self.roots, &watched.pids, &sockets);
@@ -522,6 +541,8 @@ impl FlowSource {
                     },
                     changed: true,
                     read,
+                    moving: false,
+                    asked: false,
                     key: SocketKey {
                         local: s.local,
                         remote: s.remote,
@@ -539,6 +560,7 @@ impl FlowSource {
                 now.2.saturating_sub(track.last.2),
             );
             let moved = d_in + d_out + d_re > 0;
+            track.moving = moved;
             if !moved && track.sample.class == Some(class) && track.sample.pids == holders {
                 continue;
             }
@@ -556,9 +578,16 @@ impl FlowSource {
             t.bytes_out = now.1 - track.base.1.min(now.1);
             t.retransmits = now.2 - track.base.2.min(now.2);
         }
-        // A flow not seen has closed; between dumps, only the job's were asked for.
-        self.flows
-            .retain(|_, t| t.read == read || (!dumped && !t.is_job()));
+        // A flow not seen has closed; between dumps, only those asked for were looked for.
+        // What it moved since the last ship still goes out with the next.
+        let closed = &mut self.closed;
+        self.flows.retain(|_, t| {
+            let open = t.read == read || (!dumped && !t.asked);
+            if !open && t.changed {
+                closed.push(std::mem::take(&mut t.sample));
+            }
+            open
+        });
         if self
             .flows
             .values()
@@ -577,11 +606,12 @@ impl FlowSource {
         self.record(out);
         let since = *self.last_ship_ns.get_or_insert(t_ns);
         if t_ns >= since + SHIP_EVERY_NS || first {
-            let flows: Vec<FlowSample> = self
-                .flows
-                .values_mut()
-                .filter_map(|t| std::mem::take(&mut t.changed).then(|| t.sample.clone()))
-                .collect();
+            let mut flows = std::mem::take(&mut self.closed);
+            flows.extend(
+                self.flows
+                    .values_mut()
+                    .filter_map(|t| std::mem::take(&mut t.changed).then(|| t.sample.clone())),
+            );
             self.last_ship_ns = Some(t_ns);
             if !flows.is_empty() {
                 self.pending = Some(NodeFlows {
@@ -646,12 +676,13 @@ impl Source for FlowSource {
             self.dumps += 1;
             diag.dump(&mut sockets)
         } else {
-            let keys: Vec<SocketKey> = self
-                .flows
-                .values()
-                .filter(|t| t.is_job())
-                .map(|t| t.key)
-                .collect();
+            let mut keys = Vec::new();
+            for t in self.flows.values_mut() {
+                t.asked = t.is_looked_up();
+                if t.asked {
+                    keys.push(t.key);
+                }
+            }
             if keys.is_empty() {
                 Ok(())
             } else {

@@ -155,6 +155,86 @@ fn between_dumps_the_jobs_flows_are_looked_up_and_closed_ones_dropped() {
     );
 }
 
+/// A foreign flow (no job process holds it: here, none can be placed, the fds being read from
+/// an empty proc root) is asked for between dumps while it moves, so its bytes are counted
+/// read by read and a close loses at most one read's; once a read finds it still, only the
+/// next dump looks at it again. What a closed flow moved since the last ship is shipped.
+#[test]
+fn between_dumps_a_moving_foreign_flow_is_looked_up_a_still_one_waits_for_the_dump() {
+    let (mut tx, mut rx) = transfer(1000);
+    let key = (rx.local_addr().unwrap(), rx.peer_addr().unwrap());
+    let local = key.0.to_string();
+    let empty = tempfile::tempdir().unwrap();
+    let roots = Roots {
+        proc: empty.path().to_path_buf(),
+        ..Roots::default()
+    };
+    let mut source = FlowSource::new(&roots);
+    source.dump_every_ns = Nanos::MAX;
+    source.quiet_read_every_ns = 0;
+    let mut reg = Registry::default();
+    let job = Watched::new(vec![]);
+    let mut send = |n: usize| {
+        tx.write_all(&vec![7u8; n]).unwrap();
+        rx.read_exact(&mut vec![0u8; n]).unwrap();
+    };
+    source.sample(&job, &mut reg).unwrap();
+    assert_eq!(source.flows[&key].sample.class, Some(FlowClass::Other));
+    // It had not moved at the first read: the look-ups leave it be.
+    send(5000);
+    source.sample(&job, &mut reg).unwrap();
+    assert_eq!((source.dumps, source.flows[&key].sample.bytes_in), (1, 0));
+    // A dump sees it move; from then on every read asks for it.
+    source.last_dump_ns = None;
+    source.sample(&job, &mut reg).unwrap();
+    assert_eq!(
+        (source.dumps, source.flows[&key].sample.bytes_in),
+        (2, 5000)
+    );
+    send(7000);
+    source.sample(&job, &mut reg).unwrap();
+    assert_eq!(
+        (source.dumps, source.flows[&key].sample.bytes_in),
+        (2, 12000)
+    );
+    // Still at a read: no longer asked for.
+    source.sample(&job, &mut reg).unwrap();
+    send(3000);
+    source.sample(&job, &mut reg).unwrap();
+    assert_eq!(
+        (source.dumps, source.flows[&key].sample.bytes_in),
+        (2, 12000)
+    );
+    // Moving again at a dump, then closed: dropped with no dump.
+    source.last_dump_ns = None;
+    source.sample(&job, &mut reg).unwrap();
+    assert_eq!(
+        (source.dumps, source.flows[&key].sample.bytes_in),
+        (3, 15000)
+    );
+    // No ship until the close is seen (the close takes tens of ms, a ship is due in 500).
+    source.last_ship_ns = Some(crate::clock::monotonic_ns());
+    source.take_flows();
+    drop(tx);
+    drop(rx);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while source.flows.contains_key(&key) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        source.sample(&job, &mut reg).unwrap();
+    }
+    assert_eq!(source.dumps, 3, "no dump");
+    assert!(
+        !source.flows.contains_key(&key),
+        "the closed flow is dropped"
+    );
+    assert!(source.take_flows().is_none(), "no ship yet");
+    std::thread::sleep(std::time::Duration::from_millis(550));
+    source.sample(&job, &mut reg).unwrap();
+    let shipped = source.take_flows().expect("a ship half a second on");
+    let last = shipped.flows.iter().find(|f| f.local == local);
+    assert_eq!(last.map(|f| f.bytes_in), Some(15000), "{shipped:#?}");
+}
+
 /// A job whose flows are all collectives over loopback (one node) is read every half second,
 /// not at every call: the attribution reads none of them tick by tick. Once one of its
 /// processes is a loader worker holding a connection (a flow of class `data`), every call
