@@ -253,10 +253,15 @@ fn rank_collectives(
 /// a node where NVML gave no reading at all: a GPU missing from the start is not a source that
 /// went down, so nothing else would say that its figures are absent.
 fn gpus_unmeasured(job: &JobTimeline) -> Vec<String> {
-    job.summary
+    let mut unmeasured: Vec<_> = job
+        .summary
         .gpu_usage
         .iter()
         .filter(|(_, g)| g.iterations > 0 && g.read == 0)
+        .collect();
+    unmeasured.sort_unstable_by_key(|(rank, _)| **rank);
+    unmeasured
+        .into_iter()
         .map(|(rank, g)| {
             let device = g.gpu.strip_prefix(UNMEASURED_PREFIX).unwrap_or(&g.gpu);
             let node = job

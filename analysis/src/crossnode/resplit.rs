@@ -83,11 +83,21 @@ pub(super) fn resplit_gpu_owned(
 
 /// `transfer` ns divided between network and interconnect in the proportion `weights`
 /// (network, interconnect); with no weight, all network across nodes, else all interconnect.
+/// One weight alone takes it all, as [`apportion_array`] would give it, without its
+/// arithmetic (the join divides a transfer per rank-iteration, and a node's collectives
+/// nearly always cross one kind of link).
 fn split_transfer(transfer: u64, weights: [f64; 2], across_nodes: bool) -> (u64, u64) {
-    match apportion_array(transfer, weights) {
-        Some(v) => (v[0], v[1]),
-        None if across_nodes => (transfer, 0),
-        None => (0, transfer),
+    let weighs = |w: f64| w.is_finite() && w > 0.0;
+    match (weighs(weights[0]), weighs(weights[1])) {
+        (true, false) => (transfer, 0),
+        (false, true) => (0, transfer),
+        (false, false) if across_nodes => (transfer, 0),
+        (false, false) => (0, transfer),
+        (true, true) => match apportion_array(transfer, weights) {
+            Some(v) => (v[0], v[1]),
+            None if across_nodes => (transfer, 0),
+            None => (0, transfer),
+        },
     }
 }
 
@@ -137,12 +147,20 @@ pub(super) fn resplit_owned(
     latest: &[Option<Nanos>],
     across_nodes: bool,
 ) -> IterationBreakdown {
-    let exposed: u64 = b
-        .evidence
-        .iter()
-        .filter(|e| is_comm(e.basis))
-        .map(|e| e.ns)
-        .sum();
+    // One pass over the evidence: the exposed communication, and what the node measured
+    // over each kind of link (every basis read here is communication's).
+    let (mut exposed, mut nic, mut local) = (0u64, 0.0, 0.0);
+    for e in b.evidence.iter().filter(|e| is_comm(e.basis)) {
+        exposed += e.ns;
+        match (e.basis, e.category) {
+            (Basis::CommNicBytes, _) | (Basis::CommNoBytes, Category::Network) => {
+                nic += e.ns as f64
+            }
+            (Basis::CommLocalBytes | Basis::CommGpuLinkBytes, _)
+            | (Basis::CommNoBytes, Category::Interconnect) => local += e.ns as f64,
+            _ => {}
+        }
+    }
     if exposed == 0 {
         return b;
     }
@@ -155,21 +173,6 @@ pub(super) fn resplit_owned(
         })
         .sum::<u64>()
         .min(exposed);
-    let on = |pred: &dyn Fn(&Evidence) -> bool| -> f64 {
-        b.evidence
-            .iter()
-            .filter(|e| pred(e))
-            .map(|e| e.ns as f64)
-            .sum()
-    };
-    let nic = on(&|e| {
-        e.basis == Basis::CommNicBytes
-            || (e.basis == Basis::CommNoBytes && e.category == Category::Network)
-    });
-    let local = on(&|e| {
-        matches!(e.basis, Basis::CommLocalBytes | Basis::CommGpuLinkBytes)
-            || (e.basis == Basis::CommNoBytes && e.category == Category::Interconnect)
-    });
     let (net_ns, local_ns) = split_transfer(exposed - waited, [nic, local], across_nodes);
     with_comm(
         b,
@@ -180,4 +183,41 @@ pub(super) fn resplit_owned(
             (Category::Interconnect, Basis::CommLocalBytes, local_ns),
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shortcut for one weight alone gives what the apportioning gives, whatever the
+    /// weights (zero, negative, infinite, NaN) and transfers (past 2^53, where `f64` rounds).
+    #[test]
+    fn a_transfer_is_split_as_the_apportioning_splits_it() {
+        let weights = [
+            0.0,
+            -0.0,
+            1.0,
+            3.5,
+            1e12,
+            -2.0,
+            f64::INFINITY,
+            f64::NAN,
+            1e-300,
+        ];
+        let transfers = [0, 1, 7, 1_000_003, (1 << 53) + 1, u64::MAX / 3];
+        for &a in &weights {
+            for &b in &weights {
+                for &t in &transfers {
+                    for across in [false, true] {
+                        let want = match apportion_array(t, [a, b]) {
+                            Some(v) => (v[0], v[1]),
+                            None if across => (t, 0),
+                            None => (0, t),
+                        };
+                        assert_eq!(split_transfer(t, [a, b], across), want, "{t} {a} {b}");
+                    }
+                }
+            }
+        }
+    }
 }

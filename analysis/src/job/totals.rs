@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use crate::aggregate::RunningSummary;
 use crate::attribution::IterationBreakdown;
 use crate::collectives::{CommTotals, OpTime};
+use crate::fast_hash::FastMap;
 use crate::gpu_usage::{GpuUsage, NvmlReading};
 use crate::slowdown::SlowdownWatch;
 
@@ -17,8 +18,10 @@ pub struct JobTotals {
     /// What the summary needs of every iteration attributed so far.
     pub totals: RunningSummary,
     /// What each rank's GPU did over its counted (post-warm-up) iterations, by rank: the
-    /// node's own ranks, and other nodes' as their agents read them.
-    pub gpu_usage: BTreeMap<u32, GpuUsage>,
+    /// node's own ranks, and other nodes' as their agents read them. Hashed: looked up per
+    /// rank-iteration (a tree of 10,000 ranks was a walk of a dozen nodes each), read in
+    /// order only for the summary.
+    pub gpu_usage: FastMap<u32, GpuUsage>,
     /// Each of this node's loops' communication operations over its counted iterations, by
     /// (rank, pid) as [`RunningSummary::ranks`].
     pub comm: BTreeMap<(u32, u32), CommTotals>,

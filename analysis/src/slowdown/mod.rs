@@ -136,8 +136,15 @@ pub struct SlowdownWatch {
     ranks: Vec<((u32, u32), Box<RankWatch>)>,
     /// Where each loop's watch is in `ranks`.
     index: FastMap<(u32, u32), usize>,
-    /// Where the watch of each iteration of a [`SlowdownWatch::take_all`] is, in order.
-    slots: Vec<usize>,
+    /// Where the watch of each iteration of a [`SlowdownWatch::take_all`] is, in order,
+    /// and the iteration's parts as the watch reads them ([`watched_split`]).
+    slots: Vec<(usize, Split)>,
+    /// Up to two rank numbers whose watches hold a baseline of [`BASELINE_MIN`] iterations:
+    /// a rank has peers to compare with when one of them is another's. A watch's baseline
+    /// never shrinks below that, so once two are here every rank has peers (asked for each
+    /// iteration of each rank: a walk over 10,000 watches, none of them ready yet in a job's
+    /// first iterations, would be quadratic).
+    ranks_with_baseline: Vec<u32>,
     /// An empty watch, left in a rank's place while its iteration is taken.
     spare: Option<Box<RankWatch>>,
     /// Every slowdown found, in the order declared (a recovered one updated in place).
@@ -170,21 +177,29 @@ struct RankWatch {
     joined_since: usize,
 }
 
-/// The reference window's figures are computed again once this many iterations joined it
-/// since the last time, not for every iteration: 22 medians of up to [`BASELINE_KEPT`]
-/// values for each iteration of each rank were a third of the collector's CPU at 10,000
-/// ranks. A median of 64 moves little in 8 iterations, and a slowdown's iterations never
-/// join the window.
-pub const BASELINE_REFRESH: usize = 8;
+/// The reference window's figures are computed again once this share of the window (1/N)
+/// joined it since the last time, not for every iteration: 22 medians of up to
+/// [`BASELINE_KEPT`] values for each iteration of each rank were a third of the collector's
+/// CPU at 10,000 ranks, and every eighth iteration still a sixth of its job thread's
+/// instructions. A median moves little while a quarter of its values change (16 of a full
+/// window, 3 of the first 10), and a slowdown's iterations never join the window.
+pub const BASELINE_REFRESH_SHARE: usize = 4;
+
+/// Iterations that join the reference window before its figures are computed again
+/// ([`BASELINE_REFRESH_SHARE`] of `window` iterations), at least 1.
+pub fn baseline_refresh(window: usize) -> usize {
+    (window / BASELINE_REFRESH_SHARE).max(1)
+}
 
 impl RankWatch {
-    /// The reference window's figures, computed again when [`BASELINE_REFRESH`] iterations
-    /// joined it since.
-    fn baseline(&mut self) -> Baseline {
+    /// The reference window's figures, computed again when a quarter of it joined since
+    /// ([`baseline_refresh`]); the rests beside each part with `with_rest` only (a rank with
+    /// peers never reads them: [`outgrew_the_rest`]).
+    fn baseline(&mut self, with_rest: bool) -> Baseline {
         match self.cached {
-            Some(b) if self.joined_since < BASELINE_REFRESH => b,
+            Some(b) if self.joined_since < baseline_refresh(self.baseline.len()) => b,
             _ => {
-                let b = baseline(&self.baseline);
+                let b = baseline(&self.baseline, with_rest);
                 self.cached = Some(b);
                 self.joined_since = 0;
                 b
@@ -194,7 +209,8 @@ impl RankWatch {
 
     /// The figures its peers compare with: the last computed, or now.
     fn peer_baseline(&self) -> Baseline {
-        self.cached.unwrap_or_else(|| baseline(&self.baseline))
+        self.cached
+            .unwrap_or_else(|| baseline(&self.baseline, false))
     }
 }
 
@@ -236,10 +252,15 @@ impl Run {
 #[derive(Clone, Copy, Debug)]
 struct Baseline {
     iteration: f64,
+    /// Per category, the median; of the [`CANDIDATES`] only (the others 0) unless computed
+    /// with the rests: nothing else reads the others.
     median: [f64; 7],
+    /// Per category, 1.4826 × the median absolute deviation; as `median`.
     sigma: [f64; 7],
-    /// Per category, the median of the rest of the iteration ([`rest_of`]).
-    rest: [f64; 7],
+    /// Per category, the median of the rest of the iteration ([`rest_of`]); `None` when
+    /// computed for a rank with peers, which never reads them. A rank's peers never go
+    /// away, so a rank alone when its figures were computed is alone before.
+    rest: Option<[f64; 7]>,
 }
 
 impl SlowdownWatch {
@@ -250,6 +271,7 @@ impl SlowdownWatch {
             ranks: Vec::new(),
             index: FastMap::default(),
             slots: Vec::new(),
+            ranks_with_baseline: Vec::new(),
             spare: None,
             found: Vec::new(),
             min_window_ns,
@@ -290,21 +312,24 @@ impl SlowdownWatch {
                 ranks.len() - 1
             });
             let w = &mut self.ranks[slot].1;
-            slots.push(slot);
             if !seen(b) {
+                // Not taken (`take_one` leaves it out too): no parts needed.
+                slots.push((slot, Split::default()));
                 continue;
             }
+            let split = watched_split(b);
+            slots.push((slot, split));
             if w.recent.len() == RECENT_KEPT {
                 w.recent.pop_front();
             }
-            w.recent.push_back((b.iter, watched_split(b)));
+            w.recent.push_back((b.iter, split));
         }
-        for (b, &slot) in new.iter().zip(&slots) {
+        for (b, &(slot, split)) in new.iter().zip(&slots) {
             // Taken out while its iteration is taken (it reads its peers): the empty watch
             // left in its place has no baseline, so no peer sees it, as if it were removed.
             let empty = self.spare.take().unwrap_or_default();
             let mut w = std::mem::replace(&mut self.ranks[slot].1, empty);
-            self.take_one(&mut w, b, warmup);
+            self.take_one(&mut w, b, split, warmup);
             self.spare = Some(std::mem::replace(&mut self.ranks[slot].1, w));
         }
         self.slots = slots;
@@ -316,12 +341,13 @@ impl SlowdownWatch {
         self.index.get(&(rank, pid)).map(|i| &*self.ranks[*i].1)
     }
 
-    fn take_one(&mut self, w: &mut RankWatch, b: &IterationBreakdown, warmup: u64) {
+    /// Takes iteration `b` of watch `w`, whose parts as the watch reads them are `split`
+    /// ([`watched_split`]).
+    fn take_one(&mut self, w: &mut RankWatch, b: &IterationBreakdown, split: Split, warmup: u64) {
         w.taken += 1;
         if w.taken <= warmup.max(WARMUP_SKIPPED) || b.split.total() == 0 || !seen(b) {
             return;
         }
-        let split = watched_split(b);
         let b = Taken {
             rank: b.rank,
             pid: b.pid,
@@ -330,9 +356,14 @@ impl SlowdownWatch {
         };
         if w.baseline.len() < BASELINE_MIN {
             w.baseline.push_back(b.split);
+            if w.baseline.len() == BASELINE_MIN {
+                self.note_baseline(b.rank);
+            }
             return;
         }
-        let base = w.baseline();
+        // The rests beside each part are read only by a rank with no peers, and a rank that
+        // has peers keeps them.
+        let base = w.baseline(!self.has_peers(b.rank));
         let mut normal = true;
         for c in CANDIDATES {
             let k = c.index();
@@ -412,9 +443,14 @@ impl SlowdownWatch {
 impl SlowdownWatch {
     /// Whether another rank has a baseline to compare with.
     fn has_peers(&self, rank: u32) -> bool {
-        self.ranks
-            .iter()
-            .any(|((r, _), q)| *r != rank && q.baseline.len() >= BASELINE_MIN)
+        self.ranks_with_baseline.iter().any(|r| *r != rank)
+    }
+
+    /// Notes that a watch of `rank` now holds a baseline of [`BASELINE_MIN`] iterations.
+    fn note_baseline(&mut self, rank: u32) {
+        if self.ranks_with_baseline.len() < 2 && !self.ranks_with_baseline.contains(&rank) {
+            self.ranks_with_baseline.push(rank);
+        }
     }
 
     /// Whether the growth of part `c` on rank `rank` (its `recent` iterations, baseline
@@ -522,12 +558,14 @@ fn part_floor(base: &Baseline) -> f64 {
 fn outgrew_the_rest(base: &Baseline, run: &[Split], c: Category) -> bool {
     let k = c.index();
     let floor = part_floor(base);
-    if base.rest[k] < floor {
+    // Computed for every rank alone ([`Baseline::rest`]).
+    debug_assert!(base.rest.is_some(), "a rank alone's baseline has its rests");
+    let Some(base_rest) = base.rest.map(|r| r[k]).filter(|r| *r >= floor) else {
         return false;
-    }
+    };
     let part = median(run.iter().map(|s| s.get(c) as f64).collect());
     let rest = median(run.iter().map(|s| rest_of(s, c) as f64).collect());
-    part / base.median[k].max(floor) >= REST_MARGIN * (rest / base.rest[k])
+    part / base.median[k].max(floor) >= REST_MARGIN * (rest / base_rest)
 }
 
 /// ns of `split` outside category `c`, peer wait and `other`: peer wait is the peers', and
@@ -546,10 +584,13 @@ fn is_above(base: &Baseline, split: &Split, c: Category, part: f64) -> bool {
     split.get(c) as f64 > base.median[k] + part * bar
 }
 
-fn baseline(window: &VecDeque<Split>) -> Baseline {
+/// The figures of reference window `window`; its rests ([`Baseline::rest`]) and the figures
+/// of peer wait and `other` with `with_rest` only (nine of the fifteen columns, which a rank
+/// with peers never reads: the parts that can be the one that grew are [`CANDIDATES`]).
+fn baseline(window: &VecDeque<Split>, with_rest: bool) -> Baseline {
     // The 15 columns the 22 figures are made of (each category's part, the whole iteration,
     // the rest of it beside each part), written into one buffer, the rests from the columns
-    // already written: this runs every [`BASELINE_REFRESH`] iterations of every rank (at
+    // already written: this runs every [`baseline_refresh`] iterations of every rank (at
     // 10,000 ranks a selection over `f64`s per median was a quarter of the collector's
     // instructions, and summing each iteration again for each rest column half of what was
     // left). The values are taken as
@@ -566,8 +607,8 @@ fn baseline(window: &VecDeque<Split>) -> Baseline {
         parts.extend(window.iter().map(|s| s.get(c)));
     }
     parts.extend(window.iter().map(Split::total));
-    let mut rests: Vec<u64> = Vec::with_capacity(7 * n);
-    {
+    let mut rests: Vec<u64> = Vec::with_capacity(if with_rest { 7 * n } else { 0 });
+    if with_rest {
         let column = |k: usize| &parts[k * n..(k + 1) * n];
         let (totals, wait, other) = (
             column(7),
@@ -586,8 +627,11 @@ fn baseline(window: &VecDeque<Split>) -> Baseline {
             );
         }
     }
-    for col in parts.chunks_exact_mut(n.max(1)) {
-        col.sort_unstable();
+    let read = |k: usize| with_rest || k == 7 || CANDIDATES.iter().any(|c| c.index() == k);
+    for (k, col) in parts.chunks_exact_mut(n.max(1)).enumerate() {
+        if read(k) {
+            col.sort_unstable();
+        }
     }
     for col in rests.chunks_exact_mut(n.max(1)) {
         col.sort_unstable();
@@ -598,17 +642,22 @@ fn baseline(window: &VecDeque<Split>) -> Baseline {
     let mut rest = [0.0; 7];
     for c in Category::ALL {
         let k = c.index();
+        if !read(k) {
+            continue;
+        }
         let v = column(k);
         let m = median_sorted(v);
         median_ns[k] = m;
         sigma[k] = 1.4826 * deviation_median_sorted(v, m);
-        rest[k] = median_sorted(&rests[k * n..(k + 1) * n]);
+        if with_rest {
+            rest[k] = median_sorted(&rests[k * n..(k + 1) * n]);
+        }
     }
     Baseline {
         iteration: median_sorted(column(7)),
         median: median_ns,
         sigma,
-        rest,
+        rest: with_rest.then_some(rest),
     }
 }
 
