@@ -7,20 +7,28 @@ Each job is two ranks on loopback of a small DDP model: three backward passes, t
 counted as hung and killed. Modes:
 
 * ``stallscope``: each rank under ``stallscope run`` (the zero-code hook relays DDP's comm);
+* ``hook``: the zero-code hook without the binary (``PYTHONPATH`` and ``STALLSCOPE_SOCKET`` as
+  ``stallscope run`` sets them, the markers drained by this script), so that thousands of
+  ranks take minutes, ``--parallel`` jobs at once (the test suite starts two);
 * ``python-hook``: no stallscope, the program registers ``default_hooks.allreduce_hook``
   itself (PyTorch's own race);
 * ``plain``: no stallscope, no hook (DDP's built-in C++ all-reduce).
 
     python3 bench/exit_race.py --mode stallscope --jobs 40
+    python3 bench/exit_race.py --mode hook --jobs 500 --parallel 2 --stacks
+
+With ``--stacks`` each hung rank's native stacks (gdb) are printed before it is killed.
 """
 
 import argparse
 import os
+import random
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,31 +50,86 @@ JOB = """
 """
 
 
+_given = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, never the same twice: one from
+    ``bind(0)`` may be taken by another job's connections before its store binds it, and a
+    rank then waits for ever in gloo's rendezvous (a hang that is not the one counted here)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    while True:
+        port = random.randrange(max(1024, low - 8192), low)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
 
 
-def run_job(args, script, work):
-    """Starts the two ranks; returns how many were still running after the timeout."""
+def drain(path):
+    """Binds a datagram socket at ``path`` and reads what arrives, on a daemon thread (the
+    markers of ``--mode hook``)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+
+    def run():
+        while True:
+            try:
+                sock.recv(65536)
+            except OSError:
+                return
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def stacks(pid):
+    """Every thread's native stack of ``pid``, from gdb."""
+    try:
+        out = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "no stacks: %s" % e
+    return "\n".join(l for l in out.splitlines() if l.startswith(("Thread ", "#")))
+
+
+def start_job(args, script, work, job):
+    """Starts the two ranks of one job."""
     port = str(free_port())
     procs = []
     for rank in (0, 1):
         cmd = [args.python, script, args.mode]
-        if args.mode == "stallscope":
-            profile = os.path.join(work, "rank%d.stallscope" % rank)
-            cmd = [args.stallscope, "run", "-q", "-o", profile, "--"] + cmd
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),
                    WORLD_SIZE="2", LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+        if args.mode == "stallscope":
+            profile = os.path.join(work, "job%d-rank%d.stallscope" % (job, rank))
+            cmd = [args.stallscope, "run", "-q", "-o", profile, "--"] + cmd
+        elif args.mode == "hook":
+            env.pop("STALLSCOPE_AUTO", None)
+            env.update(PYTHONPATH=os.path.join(REPO, "profiler", "python"),
+                       STALLSCOPE_SOCKET=os.path.join(work, "markers.sock"))
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
+    return procs
+
+
+def run_jobs(args, script, work, first):
+    """Runs ``--parallel`` jobs at once; returns how many ranks were still running after
+    the timeout."""
+    procs = [p for j in range(args.parallel) for p in start_job(args, script, work, first + j)]
     hung = 0
     for proc in procs:
         try:
             proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
             hung += 1
+            if args.stacks:
+                print("-- rank %d hung:\n%s" % (proc.pid, stacks(proc.pid)), flush=True)
     if hung:
         kill_running(script)  # `stallscope run` gives its training a process group of its own
     for proc in procs:
@@ -89,8 +152,11 @@ def kill_running(script):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=["stallscope", "python-hook", "plain"], default="stallscope")
+    ap.add_argument("--mode", choices=["stallscope", "hook", "python-hook", "plain"],
+                    default="stallscope")
     ap.add_argument("--jobs", type=int, default=40)
+    ap.add_argument("--parallel", type=int, default=1, help="jobs at once")
+    ap.add_argument("--stacks", action="store_true", help="print a hung rank's stacks (gdb)")
     ap.add_argument("--timeout", type=float, default=30.0, help="s a rank may take")
     ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--stallscope", default=os.path.join(REPO, "target/debug/stallscope"))
@@ -99,9 +165,12 @@ def main():
         script = os.path.join(work, "job.py")
         with open(script, "w") as f:
             f.write(textwrap.dedent(JOB))
-        hung = sum(run_job(args, script, work) for _ in range(args.jobs))
+        drain(os.path.join(work, "markers.sock"))
+        batches = range(0, args.jobs, args.parallel)
+        hung = sum(run_jobs(args, script, work, first) for first in batches)
+    ranks = 2 * args.parallel * len(batches)
     print("%s: %d of %d ranks hung (load average at the end %.2f)"
-          % (args.mode, hung, 2 * args.jobs, os.getloadavg()[0]))
+          % (args.mode, hung, ranks, os.getloadavg()[0]))
     return 0
 
 

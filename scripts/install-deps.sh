@@ -4,8 +4,8 @@
 # and tc for scripts/netns.sh), tmux, procps, a C toolchain, curl, Prometheus, Chromium
 # (headless: the report is checked where people read it), openssl (TLS test certificates),
 # libpcap (the `pcap` crate links it: the UDP packet source), clang and libbpf's headers (the
-# agent's build compiles its eBPF thread-state program; without them it polls /proc), Node and
-# pip, then the Perfetto UI
+# agent's build compiles its eBPF thread-state program; without them it polls /proc), gdb (a
+# test that finds a training hung prints its threads' stacks), Node and pip, then the Perfetto UI
 # (scripts/install-perfetto-ui.sh: the tests open `stallscope trace` output in it).
 #
 # Idempotent: packages already installed are left alone, and `apt-get update` runs only when
@@ -37,6 +37,7 @@ PACKAGES=(
     libpcap-dev
     clang
     libbpf-dev
+    gdb
 )
 
 dry_run=0

@@ -19,7 +19,13 @@ hook. A job that chose no hook must not get the race from stallscope, so:
   free, until none is left — at most ``PATIENCE_S``, normally not at all;
 * the tensors and futures of the latest backward's buckets stay referenced from here, so that
   a worker thread never drops the last reference to one (a future's value is a Python object
-  too: the callback's result); at exit they are kept for good (the process's end frees them).
+  too: the callback's result); at exit they are kept for good (the process's end frees them);
+* the process group of each relayed DDP module stays referenced from here (the latest
+  ``MAX_GROUPS``; at exit for good), so that ``del model`` never destroys it, joining its
+  threads with the GIL held. With the two guards above, 2 of about 1,000 such processes
+  still hung there (torch 1.13): every counted callback had run and been released before
+  ``destroy_process_group()``, yet a worker thread, finishing a work, waited for the GIL.
+  A group dropped from here is one retired ``MAX_GROUPS`` DDP modules ago, long idle.
 """
 
 import atexit
@@ -38,6 +44,11 @@ _kept = []
 # At most this many kept (two per bucket: its tensor and its future).
 MAX_KEPT = 1024
 _exit_guarded = False
+# Process groups of relayed DDP modules, the latest first dropped last.
+_groups = []
+# At most this many kept: a program that builds DDP modules over new groups again and again
+# (a sweep in one process) keeps the threads and sockets of this many at most.
+MAX_GROUPS = 8
 
 
 class Counted:
@@ -109,6 +120,16 @@ def new_backward():
     del _kept[:]
 
 
+def keep_group(group):
+    """Keeps process group ``group`` (a relayed DDP module's) referenced until ``MAX_GROUPS``
+    others came after it, or for good at exit: see the module's docs."""
+    if group is None or any(g is group for g in _groups):
+        return
+    if len(_groups) >= MAX_GROUPS:
+        del _groups[0]
+    _groups.append(group)
+
+
 def wait_for_release(patience_s=PATIENCE_S):
     """Waits, sleeping (the GIL free), until every counted callback has been released by the
     thread that ran it; at most ``patience_s``. Returns whether none is left."""
@@ -123,8 +144,10 @@ def _at_exit():
     try:
         import ctypes
 
-        # One reference that nothing drops: the tensors outlive every process group.
+        # One reference that nothing drops: the tensors outlive every process group, and
+        # the groups are never destroyed (the process's end takes their threads).
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(_kept))
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(_groups))
     except Exception:
         pass
 

@@ -468,6 +468,7 @@ def _patch_ddp(torch):
         register(module, relay, _relay_hook)
         relays[module] = relay
         _comm_release.guard_exit()
+        _comm_release.keep_group(getattr(module, "process_group", None))
         if chosen:
             _name_hook(module, hook.__qualname__)
 

@@ -7,6 +7,7 @@ gloo at world size 1, and checks the markers that reach a real socket.
 
 import collections
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -294,6 +295,23 @@ DESTROY_RIGHT_AFTER_BACKWARD = """
 """
 
 
+# DESTROY_RIGHT_AFTER_BACKWARD's end, counting the process's threads before and after
+# `del model`: the gloo group's worker threads are joined when the group is destroyed.
+GROUP_OUTLIVES_MODEL = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    model(torch.randn(4, 8)).sum().backward()
+    dist.destroy_process_group()
+    before = len(os.listdir("/proc/self/task"))
+    del model
+    print("threads", before, len(os.listdir("/proc/self/task")))
+"""
+
+
 # A model compiled with torch.compile's default backend (inductor: on the CPU it compiles C++
 # with the machine's compiler, tens of seconds cold, cached after), trained without DDP.
 COMPILED = """
@@ -381,10 +399,53 @@ DIST_OPS = """
 """
 
 
+# Ports handed out as stores' by this run: never twice.
+_ports_given = set()
+
+
 def _free_port():
-    with socket.socket() as s:
+    """A free port for a job's store (``MASTER_PORT``), below the kernel's ephemeral range.
+
+    A port from ``bind(0)`` comes from that range, and stays free only until the store binds
+    it, a second later: meanwhile any process's outgoing connection or ``bind(0)`` (gloo's
+    listeners, another job's store port chosen the same way) could take it. Then a rank 0
+    failed to bind its store, or two jobs shared one and a rank waited for ever in gloo's
+    rendezvous (1 process in 500, when two jobs start at once). No port below the range is
+    handed out by the kernel.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    first = max(1024, low - 8192)
+    for _ in range(1000 if low - first >= 1024 else 0):
+        port = random.randrange(first, low)
+        if port in _ports_given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
+    with socket.socket() as s:  # no room below the range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _native_stacks(pid):
+    """Every thread's native stack of process ``pid`` (gdb's backtraces), for a test's failure
+    message: where a hung rank waits (gloo's rendezvous, a thread join at destroy, the GIL)."""
+    try:
+        out = subprocess.run(
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
+            capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "\n-- process %d: no stacks (%s)\n" % (pid, e)
+    frames = [line for line in out.splitlines() if line.startswith(("Thread ", "#"))]
+    return "\n-- process %d:\n%s\n" % (pid, "\n".join(frames))
 
 
 def _complete(markers):
@@ -497,11 +558,13 @@ class TorchHookTest(unittest.TestCase):
                             [TORCH_PYTHON, script_path], env=env, cwd=tmp,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
                 results = []
+                self.hung_stacks = ""
                 for proc in procs:
                     try:
                         out, _ = proc.communicate(timeout=within)
                         results.append((proc.returncode, out))
                     except subprocess.TimeoutExpired:
+                        self.hung_stacks += _native_stacks(proc.pid)
                         results.append(None)
                 return results
             finally:
@@ -518,11 +581,21 @@ class TorchHookTest(unittest.TestCase):
         # this test failed 3 runs of 3.
         for _ in range(6):
             results = self.run_ranks(DESTROY_RIGHT_AFTER_BACKWARD, jobs=2)
-            self.assertNotIn(None, results, "a rank hung after destroy_process_group()")
+            self.assertNotIn(
+                None, results, "a rank hung after destroy_process_group():" + self.hung_stacks)
             # torch 2.x's gloo says how many peers it connected to on stdout; the last line is
             # the script's own.
             ends = [(code, out.splitlines()[-1:]) for code, out in results]
             self.assertEqual(ends, [(0, ["exited"])] * 4, results)
+
+    def test_a_relayed_modules_group_is_not_destroyed_by_del_model(self):
+        # The last 2 hangs of about 1,000 processes above were `del model` joining the
+        # group's threads, GIL held, while one waited for the GIL: the group now outlives it.
+        results = self.run_ranks(GROUP_OUTLIVES_MODEL)
+        for code, out in results:
+            self.assertEqual(code, 0, out)
+            before, after = map(int, out.splitlines()[-1].split()[1:])
+            self.assertEqual(after, before, "the group's threads were joined at del model")
 
     def test_every_collective_and_send_is_marked_with_its_identity(self):
         for _ in range(3):  # the socket may drop a burst on a loaded machine: retry
