@@ -20,12 +20,14 @@ hook. A job that chose no hook must not get the race from stallscope, so:
 * the tensors and futures of the latest backward's buckets stay referenced from here, so that
   a worker thread never drops the last reference to one (a future's value is a Python object
   too: the callback's result); at exit they are kept for good (the process's end frees them);
-* the process group of each relayed DDP module stays referenced from here (the latest
-  ``MAX_GROUPS``; at exit for good), so that ``del model`` never destroys it, joining its
-  threads with the GIL held. With the two guards above, 2 of about 1,000 such processes
-  still hung there (torch 1.13): every counted callback had run and been released before
-  ``destroy_process_group()``, yet a worker thread, finishing a work, waited for the GIL.
-  A group dropped from here is one retired ``MAX_GROUPS`` DDP modules ago, long idle.
+* once none is left, ``destroy_process_group()`` still waits ``SETTLE_S`` more, the GIL free.
+  With the two guards above, 2 of about 670 such processes still hung (torch 1.13): every
+  counted callback had run and been released before ``destroy_process_group()``, yet at
+  ``del model`` a worker thread, finishing a work, waited for the GIL while the main thread
+  joined it (gdb's stacks; which work, its frames do not say). The pause gives such a thread
+  the GIL before the group can go. Keeping the group referenced past ``del model`` instead
+  was tried and is wrong: a group alive when its peer exits aborts the process (gloo, on the
+  closed connection), as a rank that exited with SIGABRT in CI showed.
 """
 
 import atexit
@@ -44,11 +46,8 @@ _kept = []
 # At most this many kept (two per bucket: its tensor and its future).
 MAX_KEPT = 1024
 _exit_guarded = False
-# Process groups of relayed DDP modules, the latest first dropped last.
-_groups = []
-# At most this many kept: a program that builds DDP modules over new groups again and again
-# (a sweep in one process) keeps the threads and sockets of this many at most.
-MAX_GROUPS = 8
+# s the GIL is left free once no counted callback is left, before a group may be destroyed.
+SETTLE_S = 0.05
 
 
 class Counted:
@@ -120,16 +119,6 @@ def new_backward():
     del _kept[:]
 
 
-def keep_group(group):
-    """Keeps process group ``group`` (a relayed DDP module's) referenced until ``MAX_GROUPS``
-    others came after it, or for good at exit: see the module's docs."""
-    if group is None or any(g is group for g in _groups):
-        return
-    if len(_groups) >= MAX_GROUPS:
-        del _groups[0]
-    _groups.append(group)
-
-
 def wait_for_release(patience_s=PATIENCE_S):
     """Waits, sleeping (the GIL free), until every counted callback has been released by the
     thread that ran it; at most ``patience_s``. Returns whether none is left."""
@@ -139,15 +128,21 @@ def wait_for_release(patience_s=PATIENCE_S):
     return not _alive
 
 
+def settle():
+    """Before a process group of a relayed module is destroyed: ``SETTLE_S`` with the GIL
+    free, for a communication thread still finishing a work (see the module's docs). Nothing
+    when no DDP module was relayed."""
+    if _exit_guarded:
+        time.sleep(SETTLE_S)
+
+
 def _at_exit():
     wait_for_release()
     try:
         import ctypes
 
-        # One reference that nothing drops: the tensors outlive every process group, and
-        # the groups are never destroyed (the process's end takes their threads).
+        # One reference that nothing drops: the tensors outlive every process group.
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(_kept))
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(_groups))
     except Exception:
         pass
 

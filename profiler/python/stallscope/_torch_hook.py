@@ -468,7 +468,6 @@ def _patch_ddp(torch):
         register(module, relay, _relay_hook)
         relays[module] = relay
         _comm_release.guard_exit()
-        _comm_release.keep_group(getattr(module, "process_group", None))
         if chosen:
             _name_hook(module, hook.__qualname__)
 
@@ -674,6 +673,7 @@ def _patch_init_process_group(torch):
         if (args[0] if args else kwargs.get("group")) is None:
             stallscope.meta(finishing=1)
         _comm_release.wait_for_release()
+        _comm_release.settle()
         return destroy(*args, **kwargs)
 
     _mark(destroy_process_group)

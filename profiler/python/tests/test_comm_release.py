@@ -52,27 +52,19 @@ class CommReleaseTest(unittest.TestCase):
         _comm_release.new_backward()
         self.assertIsNone(ref())
 
-    def test_a_relayed_modules_group_outlives_the_module_the_latest_few_kept(self):
-        import weakref
-
-        class Group:
-            pass
-
-        del _comm_release._groups[:]
-        first = Group()
-        ref = weakref.ref(first)
-        _comm_release.keep_group(first)
-        _comm_release.keep_group(first)  # the same group twice is kept once
-        _comm_release.keep_group(None)
-        self.assertEqual(len(_comm_release._groups), 1)
-        del first  # the module that held it is gone: the group stays
-        self.assertIsNotNone(ref())
-        later = [Group() for _ in range(_comm_release.MAX_GROUPS)]
-        for group in later:
-            _comm_release.keep_group(group)
-        self.assertIsNone(ref(), "retired MAX_GROUPS modules ago: dropped")
-        self.assertEqual(_comm_release._groups, later)
-        del _comm_release._groups[:]
+    def test_settling_waits_only_in_a_process_that_relayed_a_module(self):
+        guarded = _comm_release._exit_guarded
+        try:
+            _comm_release._exit_guarded = False
+            start = time.monotonic()
+            _comm_release.settle()
+            self.assertLess(time.monotonic() - start, _comm_release.SETTLE_S)
+            _comm_release._exit_guarded = True
+            start = time.monotonic()
+            _comm_release.settle()
+            self.assertGreaterEqual(time.monotonic() - start, _comm_release.SETTLE_S)
+        finally:
+            _comm_release._exit_guarded = guarded
 
     def test_without_a_new_backward_the_kept_objects_stay_bounded(self):
         for i in range(10 * _comm_release.MAX_KEPT):

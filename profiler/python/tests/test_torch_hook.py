@@ -295,23 +295,6 @@ DESTROY_RIGHT_AFTER_BACKWARD = """
 """
 
 
-# DESTROY_RIGHT_AFTER_BACKWARD's end, counting the process's threads before and after
-# `del model`: the gloo group's worker threads are joined when the group is destroyed.
-GROUP_OUTLIVES_MODEL = """
-    import os
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
-    model(torch.randn(4, 8)).sum().backward()
-    dist.destroy_process_group()
-    before = len(os.listdir("/proc/self/task"))
-    del model
-    print("threads", before, len(os.listdir("/proc/self/task")))
-"""
-
-
 # A model compiled with torch.compile's default backend (inductor: on the CPU it compiles C++
 # with the machine's compiler, tens of seconds cold, cached after), trained without DDP.
 COMPILED = """
@@ -587,15 +570,6 @@ class TorchHookTest(unittest.TestCase):
             # the script's own.
             ends = [(code, out.splitlines()[-1:]) for code, out in results]
             self.assertEqual(ends, [(0, ["exited"])] * 4, results)
-
-    def test_a_relayed_modules_group_is_not_destroyed_by_del_model(self):
-        # The last 2 hangs of about 1,000 processes above were `del model` joining the
-        # group's threads, GIL held, while one waited for the GIL: the group now outlives it.
-        results = self.run_ranks(GROUP_OUTLIVES_MODEL)
-        for code, out in results:
-            self.assertEqual(code, 0, out)
-            before, after = map(int, out.splitlines()[-1].split()[1:])
-            self.assertEqual(after, before, "the group's threads were joined at del model")
 
     def test_every_collective_and_send_is_marked_with_its_identity(self):
         for _ in range(3):  # the socket may drop a burst on a loaded machine: retry
