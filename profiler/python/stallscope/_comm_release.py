@@ -20,14 +20,15 @@ hook. A job that chose no hook must not get the race from stallscope, so:
 * the tensors and futures of the latest backward's buckets stay referenced from here, so that
   a worker thread never drops the last reference to one (a future's value is a Python object
   too: the callback's result); at exit they are kept for good (the process's end frees them);
-* once none is left, ``destroy_process_group()`` still waits ``SETTLE_S`` more, the GIL free.
-  With the two guards above, 2 of about 670 such processes still hung (torch 1.13): every
-  counted callback had run and been released before ``destroy_process_group()``, yet at
-  ``del model`` a worker thread, finishing a work, waited for the GIL while the main thread
-  joined it (gdb's stacks; which work, its frames do not say). The pause gives such a thread
-  the GIL before the group can go. Keeping the group referenced past ``del model`` instead
-  was tried and is wrong: a group alive when its peer exits aborts the process (gloo, on the
-  closed connection), as a rank that exited with SIGABRT in CI showed.
+* once no counted callback is left, ``destroy_process_group()`` still waits ``SETTLE_S``
+  more, the GIL free. With the two guards above, 2 of about 670 such processes still hung
+  (torch 1.13): every counted callback had run and been released before
+  ``destroy_process_group()``, yet at ``del model`` a worker thread, finishing a work, waited
+  for the GIL while the main thread joined it (gdb's stacks; which work, its frames do not
+  say). The pause gives such a thread the GIL before the group can go. Keeping the group
+  referenced past ``del model`` instead was tried and is wrong: a group alive when its peer
+  exits aborts the process (gloo, on the closed connection), as a rank that exited with
+  SIGABRT in CI showed.
 """
 
 import atexit
