@@ -22,7 +22,6 @@ With ``--stacks`` each hung rank's native stacks (gdb) are printed before it is 
 
 import argparse
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -31,6 +30,9 @@ import textwrap
 import threading
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "profiler", "python", "tests"))
+
+from procs import native_stacks, store_port  # noqa: E402  (the tests' helpers)
 
 JOB = """
     import sys
@@ -50,28 +52,6 @@ JOB = """
 """
 
 
-_given = set()
-
-
-def free_port():
-    """A free port below the kernel's ephemeral range, never the same twice: one from
-    ``bind(0)`` may be taken by another job's connections before its store binds it, and a
-    rank then waits for ever in gloo's rendezvous (a hang that is not the one counted here)."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        low = int(f.read().split()[0])
-    while True:
-        port = random.randrange(max(1024, low - 8192), low)
-        if port in _given:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _given.add(port)
-        return port
-
-
 def drain(path):
     """Binds a datagram socket at ``path`` and reads what arrives, on a daemon thread (the
     markers of ``--mode hook``)."""
@@ -88,19 +68,9 @@ def drain(path):
     threading.Thread(target=run, daemon=True).start()
 
 
-def stacks(pid):
-    """Every thread's native stack of ``pid``, from gdb."""
-    try:
-        out = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
-                             capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return "no stacks: %s" % e
-    return "\n".join(l for l in out.splitlines() if l.startswith(("Thread ", "#")))
-
-
 def start_job(args, script, work, job):
     """Starts the two ranks of one job."""
-    port = str(free_port())
+    port = str(store_port())
     procs = []
     for rank in (0, 1):
         cmd = [args.python, script, args.mode]
@@ -129,7 +99,8 @@ def run_jobs(args, script, work, first):
         except subprocess.TimeoutExpired:
             hung += 1
             if args.stacks:
-                print("-- rank %d hung:\n%s" % (proc.pid, stacks(proc.pid)), flush=True)
+                print("-- rank %d hung:\n%s" % (proc.pid, native_stacks(proc.pid)),
+                      flush=True)
     if hung:
         kill_running(script)  # `stallscope run` gives its training a process group of its own
     for proc in procs:

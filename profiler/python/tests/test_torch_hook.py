@@ -7,14 +7,13 @@ gloo at world size 1, and checks the markers that reach a real socket.
 
 import collections
 import os
-import random
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import unittest
 
+from procs import native_stacks, store_port
 from test_markers import PYTHON_DIR, Receiver
 
 
@@ -382,55 +381,6 @@ DIST_OPS = """
 """
 
 
-# Ports handed out as stores' by this run: never twice.
-_ports_given = set()
-
-
-def _free_port():
-    """A free port for a job's store (``MASTER_PORT``), below the kernel's ephemeral range.
-
-    A port from ``bind(0)`` comes from that range, and stays free only until the store binds
-    it, a second later: meanwhile any process's outgoing connection or ``bind(0)`` (gloo's
-    listeners, another job's store port chosen the same way) could take it. Then a rank 0
-    failed to bind its store, or two jobs shared one and a rank waited for ever in gloo's
-    rendezvous (1 process in 500, when two jobs start at once). No port below the range is
-    handed out by the kernel.
-    """
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    first = max(1024, low - 8192)
-    for _ in range(1000 if low - first >= 1024 else 0):
-        port = random.randrange(first, low)
-        if port in _ports_given:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _ports_given.add(port)
-        return port
-    with socket.socket() as s:  # no room below the range: the kernel's choice
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _native_stacks(pid):
-    """Every thread's native stack of process ``pid`` (gdb's backtraces), for a test's failure
-    message: where a hung rank waits (gloo's rendezvous, a thread join at destroy, the GIL)."""
-    try:
-        out = subprocess.run(
-            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
-            capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return "\n-- process %d: no stacks (%s)\n" % (pid, e)
-    frames = [line for line in out.splitlines() if line.startswith(("Thread ", "#"))]
-    return "\n-- process %d:\n%s\n" % (pid, "\n".join(frames))
-
-
 def _complete(markers):
     """Whether every process's sequence numbers are gap-free (nothing dropped on the way)."""
     seqs = collections.defaultdict(list)
@@ -468,7 +418,7 @@ class TorchHookTest(unittest.TestCase):
                 env.update(
                     PYTHONPATH=os.pathsep.join(filter(None, [PYTHON_DIR, env.get("PYTHONPATH")])),
                     MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(_free_port()),
+                    MASTER_PORT=str(store_port()),
                     RANK="0",
                     WORLD_SIZE="1",
                     LOCAL_RANK="0",
@@ -523,7 +473,7 @@ class TorchHookTest(unittest.TestCase):
             procs = []
             try:
                 for _ in range(jobs):
-                    port = str(_free_port())
+                    port = str(store_port())
                     for rank in range(ranks):
                         env = dict(os.environ)
                         env.pop("STALLSCOPE_AUTO", None)
@@ -547,7 +497,8 @@ class TorchHookTest(unittest.TestCase):
                         out, _ = proc.communicate(timeout=within)
                         results.append((proc.returncode, out))
                     except subprocess.TimeoutExpired:
-                        self.hung_stacks += _native_stacks(proc.pid)
+                        self.hung_stacks += "\n-- process %d:\n%s\n" % (
+                            proc.pid, native_stacks(proc.pid))
                         results.append(None)
                 return results
             finally:
