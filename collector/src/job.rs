@@ -35,10 +35,13 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// ms during which nothing was taken in; one round per iteration of the job is a third of that.
 pub const ATTRIBUTE_EVERY: Duration = Duration::from_millis(20);
 
-/// Rank-iterations one attribution round joins at most (whole iterations, at least one):
-/// about 40 ms of the job thread at 10,000 ranks. A backlog (a rank's late reports held its
-/// iterations back) is joined over several rounds, with records taken in between.
-pub const ROUND_RANK_ITERATIONS: usize = 20_000;
+/// Rank-iterations one attribution round joins at most (whole iterations, at least one): from
+/// 5,000 ranks on, one iteration a round, about 10 ms of the job thread at 10,000 ranks. At
+/// 20,000 a round there joined two iterations whenever one had waited, 44–124 ms while records
+/// queued. A backlog (a rank's late reports held its iterations back) is joined over several
+/// rounds, [`ATTRIBUTE_EVERY`] apart (50 a second, more than a 30 Hz job's iterations), with
+/// records taken in between.
+pub const ROUND_RANK_ITERATIONS: usize = 5_000;
 
 /// Messages taken from the queue per wake-up of the job task, beyond the first.
 const DRAIN_AT_ONCE: usize = 256;
@@ -76,6 +79,8 @@ struct Batch {
     watched: bool,
     /// The node's clock estimate, once looked up (`Some(None)`: none yet).
     clock: Option<Option<NodeClock>>,
+    /// ns, when the records were taken (the collector's clock): progress for the hang watch.
+    now: u64,
 }
 
 impl JobTask {
@@ -156,9 +161,22 @@ impl JobTask {
                 };
                 // One connection's records: one node, whose clock no record changes (an
                 // agent sends no clock estimates), so its name and clock are looked up once.
+                let now = monotonic_ns();
+                if let Some(node) = records.iter().find_map(|(_, f)| f.node_iteration()) {
+                    let iterations =
+                        records
+                            .iter()
+                            .filter_map(|(_, f)| f.node_iteration())
+                            .map(|it| {
+                                let b = &it.breakdown;
+                                (b.rank, b.iter, b.end_ns.saturating_sub(b.start_ns))
+                            });
+                    self.hangs.on_iterations(&node.node, iterations, now);
+                }
                 let mut batch = Batch {
                     watched: self.iterations.receiver_count() > 0,
                     clock: None,
+                    now,
                 };
                 for (i, (_, frame)) in records.into_iter().enumerate() {
                     self.on_record(frame, encoded.get(i), &mut batch);
@@ -181,15 +199,8 @@ impl JobTask {
     /// Takes one frame from a node: the profile (`encoded`: its encoding, when the
     /// connection made it from the bytes received) and the timeline, and the live feed.
     fn on_record(&mut self, frame: Frame, encoded: Option<&[u8]>, batch: &mut Batch) {
-        let now = monotonic_ns();
-        if let Some(it) = frame.node_iteration() {
-            let b = &it.breakdown;
-            let duration = b.end_ns.saturating_sub(b.start_ns);
-            self.hangs
-                .on_iteration(&it.node, b.rank, b.iter, duration, now);
-        }
         if let Frame::NodeHang(h) = &frame {
-            self.hangs.on_answer((**h).clone(), now);
+            self.hangs.on_answer((**h).clone(), batch.now);
         }
         let update = if let Some(it) = frame.node_iteration().filter(|_| batch.watched) {
             let journal = &self.journal;
