@@ -13,7 +13,8 @@
 //! phases spread evenly over one period so that the load is as smooth as unsynchronised nodes
 //! make it. Each record carries that scheduled end as its `end_ns` (`CLOCK_MONOTONIC`, the
 //! collector's clock too on this one machine), so an agent that falls behind its schedule
-//! counts against the latency instead of hiding it.
+//! counts against the latency instead of hiding it. Each rank-iteration's wall time varies
+//! within 90–100% of the period ([`wall_of`]), as a real loop's does.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -103,7 +104,6 @@ pub fn values_per_frame(r: &NodeReport) -> usize {
 /// What an H100 busy in a DDP step reads over one iteration of `wall_ns`: 87% busy, 300 W,
 /// a 12.6 MB batch in, NVLink at 378 GB/s each way for the collective's 20%.
 fn gpu_reading(wall_ns: u64) -> NvmlReading {
-    let s = wall_ns as f64 / 1e9;
     NvmlReading {
         gpu: "0".into(),
         uuid: Some("GPU-5f4c7a1e-8b2d-4c3f-9e6a-1d2b3c4d5e6f".into()),
@@ -112,10 +112,20 @@ fn gpu_reading(wall_ns: u64) -> NvmlReading {
         power_mw: Some(300_000),
         pcie_rx_bytes: Some(12_600_000),
         pcie_tx_bytes: Some(40_000),
-        nvlink_bytes: Some((2.0 * 378e9 * 0.2 * s) as u64),
-        energy_mj: Some((300.0 * s * 1e3) as u64),
+        nvlink_bytes: Some(nvlink_bytes(wall_ns)),
+        energy_mj: Some(energy_mj(wall_ns)),
         batch_bytes: Some(12_600_000),
     }
+}
+
+/// bytes over NVLink in an iteration of `wall_ns`: 378 GB/s each way for a fifth of it.
+fn nvlink_bytes(wall_ns: u64) -> u64 {
+    (2.0 * 378e9 * 0.2 * wall_ns as f64 / 1e9) as u64
+}
+
+/// mJ an iteration of `wall_ns` takes at 300 W.
+fn energy_mj(wall_ns: u64) -> u64 {
+    (300.0 * wall_ns as f64 / 1e9 * 1e3) as u64
 }
 
 /// [`iteration`] with its GPU's readings, as a GPU node's agent ships it.
@@ -126,19 +136,56 @@ pub fn report(rank: usize, world: usize, iter: u64, end_ns: Nanos, wall_ns: u64)
     }
 }
 
-/// Moves `r`, a [`report`] of the same rank and wall time `wall_ns`, to iteration `iter`
-/// ending at `end_ns`: the report [`report`] would make, without making it again (a fresh
-/// one per rank-iteration, five allocations and their frees, was a quarter of the
-/// simulated agents' own CPU, on the cores the collector shares with them).
+/// Moves `r`, a [`report`] of the same rank, to iteration `iter` ending at `end_ns` after
+/// `wall_ns`: the report [`report`] would make, without making it again (a fresh one per
+/// rank-iteration, five allocations and their frees, was a quarter of the simulated agents' own
+/// CPU, on the cores the collector shares with them).
 pub fn advance(r: &mut NodeReport, iter: u64, end_ns: Nanos, wall_ns: u64) {
     let b = &mut r.iteration.breakdown;
     b.iter = iter;
     b.start_ns = end_ns.saturating_sub(wall_ns);
     b.end_ns = end_ns;
+    b.split = split_of(wall_ns);
+    for e in &mut b.evidence {
+        e.ns = b.split.get(e.category);
+    }
+    b.coverage = Coverage {
+        marked_ns: wall_ns,
+        sampled_ns: wall_ns,
+    };
     for span in &mut r.iteration.comm {
         span.begin = end_ns.saturating_sub(wall_ns * 30 / 100);
         span.end = end_ns;
     }
+    if let Some(g) = r.gpu.as_mut() {
+        g.nvlink_bytes = Some(nvlink_bytes(wall_ns));
+        g.energy_mj = Some(energy_mj(wall_ns));
+    }
+}
+
+/// ns, how long rank `rank`'s iteration `iter` took in a step of `period_ns`: 90–100% of it,
+/// scattered as a hash of the two, so that each rank's wall times vary as a real loop's do
+/// (the collector's per-rank medians cost what they cost in a real job: a stream of one time
+/// repeated is sorted in one pass).
+pub fn wall_of(rank: usize, iter: u64, period_ns: u64) -> u64 {
+    let mut x = (rank as u64) << 32 ^ iter;
+    x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= x >> 29;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 32;
+    period_ns - period_ns / 10 + x % (period_ns / 10).max(1)
+}
+
+/// The categories of an iteration of `wall_ns`: 60% compute, 10% data prep, 20% network, the
+/// rest peer wait.
+fn split_of(wall_ns: u64) -> Split {
+    let part = |pct: u64| wall_ns * pct / 100;
+    let mut split = Split::default();
+    split.add(Category::Compute, part(60));
+    split.add(Category::DataPrep, part(10));
+    split.add(Category::Network, part(20));
+    split.add(Category::PeerWait, wall_ns - part(60) - part(10) - part(20));
+    split
 }
 
 /// Iteration `iter` of rank `index` of `agents`, ending at `end_ns` after `wall_ns`: 60%
@@ -152,11 +199,7 @@ pub fn iteration(
     wall_ns: u64,
 ) -> NodeIteration {
     let part = |pct: u64| wall_ns * pct / 100;
-    let mut split = Split::default();
-    split.add(Category::Compute, part(60));
-    split.add(Category::DataPrep, part(10));
-    split.add(Category::Network, part(20));
-    split.add(Category::PeerWait, wall_ns - part(60) - part(10) - part(20));
+    let split = split_of(wall_ns);
     let evidence = [
         (Category::Compute, Basis::ComputeMarker),
         (Category::DataPrep, Basis::DataLoaderCpu),
@@ -401,7 +444,8 @@ async fn ship(
                     let end = first_end + iter * period_ns;
                     for frame in &mut reports {
                         if let Frame::NodeReport(r) = frame {
-                            advance(r, iter, end, period_ns);
+                            let wall = wall_of(r.iteration.breakdown.rank as usize, iter, period_ns);
+                            advance(r, iter, end, wall);
                         }
                         conn.queue(frame, &mut out);
                     }
@@ -436,10 +480,11 @@ mod tests {
     /// bytes they sent when they made a report per rank-iteration.
     #[test]
     fn an_advanced_report_is_the_one_made_for_its_iteration() {
-        let wall = 33_333_333;
-        let mut r = report(17, 10_000, 0, 5_000_000_000, wall);
+        let period = 33_333_333;
+        let mut r = report(17, 10_000, 0, 5_000_000_000, wall_of(17, 0, period));
         for iter in [1u64, 2, 977] {
-            let end = 5_000_000_000 + iter * wall;
+            let end = 5_000_000_000 + iter * period;
+            let wall = wall_of(17, iter, period);
             advance(&mut r, iter, end, wall);
             let made = report(17, 10_000, iter, end, wall);
             assert_eq!(r, made);
@@ -448,5 +493,15 @@ mod tests {
             wire::encode_record(iter, &Frame::NodeReport(Box::new(made)), &mut b);
             assert_eq!(a, b);
         }
+    }
+    /// A rank's wall times vary within 90–100% of the step, as a loop's do.
+    #[test]
+    fn wall_times_vary_within_a_tenth_of_the_step() {
+        let period = 33_333_333;
+        let walls: Vec<u64> = (0..1_000).map(|iter| wall_of(5, iter, period)).collect();
+        assert!(walls.iter().all(|w| (period * 9 / 10..period).contains(w)));
+        let distinct: std::collections::BTreeSet<_> = walls.iter().collect();
+        assert!(distinct.len() > 900, "{} distinct of 1000", distinct.len());
+        assert_ne!(wall_of(5, 7, period), wall_of(6, 7, period));
     }
 }
