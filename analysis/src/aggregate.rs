@@ -3,13 +3,13 @@
 //! memory bounded by its ranks, not by its length.
 //!
 //! Everything but the median is a sum and exact. The median iteration time keeps every wall
-//! time exactly up to a count ([`EXACT_WALLS_PER_RANK`], [`EXACT_WALLS_JOB`]) — so short runs,
+//! time exactly up to a count ([`EXACT_WALLS_PER_RANK`], less past 256 ranks:
+//! [`exact_walls_per_rank`]; [`EXACT_WALLS_JOB`]) — so short runs,
 //! experiments and tests read exactly as before — and from then on comes from a log-bucketed
 //! histogram whose buckets are at most 1/128 of their lower bound wide: the median it gives is
 //! within [`MEDIAN_MAX_RELATIVE_ERROR`] (1/256 ≈ 0.39%) of the exact one.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +21,18 @@ use crate::Nanos;
 /// Wall times kept exactly per rank before its median comes from the histogram (8 bytes
 /// each: 32 KiB per rank at most).
 pub const EXACT_WALLS_PER_RANK: usize = 4_096;
+
+/// Wall times kept exactly over every rank together (8 bytes each: 8 MiB at most): past 256
+/// ranks each keeps its share ([`exact_walls_per_rank`]). At 10,000 ranks, 4,096 each was
+/// 320 MiB, and reading them all at each refresh of the live summary (every 10 s) held the
+/// collector's job thread 230–530 ms on this machine however they were read.
+pub const EXACT_WALLS_RANKS: usize = 1 << 20;
+
+/// Wall times a rank keeps exactly in a job of `ranks` ranks (seen so far): 4,096 up to 256
+/// ranks, then an even share of [`EXACT_WALLS_RANKS`] (104 at 10,000 ranks), at least 16.
+pub fn exact_walls_per_rank(ranks: usize) -> usize {
+    (EXACT_WALLS_RANKS / ranks.max(1)).clamp(16, EXACT_WALLS_PER_RANK)
+}
 
 /// Wall times kept exactly for the job (all ranks together) before its median comes from the
 /// histogram (8 bytes each: 512 KiB at most).
@@ -53,83 +65,30 @@ fn bucket_value(b: u32) -> u64 {
 /// The median of a stream of wall times, ns: exact up to a count, then approximate within
 /// [`MEDIAN_MAX_RELATIVE_ERROR`].
 ///
-/// The exact times are held as two heaps, the lower half's largest on top of one and the upper
-/// half's smallest on top of the other, so the median is read without sorting: a live model
-/// reads every rank's median at each refresh of its summary, and sorting 4,096 times of each of
-/// 10,000 ranks took 530 ms of the collector's job thread (times that vary as real iterations
-/// do), while records waited. A time taken costs a push onto a heap of at most 2,048.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(from = "WallMedianForm", into = "WallMedianForm")]
+/// Built for a collector's 10,000 ranks, each taking a time 30 times a second and read at
+/// every refresh of the live summary:
+/// - a time taken touches the end of a list and one bucket of a short sorted list, not the
+///   nodes of a tree (with times that vary, that tree was a tenth of the job thread);
+/// - the exact median is not sorted out of every time: the histogram says which bucket holds
+///   it and how many times lie below, so one pass over the times picks out that bucket's few.
+///   Sorting 4,096 times of each of 10,000 ranks took 530 ms; the pass, 230 ms (this
+///   machine reads memory slowly), which is why a rank of a large job keeps fewer
+///   ([`exact_walls_per_rank`]): 104 each at 10,000 ranks, a pass of a few ms.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(from = "WallMedianForm")]
 pub struct WallMedian {
-    /// Every time so far, while there are at most `exact_cap`; `None` after.
-    exact: Option<Halves>,
+    /// Every time so far, in the order taken, while there are at most `exact_cap`; `None`
+    /// after.
+    exact: Option<Vec<u64>>,
     exact_cap: usize,
-    /// Times per bucket ([`bucket`]), only buckets that were hit.
-    histogram: BTreeMap<u32, u64>,
+    /// Times per bucket ([`bucket`]), only buckets that were hit, in bucket order.
+    histogram: Vec<(u32, u64)>,
     count: u64,
 }
 
-/// The exact times, split at the median: `lower` holds the smaller half (one more when the
-/// count is odd), `upper` the larger.
-#[derive(Clone, Debug, Default)]
-struct Halves {
-    /// Its largest on top.
-    lower: BinaryHeap<u64>,
-    /// Its smallest on top.
-    upper: BinaryHeap<Reverse<u64>>,
-}
-
-impl Halves {
-    fn of(mut times: Vec<u64>) -> Halves {
-        times.sort_unstable();
-        let upper = times.split_off(times.len().div_ceil(2));
-        Halves {
-            lower: BinaryHeap::from(times),
-            upper: upper.into_iter().map(Reverse).collect(),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.lower.len() + self.upper.len()
-    }
-
-    fn push(&mut self, ns: u64) {
-        if self.lower.peek().is_none_or(|top| ns <= *top) {
-            self.lower.push(ns);
-        } else {
-            self.upper.push(Reverse(ns));
-        }
-        if self.lower.len() > self.upper.len() + 1 {
-            let top = self.lower.pop().expect("the lower half is not empty");
-            self.upper.push(Reverse(top));
-        } else if self.upper.len() > self.lower.len() {
-            let Reverse(bottom) = self.upper.pop().expect("the upper half is not empty");
-            self.lower.push(bottom);
-        }
-    }
-
-    /// The mean of the two middle times of an even count, the middle one of an odd count.
-    fn median(&self) -> Option<u64> {
-        let low = *self.lower.peek()?;
-        Some(if self.lower.len() > self.upper.len() {
-            low
-        } else {
-            let Reverse(high) = *self.upper.peek()?;
-            (low + high) / 2
-        })
-    }
-
-    fn sorted(&self) -> Vec<u64> {
-        let mut all: Vec<u64> = self.lower.iter().copied().collect();
-        all.extend(self.upper.iter().map(|r| r.0));
-        all.sort_unstable();
-        all
-    }
-}
-
 /// [`WallMedian`] as profiles hold it ([`Frame::IterationTotals`](crate::frame::Frame)): the
-/// exact times as one list, in no particular order.
-#[derive(Clone, Serialize, Deserialize)]
+/// histogram as a map.
+#[derive(Deserialize)]
 struct WallMedianForm {
     exact: Option<Vec<u64>>,
     exact_cap: usize,
@@ -140,56 +99,69 @@ struct WallMedianForm {
 impl From<WallMedianForm> for WallMedian {
     fn from(f: WallMedianForm) -> WallMedian {
         WallMedian {
-            exact: f.exact.map(Halves::of),
+            exact: f.exact,
             exact_cap: f.exact_cap,
-            histogram: f.histogram,
+            histogram: f.histogram.into_iter().collect(),
             count: f.count,
         }
     }
 }
 
-impl From<WallMedian> for WallMedianForm {
-    fn from(m: WallMedian) -> WallMedianForm {
-        WallMedianForm {
-            exact: m.exact.map(|h| {
-                let mut all = h.lower.into_vec();
-                all.extend(h.upper.into_iter().map(|r| r.0));
-                all
-            }),
-            exact_cap: m.exact_cap,
-            histogram: m.histogram,
-            count: m.count,
+impl Serialize for WallMedian {
+    /// As [`WallMedianForm`], without a copy.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        /// The histogram as a map.
+        struct Buckets<'a>(&'a [(u32, u64)]);
+        impl Serialize for Buckets<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map(self.0.iter().map(|(b, c)| (b, c)))
+            }
         }
+        let mut st = s.serialize_struct("WallMedian", 4)?;
+        st.serialize_field("exact", &self.exact)?;
+        st.serialize_field("exact_cap", &self.exact_cap)?;
+        st.serialize_field("histogram", &Buckets(&self.histogram))?;
+        st.serialize_field("count", &self.count)?;
+        st.end()
     }
 }
 
-impl PartialEq for WallMedian {
-    /// The same times (in any order) and the same histogram.
-    fn eq(&self, other: &WallMedian) -> bool {
-        self.count == other.count
-            && self.exact_cap == other.exact_cap
-            && self.histogram == other.histogram
-            && self.exact.as_ref().map(Halves::sorted) == other.exact.as_ref().map(Halves::sorted)
-    }
+/// The times of bucket `b`: from the first, up to the second (excluded).
+fn bucket_bounds(b: u32) -> (u64, u64) {
+    let shift = b >> BUCKET_BITS;
+    let m = u64::from(b & ((1 << BUCKET_BITS) - 1));
+    (m << shift, (m + 1) << shift)
 }
-
-impl Eq for WallMedian {}
 
 impl WallMedian {
     /// Keeps up to `exact_cap` times exactly.
     pub fn new(exact_cap: usize) -> WallMedian {
         WallMedian {
-            exact: Some(Halves::default()),
+            exact: Some(Vec::new()),
             exact_cap,
-            histogram: BTreeMap::new(),
+            histogram: Vec::new(),
             count: 0,
         }
+    }
+
+    /// Takes one time, ns, keeping at most `cap` times exactly from now on (a lower cap than
+    /// its own: what a rank's share of [`EXACT_WALLS_RANKS`] shrinks to as ranks join).
+    pub fn add_within(&mut self, ns: u64, cap: usize) {
+        self.exact_cap = self.exact_cap.min(cap);
+        self.add(ns);
     }
 
     /// Takes one time, ns.
     pub fn add(&mut self, ns: u64) {
         self.count += 1;
-        *self.histogram.entry(bucket(ns)).or_default() += 1;
+        let b = bucket(ns);
+        // Times of one loop fall in a dozen buckets or so, most often the one before.
+        match self.histogram.iter().rposition(|(k, _)| *k <= b) {
+            Some(i) if self.histogram[i].0 == b => self.histogram[i].1 += 1,
+            Some(i) => self.histogram.insert(i + 1, (b, 1)),
+            None => self.histogram.insert(0, (b, 1)),
+        }
         if let Some(exact) = &mut self.exact {
             if exact.len() < self.exact_cap {
                 exact.push(ns);
@@ -206,7 +178,7 @@ impl WallMedian {
 
     /// Values held (exact times plus histogram buckets): what its memory grows with.
     pub fn held(&self) -> usize {
-        self.exact.as_ref().map_or(0, Halves::len) + self.histogram.len()
+        self.exact.as_ref().map_or(0, Vec::len) + self.histogram.len()
     }
 
     /// The median, ns (the mean of the two middle times of an even count); 0 when empty.
@@ -215,24 +187,54 @@ impl WallMedian {
         if n == 0 {
             return 0;
         }
-        if let Some(exact) = &self.exact {
-            return exact.median().unwrap_or(0);
-        }
-        let nth = |k: u64| {
-            let mut seen = 0;
-            for (b, c) in &self.histogram {
-                seen += c;
-                if seen > k {
-                    return bucket_value(*b);
+        let [low, high] = self.nth_pair(n.saturating_sub(1) / 2, n / 2);
+        (low + high) / 2
+    }
+
+    /// The `k`-th and `l`-th smallest times (from 0; `k <= l`, both below the count), ns:
+    /// exact while [`WallMedian::is_exact`], else their buckets' middles.
+    fn nth_pair(&self, k: u64, l: u64) -> [u64; 2] {
+        // Each one's bucket and the count of times below it.
+        let mut found = [None; 2];
+        let mut below = 0;
+        for &(b, c) in &self.histogram {
+            for (slot, rank) in found.iter_mut().zip([k, l]) {
+                if slot.is_none() && rank < below + c {
+                    *slot = Some((b, below));
                 }
             }
-            0
-        };
-        if n % 2 == 1 {
-            nth(n / 2)
-        } else {
-            (nth(n / 2 - 1) + nth(n / 2)) / 2
+            if found[1].is_some() {
+                break;
+            }
+            below += c;
         }
+        let (Some((kb, k_below)), Some((lb, _))) = (found[0], found[1]) else {
+            return [0, 0];
+        };
+        let Some(exact) = &self.exact else {
+            return [bucket_value(kb), bucket_value(lb)];
+        };
+        // Every time is in the histogram too, and no time lies between the two ranks: the
+        // times from the first bucket's start to the second's end are ranks `k_below` on, in
+        // some order.
+        let (lo, hi) = (bucket_bounds(kb).0, bucket_bounds(lb).1);
+        let mut here: Vec<u64> = exact
+            .iter()
+            .copied()
+            .filter(|t| (lo..hi).contains(t))
+            .collect();
+        let (i, j) = ((k - k_below) as usize, (l - k_below) as usize);
+        if j >= here.len() {
+            // A profile's histogram and times that disagree.
+            return [bucket_value(kb), bucket_value(lb)];
+        }
+        let (_, &mut at_j, _) = here.select_nth_unstable(j);
+        let at_i = if i == j {
+            at_j
+        } else {
+            *here[..j].iter().max().unwrap_or(&at_j)
+        };
+        [at_i, at_j]
     }
 }
 
@@ -244,17 +246,7 @@ impl WallMedian {
             return 0;
         }
         let k = ((q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64).clamp(1, self.count) - 1;
-        if let Some(exact) = &self.exact {
-            return exact.sorted()[k as usize];
-        }
-        let mut seen = 0;
-        for (b, c) in &self.histogram {
-            seen += c;
-            if seen > k {
-                return bucket_value(*b);
-            }
-        }
-        0
+        self.nth_pair(k, k)[0]
     }
 }
 
@@ -287,11 +279,17 @@ impl Totals {
 
     /// Counts one iteration.
     pub fn add(&mut self, b: &IterationBreakdown) {
+        self.add_within(b, usize::MAX);
+    }
+
+    /// Counts one iteration, keeping at most `exact_cap` wall times exactly from now on
+    /// ([`WallMedian::add_within`]).
+    pub fn add_within(&mut self, b: &IterationBreakdown, exact_cap: usize) {
         self.iterations += 1;
         self.split.add_split(&b.split);
         self.marked_ns += b.coverage.marked_ns;
         self.sampled_ns += b.coverage.sampled_ns;
-        self.walls.add(b.wall_ns());
+        self.walls.add_within(b.wall_ns(), exact_cap);
     }
 }
 
@@ -338,7 +336,7 @@ impl RunningSummary {
             }
         };
         if b.iter >= warmup {
-            rank.add(b);
+            rank.add_within(b, exact_walls_per_rank(self.rank_ids.len()));
             self.job.add(b);
             self.critical
                 .add(b.iter, b.end_ns, &b.split, self.rank_ids.len());
@@ -418,51 +416,97 @@ mod tests {
     fn a_median_read_back_from_a_profile_goes_on_as_the_one_written() {
         let mut m = WallMedian::new(EXACT_WALLS_PER_RANK);
         scrambled(301).into_iter().for_each(|ns| m.add(ns));
-        let mut back: WallMedian =
-            postcard::from_bytes(&postcard::to_allocvec(&m).unwrap()).unwrap();
+        let bytes = postcard::to_allocvec(&m).unwrap();
+        let mut back: WallMedian = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(back, m);
-        assert_eq!(back.median(), m.median());
         for ns in [1, 2, 3, 90_000_000] {
             m.add(ns);
             back.add(ns);
             assert_eq!(back.median(), m.median());
         }
-        // The form profiles held before: the same fields, the times in the order taken.
-        let form = WallMedianForm {
+        // The bytes are those of the form profiles held before: the histogram as a map.
+        #[derive(Serialize)]
+        struct Before {
+            exact: Option<Vec<u64>>,
+            exact_cap: usize,
+            histogram: BTreeMap<u32, u64>,
+            count: u64,
+        }
+        let mut histogram = BTreeMap::new();
+        for ns in scrambled(301) {
+            *histogram.entry(bucket(ns)).or_default() += 1;
+        }
+        let before = Before {
             exact: Some(scrambled(301)),
             exact_cap: EXACT_WALLS_PER_RANK,
-            histogram: BTreeMap::new(),
+            histogram,
             count: 301,
         };
-        let old: WallMedian = postcard::from_bytes(&postcard::to_allocvec(&form).unwrap()).unwrap();
-        let mut sorted = scrambled(301);
-        sorted.sort_unstable();
-        assert_eq!(old.median(), sorted[150]);
+        assert_eq!(postcard::to_allocvec(&before).unwrap(), bytes);
     }
-}
-#[cfg(test)]
-mod tmp_bench {
+
     #[test]
-    #[ignore]
-    fn tmp_median_cost() {
-        for round in 0..3 {
-            let mut ms: Vec<super::WallMedian> = (0..10_000)
-                .map(|_| super::WallMedian::new(super::EXACT_WALLS_PER_RANK))
-                .collect();
-            let mut x: u64 = 12345;
-            let t = std::time::Instant::now();
-            for m in ms.iter_mut() {
-                for _ in 0..4096 {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    m.add(33_000_000 + (x >> 40) % 3_000_000);
-                }
+    fn a_large_jobs_ranks_share_the_exact_times() {
+        assert_eq!(exact_walls_per_rank(8), EXACT_WALLS_PER_RANK);
+        assert_eq!(exact_walls_per_rank(256), EXACT_WALLS_PER_RANK);
+        assert_eq!(exact_walls_per_rank(10_000), 104);
+        assert_eq!(exact_walls_per_rank(1_000_000), 16);
+        // 300 iterations of each of 10,000 ranks: each keeps 104 times exactly, then reads
+        // its median from the buckets, within the bound.
+        let mut s = RunningSummary::default();
+        let wall = |rank: u32, iter: u64| {
+            30_000_000 + (u64::from(rank) * 31 + iter * 7_919) % 1_013 * 1_000
+        };
+        for iter in 0..300u64 {
+            for rank in 0..10_000u32 {
+                let b = IterationBreakdown {
+                    rank,
+                    pid: rank,
+                    iter,
+                    start_ns: iter * 40_000_000,
+                    end_ns: iter * 40_000_000 + wall(rank, iter),
+                    split: Split::default(),
+                    evidence: Vec::new(),
+                    coverage: crate::attribution::Coverage::default(),
+                };
+                s.add(&b, 0);
             }
-            let adds = t.elapsed();
-            let t = std::time::Instant::now();
-            let s: u64 = ms.iter().map(|m| m.median()).sum();
-            eprintln!("TMP round {round}: 40.96M adds {:?} ({:.1} ns/add); 10000 medians of 4096 jittered: {:?} ({s})", adds, adds.as_nanos() as f64 / 40.96e6, t.elapsed());
+        }
+        let t = &s.ranks[&(17, 17)];
+        assert!(!t.walls.is_exact());
+        assert!(
+            s.held() < 10_000 * (104 + 32) + EXACT_WALLS_JOB,
+            "{} held",
+            s.held()
+        );
+        let mut walls: Vec<u64> = (0..300).map(|iter| wall(17, iter)).collect();
+        walls.sort_unstable();
+        let exact = (walls[149] + walls[150]) / 2;
+        let err = (t.walls.median() as f64 - exact as f64).abs() / exact as f64;
+        assert!(
+            err <= MEDIAN_MAX_RELATIVE_ERROR,
+            "{} vs {exact}",
+            t.walls.median()
+        );
+    }
+
+    #[test]
+    fn past_the_exact_count_the_quantiles_come_from_the_buckets() {
+        let mut m = WallMedian::new(100);
+        let times = scrambled(5_000);
+        times.iter().for_each(|ns| m.add(*ns));
+        assert!(!m.is_exact());
+        let mut sorted = times.clone();
+        sorted.sort_unstable();
+        for q in [0.05, 0.5, 0.95] {
+            let k = ((q * 5_000.0_f64).ceil() as usize).clamp(1, 5_000) - 1;
+            let err = (m.quantile(q) as f64 - sorted[k] as f64).abs() / sorted[k] as f64;
+            assert!(
+                err <= MEDIAN_MAX_RELATIVE_ERROR,
+                "q {q}: {} vs {}",
+                m.quantile(q),
+                sorted[k]
+            );
         }
     }
 }

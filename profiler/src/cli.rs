@@ -159,6 +159,10 @@ pub struct CollectorBenchArgs {
     /// Shipping before the window opens, s (not measured).
     #[arg(long, default_value_t = 2.0)]
     pub warmup: f64,
+    /// How much each rank-iteration's wall time varies, % of the step: each lasts between
+    /// 100 − this and 100% of it, as a real loop's vary (0: every one the whole step).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=50))]
+    pub wall_spread: u64,
     /// Threads running the simulated agents.
     #[arg(long, default_value_t = 1)]
     pub agent_threads: usize,

@@ -14,7 +14,7 @@
 //! make it. Each record carries that scheduled end as its `end_ns` (`CLOCK_MONOTONIC`, the
 //! collector's clock too on this one machine), so an agent that falls behind its schedule
 //! counts against the latency instead of hiding it. Each rank-iteration's wall time varies
-//! within 90–100% of the period ([`wall_of`]), as a real loop's does.
+//! within 90–100% of the period by default ([`wall_of`]), as a real loop's does.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,6 +47,8 @@ pub struct AgentPlan {
     pub ranks: usize,
     /// Hz, iterations per rank per second.
     pub rate_hz: f64,
+    /// %, how much each rank-iteration's wall time varies below the step ([`wall_of`]).
+    pub wall_spread_pct: u64,
     /// How long an agent may take to be welcomed.
     pub connect_within: Duration,
     /// How long an agent waits at the end for every record to be acknowledged.
@@ -163,17 +165,21 @@ pub fn advance(r: &mut NodeReport, iter: u64, end_ns: Nanos, wall_ns: u64) {
     }
 }
 
-/// ns, how long rank `rank`'s iteration `iter` took in a step of `period_ns`: 90–100% of it,
-/// scattered as a hash of the two, so that each rank's wall times vary as a real loop's do
-/// (the collector's per-rank medians cost what they cost in a real job: a stream of one time
-/// repeated is sorted in one pass).
-pub fn wall_of(rank: usize, iter: u64, period_ns: u64) -> u64 {
+/// ns, how long rank `rank`'s iteration `iter` took in a step of `period_ns`: between
+/// `100 − spread_pct` and 100% of it, scattered as a hash of the two, so that each rank's wall
+/// times vary as a real loop's do (what the collector makes of them costs what it costs in a
+/// real job: a stream of one time repeated is sorted in one pass).
+pub fn wall_of(rank: usize, iter: u64, period_ns: u64, spread_pct: u64) -> u64 {
+    let spread = period_ns * spread_pct.min(100) / 100;
+    if spread == 0 {
+        return period_ns;
+    }
     let mut x = (rank as u64) << 32 ^ iter;
     x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     x ^= x >> 29;
     x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x ^= x >> 32;
-    period_ns - period_ns / 10 + x % (period_ns / 10).max(1)
+    period_ns - spread + x % spread
 }
 
 /// The categories of an iteration of `wall_ns`: 60% compute, 10% data prep, 20% network, the
@@ -444,7 +450,12 @@ async fn ship(
                     let end = first_end + iter * period_ns;
                     for frame in &mut reports {
                         if let Frame::NodeReport(r) = frame {
-                            let wall = wall_of(r.iteration.breakdown.rank as usize, iter, period_ns);
+                            let wall = wall_of(
+                                r.iteration.breakdown.rank as usize,
+                                iter,
+                                period_ns,
+                                plan.wall_spread_pct,
+                            );
                             advance(r, iter, end, wall);
                         }
                         conn.queue(frame, &mut out);
@@ -481,10 +492,10 @@ mod tests {
     #[test]
     fn an_advanced_report_is_the_one_made_for_its_iteration() {
         let period = 33_333_333;
-        let mut r = report(17, 10_000, 0, 5_000_000_000, wall_of(17, 0, period));
+        let mut r = report(17, 10_000, 0, 5_000_000_000, wall_of(17, 0, period, 10));
         for iter in [1u64, 2, 977] {
             let end = 5_000_000_000 + iter * period;
-            let wall = wall_of(17, iter, period);
+            let wall = wall_of(17, iter, period, 10);
             advance(&mut r, iter, end, wall);
             let made = report(17, 10_000, iter, end, wall);
             assert_eq!(r, made);
@@ -498,10 +509,13 @@ mod tests {
     #[test]
     fn wall_times_vary_within_a_tenth_of_the_step() {
         let period = 33_333_333;
-        let walls: Vec<u64> = (0..1_000).map(|iter| wall_of(5, iter, period)).collect();
+        let walls: Vec<u64> = (0..1_000)
+            .map(|iter| wall_of(5, iter, period, 10))
+            .collect();
         assert!(walls.iter().all(|w| (period * 9 / 10..period).contains(w)));
         let distinct: std::collections::BTreeSet<_> = walls.iter().collect();
         assert!(distinct.len() > 900, "{} distinct of 1000", distinct.len());
-        assert_ne!(wall_of(5, 7, period), wall_of(6, 7, period));
+        assert_ne!(wall_of(5, 7, period, 10), wall_of(6, 7, period, 10));
+        assert_eq!(wall_of(5, 7, period, 0), period);
     }
 }

@@ -294,6 +294,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         agents: n,
         ranks: args.ranks_per_agent.max(1),
         rate_hz: args.rate,
+        wall_spread_pct: args.wall_spread,
         connect_within: CONNECT_WITHIN,
         drain_within: DRAIN_WITHIN,
     });
