@@ -24,8 +24,8 @@ pub const EXACT_WALLS_PER_RANK: usize = 4_096;
 
 /// Wall times kept exactly over every rank together (8 bytes each: 8 MiB at most): past 256
 /// ranks each keeps its share ([`exact_walls_per_rank`]). At 10,000 ranks, 4,096 each was
-/// 320 MiB, and reading them all at each refresh of the live summary (every 10 s) held the
-/// collector's job thread 230–530 ms on this machine however they were read.
+/// 320 MiB, and reading them at each refresh of the live summary (every 10 s) held the
+/// collector's job thread 490–525 ms sorted, 56–60 ms in one pass (`bench` below).
 pub const EXACT_WALLS_RANKS: usize = 1 << 20;
 
 /// Wall times a rank keeps exactly in a job of `ranks` ranks (seen so far): 4,096 up to 256
@@ -68,12 +68,13 @@ fn bucket_value(b: u32) -> u64 {
 /// Built for a collector's 10,000 ranks, each taking a time 30 times a second and read at
 /// every refresh of the live summary:
 /// - a time taken touches the end of a list and one bucket of a short sorted list, not the
-///   nodes of a tree (with times that vary, that tree was a tenth of the job thread);
+///   nodes of a tree (with times that vary, taking one was 9% of a 10,000-rank collector's
+///   job thread, 4.6% now);
 /// - the exact median is not sorted out of every time: the histogram says which bucket holds
 ///   it and how many times lie below, so one pass over the times picks out that bucket's few.
-///   Sorting 4,096 times of each of 10,000 ranks took 530 ms; the pass, 230 ms (this
-///   machine reads memory slowly), which is why a rank of a large job keeps fewer
-///   ([`exact_walls_per_rank`]): 104 each at 10,000 ranks, a pass of a few ms.
+///   Sorting 4,096 times of each of 10,000 ranks took 490–525 ms; the pass, 56–60 ms,
+///   which is why a rank of a large job keeps fewer ([`exact_walls_per_rank`]): 104 each at
+///   10,000 ranks, then its buckets, 0.2 ms for all.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(from = "WallMedianForm")]
 pub struct WallMedian {
@@ -507,6 +508,57 @@ mod tests {
                 m.quantile(q),
                 sorted[k]
             );
+        }
+    }
+}
+
+/// What reading every rank's median costs at a live refresh of a 10,000-rank job: a
+/// benchmark, not a test (it asserts nothing; docs/BENCHMARKS.md has its figures). Run it with
+/// `cargo test --release -p stallscope-analysis --lib medians_of_10000_ranks -- --ignored
+/// --nocapture`.
+#[cfg(test)]
+mod bench {
+    use super::*;
+
+    /// A wall time of about 33 ms that varies by 3 ms, as a hash of the rank and iteration.
+    fn wall(rank: u64, iter: u64) -> u64 {
+        let x = (rank << 32 ^ iter).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        33_000_000 + (x >> 40) % 3_000_000
+    }
+
+    fn time_medians(label: &str, ranks: &[WallMedian]) {
+        let t = std::time::Instant::now();
+        let sum: u64 = ranks.iter().map(WallMedian::median).sum();
+        eprintln!(
+            "{label}: {} medians in {:.1} ms ({} values held; checksum {sum})",
+            ranks.len(),
+            t.elapsed().as_secs_f64() * 1e3,
+            ranks.iter().map(WallMedian::held).sum::<usize>()
+        );
+    }
+
+    #[test]
+    #[ignore]
+    fn medians_of_10000_ranks() {
+        for (label, cap) in [
+            (
+                "4,096 exact times per rank (the cap up to 256 ranks)",
+                EXACT_WALLS_PER_RANK,
+            ),
+            ("the 10,000-rank share", exact_walls_per_rank(10_000)),
+        ] {
+            let mut ranks: Vec<WallMedian> = (0..10_000).map(|_| WallMedian::new(cap)).collect();
+            let t = std::time::Instant::now();
+            for iter in 0..4_096 {
+                for (rank, m) in ranks.iter_mut().enumerate() {
+                    m.add(wall(rank as u64, iter));
+                }
+            }
+            let per_add = t.elapsed().as_secs_f64() * 1e9 / (4_096.0 * 10_000.0);
+            eprintln!("{label}: {per_add:.1} ns per time taken, ranks in turn");
+            for _ in 0..3 {
+                time_medians(label, &ranks);
+            }
         }
     }
 }
