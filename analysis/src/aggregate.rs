@@ -90,6 +90,7 @@ pub struct WallMedian {
 /// [`WallMedian`] as profiles hold it ([`Frame::IterationTotals`](crate::frame::Frame)): the
 /// histogram as a map.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct WallMedianForm {
     exact: Option<Vec<u64>>,
     exact_cap: usize,
@@ -426,18 +427,11 @@ mod tests {
             assert_eq!(back.median(), m.median());
         }
         // The bytes are those of the form profiles held before: the histogram as a map.
-        #[derive(Serialize)]
-        struct Before {
-            exact: Option<Vec<u64>>,
-            exact_cap: usize,
-            histogram: BTreeMap<u32, u64>,
-            count: u64,
-        }
         let mut histogram = BTreeMap::new();
         for ns in scrambled(301) {
             *histogram.entry(bucket(ns)).or_default() += 1;
         }
-        let before = Before {
+        let before = WallMedianForm {
             exact: Some(scrambled(301)),
             exact_cap: EXACT_WALLS_PER_RANK,
             histogram,

@@ -505,6 +505,7 @@ mod tests {
             assert_eq!(a, b);
         }
     }
+
     /// A rank's wall times vary within 90–100% of the step, as a loop's do.
     #[test]
     fn wall_times_vary_within_a_tenth_of_the_step() {
