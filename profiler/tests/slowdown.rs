@@ -72,7 +72,9 @@ fn assert_rank_1_turned_slow(s: &Value, stderr: &str, category: &str) {
         .unwrap_or_else(|| panic!("rank 1's {category} is named: {found:#?}\n{stderr}"));
     let since = d["since_iteration"].as_u64().unwrap();
     let detected = d["detected_iteration"].as_u64().unwrap();
-    assert!(since.abs_diff(SLOW_FROM) <= 3, "{d:#}");
+    // Found slow from within 5 iterations of the change: once in CI, on a loaded machine,
+    // rank 1's compute was found slow from 34 (not 30), factor 4.5, named at 37.
+    assert!(since.abs_diff(SLOW_FROM) <= 5, "{d:#}");
     // Named at most 5 iterations after the change it found. Once in CI, on a loaded machine,
     // rank 1's data preparation was found slow from 33 (not 30) and named at 36: the run of
     // grown iterations restarted at 33, so 36 was 6 after the true change, 3 after its own.
