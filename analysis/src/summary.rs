@@ -149,7 +149,7 @@ pub fn summarize(job: &JobTimeline) -> Summary {
             pid: *pid,
             node: job.nodes.rank_nodes.get(rank).cloned(),
             figures: figures(totals),
-            gpu: job.summary.gpu_usage.get(rank).map(GpuUsage::figures),
+            gpu: job.summary.gpu_usage.get(*rank).map(GpuUsage::figures),
             collectives: rank_collectives(job, (*rank, *pid), totals.iterations, &parallelism),
         })
         .collect();
@@ -259,7 +259,7 @@ fn gpus_unmeasured(job: &JobTimeline) -> Vec<String> {
         .iter()
         .filter(|(_, g)| g.iterations > 0 && g.read == 0)
         .collect();
-    unmeasured.sort_unstable_by_key(|(rank, _)| **rank);
+    unmeasured.sort_unstable_by_key(|(rank, _)| *rank);
     unmeasured
         .into_iter()
         .map(|(rank, g)| {
@@ -267,7 +267,7 @@ fn gpus_unmeasured(job: &JobTimeline) -> Vec<String> {
             let node = job
                 .nodes
                 .rank_nodes
-                .get(rank)
+                .get(&rank)
                 .map_or_else(String::new, |n| format!(" on {n}"));
             format!(
                 "rank {rank} ran on a GPU (CUDA device {device}) but NVML gave no reading of it{node}: its busy share, power, PCIe and NVLink bytes are not measured and host-to-device copies count as compute; run `stallscope doctor` there (is the NVIDIA driver's libnvidia-ml installed and visible?)"

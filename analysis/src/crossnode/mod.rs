@@ -33,8 +33,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::attribution::IterationBreakdown;
 use crate::category::Category;
-use crate::fast_hash::FastMap;
 use crate::frame::{NodeClock, NodeHealth, NodeIteration};
+use crate::rank_table::RankTable;
 use crate::Nanos;
 
 mod resplit;
@@ -118,8 +118,9 @@ pub struct CrossNode {
     /// the join, whose sums do not depend on the order of the reports and whose output is
     /// sorted after it, takes them in the order they came) and its node. One look-up per
     /// report finds them all: at 300,000 reports a second, a map each (two hashed, one a
-    /// tree of 10,000 ranks) were a sixth of the collector's job thread.
-    ranks: FastMap<u32, RankJoin>,
+    /// tree of 10,000 ranks) were a sixth of the collector's job thread. The join takes an
+    /// iteration's reports in rank order, so its look-ups walk the table in order.
+    ranks: RankTable<RankJoin>,
     /// ns, collector clock: per waiting iteration, the earliest end of its reports (as the
     /// node's clock estimate mapped it on arrival), so that the join's patience is one look
     /// per iteration, not a clock look-up per report every round (10,000 ranks).
@@ -215,7 +216,7 @@ impl CrossNode {
     /// The node of `rank`, as [`CrossNode::rank_nodes`] has it, found by hash (the live
     /// model asks for every rank-iteration).
     pub fn node_of(&self, rank: u32) -> Option<&str> {
-        self.ranks.get(&rank).and_then(|r| r.node.as_deref())
+        self.ranks.get(rank).and_then(|r| r.node.as_deref())
     }
 
     /// Joins at most `rank_iterations` per [`CrossNode::join_ready`] (whole iterations, at
@@ -274,7 +275,7 @@ impl CrossNode {
     fn admit(&mut self, it: &NodeIteration) -> Option<Nanos> {
         let (rank, iter) = (it.breakdown.rank, it.breakdown.iter);
         // The rank looked up once (300,000 reports a second at 10,000 ranks).
-        let state = self.ranks.entry(rank).or_default();
+        let state = self.ranks.entry_or_default(rank);
         let joined = state.joined.as_ref().is_some_and(|j| j.contains(iter));
         let taken = joined || state.waiting.contains(&iter);
         let same_owner = state.node.as_ref() == Some(&it.node);
@@ -366,7 +367,10 @@ impl CrossNode {
 
     /// Joins every iteration that all ranks have reported, or that waited longer than the
     /// patience at `now` (ns, collector clock), or every one with `finishing`. Returns the
-    /// split-again breakdowns, times on the collector's clock.
+    /// split-again breakdowns, times on the collector's clock, by iteration, then rank: what
+    /// takes them looks each rank up in per-rank tables, and at 10,000 ranks a walk through
+    /// those tables in order costs a fraction of a walk in the order the ranks ended, which
+    /// misses the cache at each rank.
     pub fn join_ready(&mut self, now: Nanos, finishing: bool) -> Vec<IterationBreakdown> {
         let expected = self.expected_ranks();
         let mut ready: Vec<u64> = self
@@ -412,7 +416,7 @@ impl CrossNode {
             self.join(iter, reports, &mut out);
         }
         self.close_windows();
-        sort_by_end(out)
+        out
     }
 
     /// Reduces to their straggler the windows that joins have moved
@@ -442,18 +446,20 @@ impl CrossNode {
     }
 
     /// Joins iteration `iter` of `reports` (one per rank, in the order they came), appending
-    /// its breakdowns to `out` in that order (the caller sorts them). The reports'
-    /// breakdowns are split again in place, and what the join works out per rank lies in
-    /// vectors reused from one iteration to the next, in the reports' order (at 10,000 ranks
+    /// its breakdowns to `out` in rank order. The reports are put in that order first, and
+    /// their breakdowns are split again in place; what the join works out per rank lies in
+    /// vectors reused from one iteration to the next, in the same order (at 10,000 ranks
     /// the maps made per iteration, a vector per rank's spans and each breakdown's copies
-    /// were half the join's cost). Nothing it works out depends on that order: the last two
-    /// ranks at a collective are the largest (begin, rank), and the rest are sums.
+    /// were half the join's cost). Nothing it works out depends on the order the reports
+    /// came in: the last two ranks at a collective are the largest (begin, rank), and the
+    /// rest are sums.
     fn join(
         &mut self,
         iter: u64,
         mut reports: Vec<NodeIteration>,
         out: &mut Vec<IterationBreakdown>,
     ) {
+        sort_by_unique_key(&mut reports, |r| r.breakdown.rank);
         let mut w = std::mem::take(&mut self.scratch);
         w.clear();
         {
@@ -524,7 +530,7 @@ impl CrossNode {
         out.reserve(reports.len());
         for (i, r) in reports.drain(..).enumerate() {
             let rank = r.breakdown.rank;
-            let state = self.ranks.entry(rank).or_default();
+            let state = self.ranks.entry_or_default(rank);
             state.waiting.retain(|i| *i != iter);
             state
                 .joined
@@ -559,24 +565,23 @@ impl CrossNode {
     }
 }
 
-/// `breakdowns` in order of (end, rank), those equal in the order given, as a stable sort
-/// by that key gives them. The keys are sorted, not the breakdowns, which are then put in
-/// place by following the permutation's cycles: a merge sort of 30,000 breakdowns of 128
-/// bytes moved each of them a dozen times (at 10,000 ranks, a twentieth of the collector's
-/// job thread), and a sorted copy took 4 MB of fresh memory a second round.
-fn sort_by_end(mut breakdowns: Vec<IterationBreakdown>) -> Vec<IterationBreakdown> {
-    let mut keys: Vec<(Nanos, u32, u32)> = breakdowns
+/// `items` in order of `key`, which no two share (a rank's report once per iteration). The
+/// keys are sorted, not the items, which are then put in place by following the
+/// permutation's cycles: a merge sort of 10,000 reports of a few hundred bytes moves each of
+/// them a dozen times.
+fn sort_by_unique_key<T, K: Ord + Copy>(items: &mut [T], key: impl Fn(&T) -> K) {
+    let mut keys: Vec<(K, u32)> = items
         .iter()
         .enumerate()
-        .map(|(i, b)| (b.end_ns, b.rank, i as u32))
+        .map(|(i, x)| (key(x), i as u32))
         .collect();
     if keys.is_sorted() {
-        return breakdowns;
+        return;
     }
     keys.sort_unstable();
-    // `from[i]`: where the breakdown that goes to `i` is now. Each cycle is walked once,
-    // carrying its first element along by swaps; `u32::MAX` marks a place filled.
-    let mut from: Vec<u32> = keys.iter().map(|(_, _, i)| *i).collect();
+    // `from[i]`: where the item that goes to `i` is now. Each cycle is walked once, carrying
+    // its first element along by swaps; `u32::MAX` marks a place filled.
+    let mut from: Vec<u32> = keys.iter().map(|(_, i)| *i).collect();
     for start in 0..from.len() {
         let mut at = start;
         loop {
@@ -585,11 +590,10 @@ fn sort_by_end(mut breakdowns: Vec<IterationBreakdown>) -> Vec<IterationBreakdow
             if next == start || next == u32::MAX as usize {
                 break;
             }
-            breakdowns.swap(at, next);
+            items.swap(at, next);
             at = next;
         }
     }
-    breakdowns
 }
 
 #[cfg(test)]

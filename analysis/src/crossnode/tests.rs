@@ -307,28 +307,43 @@ fn the_order_reports_come_in_changes_nothing_joined() {
     assert!(!in_order.1.is_empty(), "some window names a straggler");
 }
 
-/// The join's order (by end, then rank, ties in the order joined) is the stable sort's, for
-/// breakdowns already in order and for shuffled ones with equal keys among them.
+/// Items come out in the order of their keys, for items already in order and for shuffled
+/// ones.
 #[test]
-fn joined_breakdowns_come_in_the_order_a_stable_sort_gives() {
-    let mut shuffled: Vec<IterationBreakdown> = Vec::new();
+fn items_are_put_in_the_order_of_their_keys() {
     let mut state = 7u64;
-    for i in 0..500u64 {
-        // A small linear congruential walk: ends and ranks repeat, so keys tie.
+    let mut keys: Vec<u64> = (0..500u64).collect();
+    for i in (1..keys.len()).rev() {
         state = state
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let end = 1_000 * MS + (state >> 33) % 40 * MS;
-        let rank = ((state >> 20) % 6) as u32;
-        let mut b = report("a", rank, i, end, 10).breakdown;
-        b.pid = i as u32;
-        shuffled.push(b);
+        keys.swap(i, (state >> 33) as usize % (i + 1));
     }
-    let mut expected = shuffled.clone();
-    expected.sort_by_key(|b| (b.end_ns, b.rank));
-    let sorted = sort_by_end(shuffled);
-    assert!(sorted.len() == 500 && sorted == expected);
-    assert_eq!(sort_by_end(expected.clone()), expected, "in order already");
+    let mut items: Vec<(u64, String)> = keys.iter().map(|k| (*k, format!("item {k}"))).collect();
+    sort_by_unique_key(&mut items, |x| x.0);
+    let expected: Vec<(u64, String)> = (0..500u64).map(|k| (k, format!("item {k}"))).collect();
+    assert_eq!(items, expected);
+    sort_by_unique_key(&mut items, |x| x.0);
+    assert_eq!(items, expected, "in order already");
+}
+
+/// A round's breakdowns come by iteration, then rank, whatever order the ranks reported in.
+#[test]
+fn joined_breakdowns_come_by_iteration_then_rank() {
+    let mut c = CrossNode::default();
+    for iter in 0..3u64 {
+        for rank in [5u32, 0, 3, 1, 4, 2] {
+            let node = if rank % 2 == 0 { "a" } else { "b" };
+            let end = 1_000 * MS + iter * 100 * MS + u64::from(7 - rank) * MS;
+            assert!(c.report(&report(node, rank, iter, end, 10)));
+        }
+    }
+    let out = c.join_ready(10_000 * MS, false);
+    let order: Vec<(u64, u32)> = out.iter().map(|b| (b.iter, b.rank)).collect();
+    let expected: Vec<(u64, u32)> = (0..3u64)
+        .flat_map(|i| (0..6u32).map(move |r| (i, r)))
+        .collect();
+    assert_eq!(order, expected);
 }
 
 /// With a round limit, a backlog of ready iterations is joined a few whole iterations per

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use crate::aggregate::RunningSummary;
 use crate::attribution::IterationBreakdown;
 use crate::collectives::{CommTotals, OpTime};
-use crate::fast_hash::FastMap;
 use crate::gpu_usage::{GpuUsage, NvmlReading};
+use crate::rank_table::RankTable;
 use crate::slowdown::SlowdownWatch;
 
 /// A job's running summary.
@@ -18,10 +18,10 @@ pub struct JobTotals {
     /// What the summary needs of every iteration attributed so far.
     pub totals: RunningSummary,
     /// What each rank's GPU did over its counted (post-warm-up) iterations, by rank: the
-    /// node's own ranks, and other nodes' as their agents read them. Hashed: looked up per
-    /// rank-iteration (a tree of 10,000 ranks was a walk of a dozen nodes each), read in
-    /// order only for the summary.
-    pub gpu_usage: FastMap<u32, GpuUsage>,
+    /// node's own ranks, and other nodes' as their agents read them. By rank number: looked
+    /// up per rank-iteration (a tree of 10,000 ranks was a walk of a dozen nodes each, a hash
+    /// map a cache miss each).
+    pub gpu_usage: RankTable<GpuUsage>,
     /// Each of this node's loops' communication operations over its counted iterations, by
     /// (rank, pid) as [`RunningSummary::ranks`].
     pub comm: BTreeMap<(u32, u32), CommTotals>,
@@ -48,9 +48,6 @@ impl JobTotals {
 
     /// Counts what rank `rank`'s GPU did in an iteration of `wall_ns`.
     pub fn add_gpu(&mut self, rank: u32, reading: &NvmlReading, wall_ns: u64) {
-        self.gpu_usage
-            .entry(rank)
-            .or_default()
-            .add(reading, wall_ns);
+        self.gpu_usage.entry_or_default(rank).add(reading, wall_ns);
     }
 }

@@ -50,6 +50,7 @@
 use std::collections::VecDeque;
 
 use crate::fast_hash::FastMap;
+use crate::rank_table::RankTable;
 
 use serde::{Deserialize, Serialize};
 
@@ -136,6 +137,10 @@ pub struct SlowdownWatch {
     ranks: Vec<((u32, u32), Box<RankWatch>)>,
     /// Where each loop's watch is in `ranks`.
     index: FastMap<(u32, u32), usize>,
+    /// Per rank, the process of its latest loop and where that loop's watch is in `ranks`:
+    /// found by rank number, so that a round's iterations, which come by rank, walk it in
+    /// order; `index` is asked only when the rank's process changed.
+    by_rank: RankTable<(u32, usize)>,
     /// Where the watch of each iteration of a [`SlowdownWatch::take_all`] is, in order,
     /// and the iteration's parts as the watch reads them ([`watched_split`]).
     slots: Vec<(usize, Split)>,
@@ -270,6 +275,7 @@ impl SlowdownWatch {
         SlowdownWatch {
             ranks: Vec::new(),
             index: FastMap::default(),
+            by_rank: RankTable::default(),
             slots: Vec::new(),
             ranks_with_baseline: Vec::new(),
             spare: None,
@@ -305,12 +311,19 @@ impl SlowdownWatch {
         let mut slots = std::mem::take(&mut self.slots);
         slots.clear();
         for b in new {
-            let key = (b.rank, b.pid);
-            let ranks = &mut self.ranks;
-            let slot = *self.index.entry(key).or_insert_with(|| {
-                ranks.push((key, Box::default()));
-                ranks.len() - 1
-            });
+            let slot = match self.by_rank.get(b.rank) {
+                Some(&(pid, slot)) if pid == b.pid => slot,
+                _ => {
+                    let key = (b.rank, b.pid);
+                    let ranks = &mut self.ranks;
+                    let slot = *self.index.entry(key).or_insert_with(|| {
+                        ranks.push((key, Box::default()));
+                        ranks.len() - 1
+                    });
+                    *self.by_rank.get_or_insert_with(b.rank, || (b.pid, slot)) = (b.pid, slot);
+                    slot
+                }
+            };
             let w = &mut self.ranks[slot].1;
             if !seen(b) {
                 // Not taken (`take_one` leaves it out too): no parts needed.

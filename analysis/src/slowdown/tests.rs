@@ -648,3 +648,27 @@ fn the_sorted_baseline_is_the_selected_one_bit_for_bit() {
         );
     }
 }
+
+/// A rank whose process changes (a restart) gets a watch of its own process, and a process
+/// seen before finds its own again: each loop's iterations are taken by its watch only.
+#[test]
+fn each_process_of_a_rank_keeps_its_own_watch() {
+    let mut w = by_iterations();
+    let mut noise = Noise(3);
+    let mut take = |w: &mut SlowdownWatch, pid: u32, iter: u64| {
+        let mut b = iteration(4, iter, &steady(&mut noise));
+        b.pid = pid;
+        w.take(&b, 0);
+    };
+    for iter in 0..5 {
+        take(&mut w, 7, iter);
+    }
+    for iter in 0..3 {
+        take(&mut w, 8, iter);
+    }
+    take(&mut w, 7, 5);
+    let taken = |w: &SlowdownWatch, pid| w.watch_of(4, pid).map(|x| x.taken);
+    assert_eq!(taken(&w, 7), Some(6));
+    assert_eq!(taken(&w, 8), Some(3));
+    assert_eq!(taken(&w, 9), None);
+}

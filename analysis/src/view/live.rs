@@ -12,6 +12,7 @@ use crate::attribution::IterationBreakdown;
 use crate::fast_hash::FastMap;
 use crate::frame::Frame;
 use crate::job::JobTimeline;
+use crate::rank_table::RankTable;
 use crate::summary::summarize;
 use crate::Nanos;
 
@@ -40,8 +41,9 @@ pub struct LiveModel {
     /// GPU busy shares (ppm) other nodes' agents reported, per rank by iteration in the
     /// order reported, until the joined iteration is observed: at most [`REPORT_GPU_HELD`]
     /// per rank, the latest. Per rank, not by (rank, iteration): a map taking 300,000 keys a
-    /// second in and out was a fourteenth of the collector's job thread at 10,000 ranks.
-    report_gpu: FastMap<u32, VecDeque<(u64, u32)>>,
+    /// second in and out was a fourteenth of the collector's job thread at 10,000 ranks; by
+    /// rank number, so that a round's look-ups walk it in order ([`RankTable`]).
+    report_gpu: RankTable<VecDeque<(u64, u32)>>,
     /// ns between summaries when set ([`LiveModel::set_summary_every`]), instead of the
     /// live pace.
     summary_every: Option<Nanos>,
@@ -165,7 +167,7 @@ impl LiveModel {
                 let b = &r.iteration.breakdown;
                 if let Some(ppm) = r.gpu.as_ref().and_then(|g| g.busy_ppm) {
                     push_bounded(
-                        self.report_gpu.entry(b.rank).or_default(),
+                        self.report_gpu.entry_or_default(b.rank),
                         (b.iter, ppm),
                         REPORT_GPU_HELD,
                     );
@@ -261,7 +263,7 @@ impl LiveModel {
     /// Takes the GPU busy share (ppm) reported for `rank`'s iteration `iter` (nearly always
     /// the oldest held: iterations are joined in order).
     fn reported_gpu(&mut self, rank: u32, iter: u64) -> Option<u32> {
-        let held = self.report_gpu.get_mut(&rank)?;
+        let held = self.report_gpu.get_mut(rank)?;
         let at = held.iter().position(|(i, _)| *i == iter)?;
         held.remove(at).map(|(_, ppm)| ppm)
     }
