@@ -111,15 +111,15 @@ pub struct CrossNode {
     pub rank_nodes: BTreeMap<u32, String>,
     /// Largest world size any rank announced.
     world_size: Option<u32>,
-    /// Reports waiting for the other ranks, by iteration, then rank.
+    /// Reports waiting for the other ranks, by iteration, each iteration's in the order
+    /// they came (the join puts them in rank order).
     pending: BTreeMap<u64, Vec<NodeIteration>>,
-    /// Per rank: the iterations joined, those of its reports in `pending` (so a rank's
-    /// report is found without a search among the iteration's, 10,000 at 10,000 ranks, and
-    /// the join, whose sums do not depend on the order of the reports and whose output is
-    /// sorted after it, takes them in the order they came) and its node. One look-up per
-    /// report finds them all: at 300,000 reports a second, a map each (two hashed, one a
-    /// tree of 10,000 ranks) were a sixth of the collector's job thread. The join takes an
-    /// iteration's reports in rank order, so its look-ups walk the table in order.
+    /// Per rank, by rank number: the iterations joined, those of its reports in `pending`
+    /// (so a rank's report is found without a search among the iteration's, 10,000 at
+    /// 10,000 ranks) and its node. One look-up per report finds them all: at 300,000
+    /// reports a second, a map each (two hashed, one a tree of 10,000 ranks) were a sixth of
+    /// the collector's job thread. The join takes an iteration's reports in rank order, so
+    /// its look-ups walk the table in order.
     ranks: RankTable<RankJoin>,
     /// ns, collector clock: per waiting iteration, the earliest end of its reports (as the
     /// node's clock estimate mapped it on arrival), so that the join's patience is one look
@@ -213,8 +213,8 @@ impl CrossNode {
         !self.rank_nodes.is_empty() || !self.clocks.is_empty()
     }
 
-    /// The node of `rank`, as [`CrossNode::rank_nodes`] has it, found by hash (the live
-    /// model asks for every rank-iteration).
+    /// The node of `rank`, as [`CrossNode::rank_nodes`] has it, found by rank number (the
+    /// live model asks for every rank-iteration).
     pub fn node_of(&self, rank: u32) -> Option<&str> {
         self.ranks.get(rank).and_then(|r| r.node.as_deref())
     }
