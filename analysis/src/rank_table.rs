@@ -82,17 +82,14 @@ impl<T> RankTable<T> {
         }
     }
 
-    /// Removes `rank`'s value and returns it.
-    pub fn remove(&mut self, rank: u32) -> Option<T> {
-        let taken = if rank < DENSE_RANKS {
-            self.dense.get_mut(rank as usize).and_then(Option::take)
-        } else {
-            self.sparse.remove(&rank)
-        };
-        if taken.is_some() {
-            self.len -= 1;
+    /// Sets `rank`'s value.
+    pub fn insert(&mut self, rank: u32, value: T) {
+        match self.get_mut(rank) {
+            Some(v) => *v = value,
+            None => {
+                self.get_or_insert_with(rank, || value);
+            }
         }
-        taken
     }
 
     /// Values held.
@@ -118,14 +115,6 @@ impl<T> RankTable<T> {
     pub fn values(&self) -> impl Iterator<Item = &T> {
         self.iter().map(|(_, v)| v)
     }
-
-    /// Every value to change, as [`RankTable::iter`] orders them.
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.dense
-            .iter_mut()
-            .filter_map(Option::as_mut)
-            .chain(self.sparse.values_mut())
-    }
 }
 
 impl<T: Default> RankTable<T> {
@@ -141,7 +130,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranks_near_and_far_are_kept_and_removed_alike() {
+    fn ranks_near_and_far_are_kept_alike() {
         let mut t: RankTable<String> = RankTable::default();
         assert!(t.is_empty() && t.get(3).is_none());
         for rank in [3, 0, DENSE_RANKS + 5, u32::MAX, 7] {
@@ -154,15 +143,12 @@ mod tests {
         assert!(t.get(4).is_none() && t.get(1_000).is_none() && t.get(DENSE_RANKS).is_none());
         let dense: Vec<u32> = t.iter().map(|(r, _)| r).take(3).collect();
         assert_eq!(dense, [0, 3, 7], "the dense ranks in order");
-        assert_eq!(t.remove(DENSE_RANKS + 5).as_deref(), Some("rank 131077"));
-        assert_eq!(t.remove(0).as_deref(), Some("rank 0"));
-        assert_eq!(t.remove(0), None);
-        assert_eq!(t.len(), 3);
-        *t.get_mut(7).expect("rank 7") = "seven".into();
+        t.insert(7, "seven".into());
+        t.insert(DENSE_RANKS + 5, "far".into());
+        assert_eq!(t.len(), 5, "set again, not added");
+        *t.get_mut(0).expect("rank 0") = "zero".into();
         let mut all: Vec<&str> = t.values().map(String::as_str).collect();
         all.sort_unstable();
-        assert_eq!(all, ["rank 3!", "rank 4294967295", "seven"]);
-        t.values_mut().for_each(String::clear);
-        assert!(t.values().all(String::is_empty));
+        assert_eq!(all, ["far", "rank 3!", "rank 4294967295", "seven", "zero"]);
     }
 }

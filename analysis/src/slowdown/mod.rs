@@ -320,7 +320,7 @@ impl SlowdownWatch {
                         ranks.push((key, Box::default()));
                         ranks.len() - 1
                     });
-                    *self.by_rank.get_or_insert_with(b.rank, || (b.pid, slot)) = (b.pid, slot);
+                    self.by_rank.insert(b.rank, (b.pid, slot));
                     slot
                 }
             };
