@@ -124,6 +124,59 @@ pub struct NodeSummary {
 }
 
 impl Summary {
+    /// A copy of every field but `ranks`, which is left empty: the binary feed carries the
+    /// ranks apart (`crate::view::binary`), and cloning a job's 10,000 of them only to drop
+    /// them would cost more than the rest.
+    pub fn clone_without_ranks(&self) -> Summary {
+        // Every field named, so that a field added to the summary is not forgotten here.
+        let Summary {
+            schema,
+            command,
+            host,
+            exit_code,
+            complete,
+            wall_seconds,
+            warmup_iterations,
+            job,
+            ranks: _,
+            finding,
+            markers,
+            sources_down,
+            profile,
+            profiler_cpu_seconds,
+            nodes,
+            stragglers,
+            critical_path,
+            warnings,
+            hangs,
+            shared_links,
+            slowdowns,
+        } = self;
+        Summary {
+            schema: schema.clone(),
+            command: command.clone(),
+            host: host.clone(),
+            exit_code: *exit_code,
+            complete: *complete,
+            wall_seconds: *wall_seconds,
+            warmup_iterations: *warmup_iterations,
+            job: job.clone(),
+            ranks: Vec::new(),
+            finding: finding.clone(),
+            markers: *markers,
+            sources_down: sources_down.clone(),
+            profile: profile.clone(),
+            profiler_cpu_seconds: *profiler_cpu_seconds,
+            nodes: nodes.clone(),
+            stragglers: stragglers.clone(),
+            critical_path: *critical_path,
+            warnings: warnings.clone(),
+            hangs: hangs.clone(),
+            shared_links: shared_links.clone(),
+            slowdowns: slowdowns.clone(),
+        }
+    }
+
     /// Takes hang `h`, declared or resumed: it replaces the one declared at the same time,
     /// else it is a new one.
     pub fn note_hang(&mut self, h: crate::hang::HangReport) {

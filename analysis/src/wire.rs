@@ -40,8 +40,9 @@ pub(crate) use record::{push_opt, push_varint, Reader};
 /// role ([`Role`]), so a viewer's proof cannot be relayed as an agent's. 9: agents send their
 /// node's RDMA bytes ([`Frame::NodeRdma`]). 10: and their TCP flows ([`Frame::NodeFlows`]);
 /// the collector asks where the ranks stand when the job stalls ([`CollectorMsg::Stacks`]),
-/// agents answer with [`Frame::NodeHang`].
-pub const PROTOCOL_VERSION: u16 = 10;
+/// agents answer with [`Frame::NodeHang`]. 11: a viewer's binary feed is
+/// `stallscope.feed-bin/2` (the summary's ranks in binary, [`crate::view::binary`]).
+pub const PROTOCOL_VERSION: u16 = 11;
 
 /// bytes, the largest message either side accepts (1 MiB).
 pub const MAX_MESSAGE: u32 = 1 << 20;

@@ -39,7 +39,7 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_REQUEST: usize = 256;
 
 /// The line (without its newline) by which a client asks for the binary form, and by which
-/// the server says that it follows: `{"encoding":"stallscope.feed-bin/1"}`.
+/// the server says that it follows: `{"encoding":"stallscope.feed-bin/2"}`.
 pub fn binary_request() -> String {
     format!("{{\"encoding\":\"{BINARY_SCHEMA}\"}}")
 }
