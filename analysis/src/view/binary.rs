@@ -406,14 +406,16 @@ impl From<BinaryNode> for NodeView {
 }
 
 fn to_binary(u: &ViewUpdate) -> BinaryUpdate {
-    let views = view_figures(u.ranks.iter().map(|r| (r.rank, &r.figures, &r.gpu)));
     BinaryUpdate {
         now_ns: u.now_ns,
         attributed: u.attributed,
         samples_per_second: u.samples_per_second,
         batch_size: u.batch_size,
         records_dropped: u.records_dropped,
-        summary: u.summary.as_ref().map(|s| summary_to_binary(s, &views)),
+        summary: u.summary.as_ref().map(|s| {
+            let views = view_figures(u.ranks.iter().map(|r| (r.rank, &r.figures, &r.gpu)));
+            summary_to_binary(s, &views)
+        }),
         ranks: u.ranks.iter().map(BinaryRank::from).collect(),
         parts: u.parts.clone(),
         nodes: u.nodes.iter().map(BinaryNode::from).collect(),
