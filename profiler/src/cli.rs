@@ -172,6 +172,11 @@ pub struct CollectorBenchArgs {
     /// Stop the ramp at the first step not sustained.
     #[arg(long)]
     pub stop_at_failure: bool,
+    /// After each step, print the largest latency of each second since the collector
+    /// started: where a p99 over the goal came from (the start's backlog, a stall that
+    /// recurs). `--json` has it always.
+    #[arg(long)]
+    pub timeline: bool,
     /// Also write every step's figures here, as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

@@ -25,6 +25,7 @@ fn twenty_agents_for_a_second_deliver_every_record() {
             "60000", // the latency is the benchmark's business, not CI's
             "--json",
             json.to_str().unwrap(),
+            "--timeline",
         ]),
         &[0, 1],
     );
@@ -57,4 +58,27 @@ fn twenty_agents_for_a_second_deliver_every_record() {
         .unwrap_or_else(|| panic!("no job thread measured\n{stdout}"));
     let cpu = row["window"]["cpu_s"].as_f64().unwrap();
     assert!((0.0..=cpu + 0.011).contains(&job), "{stdout}");
+    // The timeline: each second from the collector's start to the window's end, which
+    // together saw every iteration the feed had by then; printed with `--timeline`.
+    let timeline = row["window"]["timeline"].as_array().expect("a timeline");
+    let from = row["window"]["window_from_s"].as_f64().unwrap();
+    assert!(
+        from > 0.0 && (timeline.len() as f64) >= from + 1.0,
+        "{from} {timeline:?}"
+    );
+    let seen: u64 = timeline.iter().map(|s| s["frames"].as_u64().unwrap()).sum();
+    assert!(seen > 0 && seen <= n("sent"), "{seen} {stdout}");
+    let largest = timeline
+        .iter()
+        .map(|s| s["max_ms"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert!(
+        largest >= row["window"]["max_ms"].as_f64().unwrap(),
+        "{timeline:?}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("largest latency each second since the start, ms:"))
+        .unwrap_or_else(|| panic!("no timeline printed\n{stdout}"));
+    assert_eq!(line.matches('|').count(), 1, "{line}");
 }

@@ -414,6 +414,20 @@ fn print_row(r: &Row) {
     );
 }
 
+/// The step's latency over time, for `--timeline`: the largest of each second since the
+/// collector started, a `|` before the first second wholly in the window.
+fn timeline_line(w: &WindowReport) -> String {
+    let first_in_window = w.window_from_s.ceil() as usize;
+    let mut line = String::from("        largest latency each second since the start, ms:");
+    for (second, s) in w.timeline.iter().enumerate() {
+        if second == first_in_window {
+            line.push_str(" |");
+        }
+        line.push_str(&format!(" {:.0}", s.max_ms));
+    }
+    line
+}
+
 /// Runs the ramp (or, with `--collector-side`, the collector side); exit code 0 when the goal
 /// is met at the largest agent count asked for, 1 otherwise.
 pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
@@ -470,6 +484,9 @@ pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
         let row = step(n, &args, &log)
             .with_context(|| format!("{n} agents (the collector side's log: {})", log.display()))?;
         print_row(&row);
+        if args.timeline {
+            println!("{}", timeline_line(&row.window));
+        }
         let stop = !row.sustained && args.stop_at_failure;
         rows.push(row);
         if stop {

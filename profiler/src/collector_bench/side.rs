@@ -58,7 +58,26 @@ pub struct WindowReport {
     pub rss_start_mib: f64,
     /// MiB, the most resident memory since the collector started.
     pub rss_peak_mib: f64,
+    /// Each second since the collector started, to the window's end: where a p99 over the
+    /// goal came from (the start's backlog, a stall that recurs).
+    #[serde(default)]
+    pub timeline: Vec<LatencySecond>,
+    /// s since the collector started when the window opened.
+    #[serde(default)]
+    pub window_from_s: f64,
 }
+
+/// One second of the collector's run, as the latency probe saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencySecond {
+    /// Iterations that reached the live feed in the second.
+    pub frames: u64,
+    /// ms, the largest latency among them.
+    pub max_ms: f64,
+}
+
+/// Seconds a timeline holds at most: a step's warm-up and window (60 + 600 s) fit.
+const TIMELINE_SECONDS: usize = 3_600;
 
 /// Everything the latency subscriber saw since the collector started.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -71,6 +90,8 @@ pub struct Totals {
 
 /// The measured window, while open.
 struct Window {
+    /// s since the probe started.
+    from_s: f64,
     started: Instant,
     cpu_s: f64,
     job_thread_cpu_s: Option<f64>,
@@ -79,10 +100,38 @@ struct Window {
     latency: Histogram,
 }
 
-#[derive(Default)]
 struct Probe {
     totals: Totals,
     window: Option<Window>,
+    /// ns (the collector's clock) when the probe started: second 0 of the timeline.
+    started_ns: u64,
+    /// Per second since then: iterations seen, and the largest latency among them, µs.
+    timeline: Vec<(u64, u64)>,
+}
+
+impl Probe {
+    fn new() -> Probe {
+        Probe {
+            totals: Totals::default(),
+            window: None,
+            started_ns: monotonic_ns(),
+            timeline: Vec::new(),
+        }
+    }
+
+    /// Counts an iteration seen at `now_ns` with latency `us` in its second.
+    fn note_second(&mut self, now_ns: u64, us: u64) {
+        let second = (now_ns.saturating_sub(self.started_ns) / 1_000_000_000) as usize;
+        if second >= TIMELINE_SECONDS {
+            return;
+        }
+        if self.timeline.len() <= second {
+            self.timeline.resize(second + 1, (0, 0));
+        }
+        let (frames, max_us) = &mut self.timeline[second];
+        *frames += 1;
+        *max_us = (*max_us).max(us);
+    }
 }
 
 /// s, CPU time (user + system) of this process so far.
@@ -141,9 +190,11 @@ fn measure(mut feed: broadcast::Receiver<JobEvent>, probe: Arc<Mutex<Probe>>) {
     loop {
         match feed.try_recv() {
             Ok(JobEvent::Iteration { end_ns, .. }) => {
-                let us = monotonic_ns().saturating_sub(end_ns) / 1000;
+                let now = monotonic_ns();
+                let us = now.saturating_sub(end_ns) / 1000;
                 let mut p = probe.lock().unwrap_or_else(|e| e.into_inner());
                 p.totals.frames += 1;
+                p.note_second(now, us);
                 if let Some(w) = p.window.as_mut() {
                     w.latency.record(us);
                 }
@@ -186,6 +237,7 @@ fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
 /// `mark`: starts the measured window now.
 fn start_window(p: &mut Probe) {
     p.window = Some(Window {
+        from_s: monotonic_ns().saturating_sub(p.started_ns) as f64 / 1e9,
         started: Instant::now(),
         cpu_s: cpu_seconds(),
         job_thread_cpu_s: thread_cpu_seconds(JOB_THREAD),
@@ -211,6 +263,15 @@ fn end_window(p: &mut Probe) -> WindowReport {
             rss_mib: status_mib("VmRSS:"),
             rss_start_mib: w.rss_start_mib,
             rss_peak_mib: status_mib("VmHWM:"),
+            timeline: p
+                .timeline
+                .iter()
+                .map(|&(frames, max_us)| LatencySecond {
+                    frames,
+                    max_ms: max_us as f64 / 1e3,
+                })
+                .collect(),
+            window_from_s: w.from_s,
         },
         None => WindowReport::default(),
     }
@@ -231,7 +292,7 @@ pub fn run() -> anyhow::Result<i32> {
         ..stallscope_agent::node::header(&[], 0.0, 0)
     };
     let rt = runtime().context("cannot start the collector's runtime")?;
-    let probe = Arc::new(Mutex::new(Probe::default()));
+    let probe = Arc::new(Mutex::new(Probe::new()));
     let mut lines = stdin_lines();
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
