@@ -772,6 +772,14 @@ mod tests {
         }
     }
 
+    /// `u` encoded as a frame and read back.
+    fn update_round_trip(u: &ViewUpdate) -> ViewUpdate {
+        match round_trip(&FeedMessage::Update(Arc::new(u.clone()))) {
+            FeedMessage::Update(back) => (*back).clone(),
+            _ => panic!("not an update"),
+        }
+    }
+
     fn round_trip(msg: &FeedMessage) -> FeedMessage {
         let frame = encode_frame(msg);
         let len = frame_len(frame[..4].try_into().unwrap()).unwrap();
@@ -782,11 +790,8 @@ mod tests {
     #[test]
     fn an_update_reads_back_whole_rdma_figures_included() {
         let u = full_update();
-        let FeedMessage::Update(back) = round_trip(&FeedMessage::Update(Arc::new(u.clone())))
-        else {
-            panic!("not an update");
-        };
-        assert_eq!(*back, u);
+        let back = update_round_trip(&u);
+        assert_eq!(back, u);
     }
 
     #[test]
@@ -883,21 +888,15 @@ mod tests {
             .map(|r| (r.rank, r.figures.is_some()))
             .collect();
         assert_eq!(carried, [(5, false), (6, true)]);
-        let FeedMessage::Update(back) = round_trip(&FeedMessage::Update(Arc::new(u.clone())))
-        else {
-            panic!("not an update");
-        };
+        let back = update_round_trip(&u);
         assert_eq!(back.summary, u.summary);
         // A view whose figures differ from the summary's does not lend them.
         let mut other = u.clone();
         other.ranks[0].figures.iterations += 1;
         let summary = to_binary(&other).summary.expect("the update has a summary");
         assert!(summary.ranks.iter().all(|r| r.figures.is_some()));
-        let FeedMessage::Update(back) = round_trip(&FeedMessage::Update(Arc::new(other.clone())))
-        else {
-            panic!("not an update");
-        };
-        assert_eq!(*back, other);
+        let back = update_round_trip(&other);
+        assert_eq!(back, other);
     }
 
     /// A refresh of 1,000 ranks: the update with every rank's view and the summary is smaller
