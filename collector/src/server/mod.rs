@@ -639,10 +639,7 @@ where
                         }
                     },
                     Ok((other, _)) => {
-                        if let Some((seq, _)) = records.last() {
-                            received.store(*seq, Ordering::Release);
-                        }
-                        if !send_records(&job, &mut records, &mut encoded, &ack).await {
+                        if !send_records(&job, &mut records, &mut encoded, &ack, &received).await {
                             return;
                         }
                         if msg_tx.send(Ok((other, monotonic_ns()))).await.is_err() {
@@ -657,10 +654,7 @@ where
             }
             inbox.drain(..taken);
             last_count = records.len();
-            if let Some((seq, _)) = records.last() {
-                received.store(*seq, Ordering::Release);
-            }
-            if !send_records(&job, &mut records, &mut encoded, &ack).await {
+            if !send_records(&job, &mut records, &mut encoded, &ack, &received).await {
                 return;
             }
             if let Some(e) = failed {
@@ -687,17 +681,20 @@ where
     (reader, msgs)
 }
 
-/// Hands `records` and their `encoded` forms (taken) to the job task; `false` when the job
-/// task is gone.
+/// Hands `records` and their `encoded` forms (taken) to the job task, noting the last one's
+/// sequence number in `received` first (the job task cannot acknowledge past it); `false`
+/// when the job task is gone.
 async fn send_records(
     job: &mpsc::Sender<Ingest>,
     records: &mut Vec<(u64, Frame)>,
     encoded: &mut Encoded,
     ack: &Arc<AtomicU64>,
+    received: &AtomicU64,
 ) -> bool {
-    if records.is_empty() {
+    let Some(&(last, _)) = records.last() else {
         return true;
-    }
+    };
+    received.store(last, Ordering::Release);
     let records = std::mem::take(records);
     job.send(Ingest::Records {
         records,
