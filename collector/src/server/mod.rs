@@ -927,6 +927,40 @@ mod tests {
         }
     }
 
+    /// The agent's side of a pipe to a welcomed connection of node `node-a` served with
+    /// `config`: the serving task, the agent's reading and writing halves, what reaches the
+    /// job task, and the shutdown sender (kept alive by the caller).
+    #[allow(clippy::type_complexity)]
+    fn welcomed_over_a_pipe(
+        config: ServerConfig,
+    ) -> (
+        tokio::task::JoinHandle<Result<(), ConnError>>,
+        (
+            tokio::io::ReadHalf<tokio::io::DuplexStream>,
+            tokio::io::WriteHalf<tokio::io::DuplexStream>,
+        ),
+        mpsc::Receiver<Ingest>,
+        watch::Sender<bool>,
+    ) {
+        let (server, agent) = duplex(1024 * 1024);
+        let (sr, sw) = split(server);
+        let (tx, rx) = mpsc::channel(1024);
+        let (stop, stop_rx) = watch::channel(false);
+        let serving = tokio::spawn(async move {
+            welcomed(
+                BufReader::new(sr),
+                sw,
+                "node-a",
+                ClockEstimator::default(),
+                &config,
+                &tx,
+                stop_rx,
+            )
+            .await
+        });
+        (serving, split(agent), rx, stop)
+    }
+
     #[tokio::test]
     async fn an_agent_answering_the_pings_is_handed_its_clock() {
         let (server, agent) = duplex(64 * 1024);
@@ -963,28 +997,12 @@ mod tests {
     #[tokio::test]
     async fn a_stacks_request_reaches_the_agent_and_its_answer_is_tagged_with_its_node() {
         use stallscope_analysis::hang::{NodeHang, RankAtHang};
-        let (server, agent) = duplex(64 * 1024);
-        let (sr, sw) = split(server);
-        let (mut ar, mut aw) = split(agent);
         let (asks, asks_rx) = watch::channel(0);
         let config = ServerConfig {
             stacks_asked: Some(asks_rx),
             ..config()
         };
-        let (tx, mut rx) = mpsc::channel(16);
-        let (_stop, stop_rx) = watch::channel(false);
-        let serving = tokio::spawn(async move {
-            welcomed(
-                BufReader::new(sr),
-                sw,
-                "node-a",
-                ClockEstimator::default(),
-                &config,
-                &tx,
-                stop_rx,
-            )
-            .await
-        });
+        let (serving, (mut ar, mut aw), mut rx, _stop) = welcomed_over_a_pipe(config);
         asks.send_replace(3);
         let asked = async {
             loop {
@@ -1034,24 +1052,7 @@ mod tests {
     /// every task waits, so the ticks fall where the test says.
     #[tokio::test(start_paused = true)]
     async fn a_sending_agent_is_acknowledged_each_second_and_a_quiet_one_at_the_next_tick() {
-        let (server, agent) = duplex(1024 * 1024);
-        let (sr, sw) = split(server);
-        let (mut ar, mut aw) = split(agent);
-        let (tx, mut rx) = mpsc::channel(1024);
-        let (_stop, stop_rx) = watch::channel(false);
-        let config = config();
-        tokio::spawn(async move {
-            welcomed(
-                BufReader::new(sr),
-                sw,
-                "node-a",
-                ClockEstimator::default(),
-                &config,
-                &tx,
-                stop_rx,
-            )
-            .await
-        });
+        let (_serving, (mut ar, mut aw), mut rx, _stop) = welcomed_over_a_pipe(config());
         // The job task's part: each record written at once but the latest, until `all` says.
         let all = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let all_written = all.clone();
