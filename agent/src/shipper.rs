@@ -120,15 +120,24 @@ impl Shipper {
 
     /// Queues a frame for the collector; drops the oldest when the queue is full.
     pub fn push(&self, frame: Frame) {
+        self.push_all([frame]);
+    }
+
+    /// Queues frames for the collector, in order, and wakes the sender once: what an
+    /// attribution round gave (every rank's iterations) goes in one write, not the first
+    /// alone and the rest after. Drops the oldest when the queue is full.
+    pub fn push_all(&self, frames: impl IntoIterator<Item = Frame>) {
         let Ok(mut q) = self.shared.queue.lock() else {
             return;
         };
-        let seq = q.next_seq;
-        q.next_seq += 1;
-        // `AgentMsg::Record { seq, frame }`'s bytes, a rank's iteration written by hand.
-        let mut record = Vec::new();
-        wire::encode_record(seq, &frame, &mut record);
-        q.records.push_back((seq, record));
+        for frame in frames {
+            let seq = q.next_seq;
+            q.next_seq += 1;
+            // `AgentMsg::Record { seq, frame }`'s bytes, a rank's iteration written by hand.
+            let mut record = Vec::new();
+            wire::encode_record(seq, &frame, &mut record);
+            q.records.push_back((seq, record));
+        }
         while q.records.len() > self.config.buffer_records {
             q.records.pop_front();
             q.dropped += 1;
@@ -296,10 +305,15 @@ fn unsent(shared: &Shared, sent_upto: &mut Option<u64>) -> Vec<u8> {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for (seq, bytes) in q.records.iter() {
-        if sent_upto.is_some_and(|s| *seq <= s) {
-            continue;
+    // Numbers are consecutive from the front: the first unsent is found, not walked to (the
+    // queue holds a second of records between acknowledgements).
+    let first_unsent = match (*sent_upto, q.records.front()) {
+        (Some(s), Some((front, _))) => {
+            ((s + 1).saturating_sub(*front) as usize).min(q.records.len())
         }
+        _ => 0,
+    };
+    for (seq, bytes) in q.records.range(first_unsent..) {
         out.extend_from_slice(bytes);
         *sent_upto = Some(*seq);
         if out.len() > 256 * 1024 {
@@ -487,6 +501,53 @@ mod tests {
             clock_offset_ns: 0,
             tls: None,
         }
+    }
+
+    /// The records' numbers in `bytes`, a run of encoded records.
+    fn seqs_in(mut bytes: &[u8]) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        while !bytes.is_empty() {
+            let len = wire::payload_len(bytes[..4].try_into().unwrap()).unwrap();
+            let AgentMsg::Record { seq, .. } = wire::decode(&bytes[4..4 + len]).unwrap() else {
+                panic!("not a record");
+            };
+            seqs.push(seq);
+            bytes = &bytes[4 + len..];
+        }
+        seqs
+    }
+
+    #[test]
+    fn what_is_unsent_follows_the_last_sent_whatever_the_queue_freed() {
+        let shared = shared_with(10);
+        let mut sent_upto = None;
+        assert_eq!(
+            seqs_in(&unsent(&shared, &mut sent_upto)),
+            (0..10).collect::<Vec<_>>()
+        );
+        assert_eq!(sent_upto, Some(9));
+        assert!(unsent(&shared, &mut sent_upto).is_empty());
+        // Acknowledged up to 3, then three more queued.
+        {
+            let mut q = shared.queue.lock().unwrap();
+            q.records.drain(..4);
+            for seq in 10..13 {
+                let frame = Frame::NodeHealth(NodeHealth::default());
+                q.records
+                    .push_back((seq, wire::encode(&AgentMsg::Record { seq, frame })));
+            }
+        }
+        assert_eq!(seqs_in(&unsent(&shared, &mut sent_upto)), vec![10, 11, 12]);
+        // A new connection sends everything still held, from the oldest.
+        let mut fresh = None;
+        assert_eq!(
+            seqs_in(&unsent(&shared, &mut fresh)),
+            (4..13).collect::<Vec<_>>()
+        );
+        // Sent up to a record the full queue has dropped since: from the oldest held.
+        shared.queue.lock().unwrap().records.drain(..6);
+        let mut behind = Some(7);
+        assert_eq!(seqs_in(&unsent(&shared, &mut behind)), vec![10, 11, 12]);
     }
 
     #[tokio::test]

@@ -73,12 +73,12 @@ pub fn shipping_tap(shipper: Arc<Shipper>, listener: Arc<MarkerListener>) -> Tap
     let mut last_answered = shipper.stacks_asked();
     Box::new(
         move |job: &JobTimeline, view: &JobView, new: &[IterationBreakdown]| {
-            for b in new {
-                shipper.push(Frame::NodeReport(Box::new(NodeReport {
+            shipper.push_all(new.iter().map(|b| {
+                Frame::NodeReport(Box::new(NodeReport {
                     iteration: node_iteration(job, b, offset),
                     gpu: job.gpu_reading(b.rank, b.iter).cloned(),
-                })));
-            }
+                }))
+            }));
             let asked = shipper.stacks_asked();
             if asked != last_answered {
                 last_answered = asked;
