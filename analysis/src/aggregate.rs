@@ -158,11 +158,11 @@ impl WallMedian {
     pub fn add(&mut self, ns: u64) {
         self.count += 1;
         let b = bucket(ns);
-        // Times of one loop fall in a dozen buckets or so, most often the one before.
-        match self.histogram.iter().rposition(|(k, _)| *k <= b) {
-            Some(i) if self.histogram[i].0 == b => self.histogram[i].1 += 1,
-            Some(i) => self.histogram.insert(i + 1, (b, 1)),
-            None => self.histogram.insert(0, (b, 1)),
+        // Searched, not walked: a loop whose times vary by a tenth hits 50–100 buckets, and
+        // a walk over them was 6% of a 10,000-rank collector's job thread.
+        match self.histogram.binary_search_by_key(&b, |(k, _)| *k) {
+            Ok(i) => self.histogram[i].1 += 1,
+            Err(i) => self.histogram.insert(i, (b, 1)),
         }
         if let Some(exact) = &mut self.exact {
             if exact.len() < self.exact_cap {
