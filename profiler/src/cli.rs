@@ -149,10 +149,15 @@ pub struct CollectorBenchArgs {
     /// Iterations each rank ships per second, Hz.
     #[arg(long, default_value_t = 100.0)]
     pub rate: f64,
-    /// Ranks on each simulated node: its agent ships one frame per rank-iteration, all its
-    /// ranks' frames of one step in one write, as `stallscope agent` sends what it has queued.
+    /// Ranks on each simulated node: its agent ships one frame per rank-iteration.
     #[arg(long, default_value_t = 1)]
     pub ranks_per_agent: usize,
+    /// How often each simulated agent writes the rank-iterations that ended since, in one
+    /// write, ms: `stallscope agent` ships what an attribution round gave, every 100 ms. 0: a
+    /// write for each step as it ends (harsher than a real agent above 10 Hz). A record's
+    /// latency counts its wait for the write.
+    #[arg(long, default_value_t = 100)]
+    pub send_every_ms: u64,
     /// Measured window per step, s.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,

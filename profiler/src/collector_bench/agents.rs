@@ -49,6 +49,9 @@ pub struct AgentPlan {
     pub rate_hz: f64,
     /// %, how much each rank-iteration's wall time varies below the step ([`wall_of`]).
     pub wall_spread_pct: u64,
+    /// Between two writes of an agent (each holds every rank-iteration that ended since);
+    /// zero or under a step: a write per step.
+    pub send_every: Duration,
     /// How long an agent may take to be welcomed.
     pub connect_within: Duration,
     /// How long an agent waits at the end for every record to be acknowledged.
@@ -419,11 +422,14 @@ async fn ship(
         }
     };
     let period_ns = (1e9 / plan.rate_hz) as u64;
-    let phase_ns = period_ns * index as u64 / plan.agents.max(1) as u64;
+    let agents = plan.agents.max(1) as u64;
+    let phase_ns = period_ns * index as u64 / agents;
     let first_end = go.mono_ns + phase_ns;
+    // The agents' writes spread over their interval as their iterations' ends over a step.
+    let send_ns = (plan.send_every.as_nanos() as u64).max(period_ns);
     let mut tick = tokio::time::interval_at(
-        go.at + Duration::from_nanos(phase_ns),
-        Duration::from_nanos(period_ns),
+        go.at + Duration::from_nanos(send_ns * index as u64 / agents),
+        Duration::from_nanos(send_ns),
     );
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
     conn.record(Frame::NodeHealth(NodeHealth::default()))
@@ -442,8 +448,8 @@ async fn ship(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                // Every iteration whose end is due, each rank's, stamped with its scheduled
-                // end, in one write.
+                // Every iteration whose end is due since the last write, each rank's,
+                // stamped with its scheduled end, in one write.
                 let now = monotonic_ns();
                 out.clear();
                 while first_end + iter * period_ns <= now {

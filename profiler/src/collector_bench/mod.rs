@@ -61,6 +61,8 @@ pub struct Row {
     pub connected: usize,
     /// Ranks per agent.
     pub ranks_per_agent: usize,
+    /// ms between two writes of an agent (0: a write per step).
+    pub send_every_ms: u64,
     /// Frames (rank-iterations) per second offered (welcomed agents × ranks × rate).
     pub offered_fps: f64,
     /// Frames per second that reached the live feed in the window.
@@ -259,6 +261,7 @@ fn row_of(n: usize, args: &CollectorBenchArgs, m: Measured) -> Row {
         agents: n,
         connected,
         ranks_per_agent: ranks,
+        send_every_ms: args.send_every_ms,
         offered_fps,
         frames_per_s,
         values_per_s: frames_per_s * values,
@@ -295,6 +298,7 @@ fn step(n: usize, args: &CollectorBenchArgs, log: &Path) -> anyhow::Result<Row> 
         ranks: args.ranks_per_agent.max(1),
         rate_hz: args.rate,
         wall_spread_pct: args.wall_spread,
+        send_every: Duration::from_millis(args.send_every_ms),
         connect_within: CONNECT_WITHIN,
         drain_within: DRAIN_WITHIN,
     });
@@ -458,8 +462,15 @@ pub fn collector_bench(args: CollectorBenchArgs) -> anyhow::Result<i32> {
     if !(1..=1024).contains(&args.ranks_per_agent) {
         bail!("--ranks-per-agent must be between 1 and 1024");
     }
+    if args.send_every_ms > 10_000 {
+        bail!("--send-every-ms must be at most 10000");
+    }
+    let writes = match args.send_every_ms {
+        0 => "a write per step".to_string(),
+        ms => format!("a write every {ms} ms"),
+    };
     println!(
-        "collector-bench: {} rank(s) per agent at {} Hz each, {} s warm-up, {} s measured per step, p99 goal {} ms",
+        "collector-bench: {} rank(s) per agent at {} Hz each, {writes}, {} s warm-up, {} s measured per step, p99 goal {} ms",
         args.ranks_per_agent, args.rate, args.warmup, args.seconds, args.p99_goal_ms
     );
     println!(
