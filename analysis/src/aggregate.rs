@@ -67,9 +67,9 @@ fn bucket_value(b: u32) -> u64 {
 ///
 /// Built for a collector's 10,000 ranks, each taking a time 30 times a second and read at
 /// every refresh of the live summary:
-/// - a time taken touches the end of a list and one bucket of a short sorted list, not the
-///   nodes of a tree (with times that vary, taking one was 9% of a 10,000-rank collector's
-///   job thread, 4.6% now);
+/// - a time taken touches the end of a list and one bucket of a short sorted list, found
+///   from the last time's bucket, not the nodes of a tree (with times that vary, taking one
+///   was 9% of a 10,000-rank collector's job thread, 4% now);
 /// - the exact median is not sorted out of every time: the histogram says which bucket holds
 ///   it and how many times lie below, so one pass over the times picks out that bucket's few.
 ///   Sorting 4,096 times of each of 10,000 ranks took 490–525 ms; the pass, 56–60 ms,
