@@ -474,13 +474,15 @@ mod tests {
         wire::decode(&buf).unwrap()
     }
 
+    /// Record `seq` as the queue holds it: a health report, encoded.
+    fn queued_record(seq: u64) -> (u64, Vec<u8>) {
+        let frame = Frame::NodeHealth(NodeHealth::default());
+        (seq, wire::encode(&AgentMsg::Record { seq, frame }))
+    }
+
     fn shared_with(records: u64) -> Shared {
         let mut q = Queue::default();
-        for seq in 0..records {
-            let frame = Frame::NodeHealth(NodeHealth::default());
-            q.records
-                .push_back((seq, wire::encode(&AgentMsg::Record { seq, frame })));
-        }
+        q.records.extend((0..records).map(queued_record));
         q.next_seq = records;
         Shared {
             queue: Mutex::new(q),
@@ -531,11 +533,7 @@ mod tests {
         {
             let mut q = shared.queue.lock().unwrap();
             q.records.drain(..4);
-            for seq in 10..13 {
-                let frame = Frame::NodeHealth(NodeHealth::default());
-                q.records
-                    .push_back((seq, wire::encode(&AgentMsg::Record { seq, frame })));
-            }
+            q.records.extend((10..13).map(queued_record));
         }
         assert_eq!(seqs_in(&unsent(&shared, &mut sent_upto)), vec![10, 11, 12]);
         // A new connection sends everything still held, from the oldest.
