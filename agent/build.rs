@@ -38,6 +38,25 @@ fn main() {
                 "cargo:warning=eBPF thread states not built ({clang}: {outcome:?}); the agent will poll /proc. Install clang and libbpf-dev to build them."
             );
             std::fs::write(&object, b"").expect("OUT_DIR is writable");
+            rerun_once_installed();
         }
+    }
+}
+
+/// Has cargo run this script again once clang or libbpf's headers may have been installed:
+/// when a directory of `PATH` or the headers' directory changes. Without it, a build made
+/// before `apt install clang libbpf-dev` stayed without eBPF until `cargo clean`, though
+/// the warning says to install them.
+fn rerun_once_installed() {
+    println!("cargo:rerun-if-env-changed=PATH");
+    let path = env::var_os("PATH").unwrap_or_default();
+    for dir in env::split_paths(&path).filter(|d| d.is_dir()) {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+    let headers = ["/usr/include/bpf", "/usr/include"]
+        .into_iter()
+        .find(|d| std::path::Path::new(d).is_dir());
+    if let Some(dir) = headers {
+        println!("cargo:rerun-if-changed={dir}");
     }
 }
