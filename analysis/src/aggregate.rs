@@ -174,16 +174,16 @@ impl WallMedian {
     pub fn add(&mut self, ns: u64) {
         self.count += 1;
         let b = bucket(ns);
-        match self.position(b) {
+        self.hint = match self.position(b) {
             Ok(i) => {
                 self.histogram[i].1 += 1;
-                self.hint = i;
+                i
             }
             Err(i) => {
                 self.histogram.insert(i, (b, 1));
-                self.hint = i;
+                i
             }
-        }
+        };
         if let Some(exact) = &mut self.exact {
             if exact.len() < self.exact_cap {
                 exact.push(ns);
